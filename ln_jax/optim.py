@@ -1,0 +1,248 @@
+"""Optimizers and learning-rate schedules as optax chains built from a config.
+
+The schedules cover the recipes compared by Xiong et al. (2020): Post-LN with a
+linear warm-up, Pre-LN without one (linear decay for BERT, "decay at a step, then
+inverse square root" for machine translation), and the Vaswani warm-up +
+inverse-square-root schedule. ``warmup_steps=0`` is an ordinary value everywhere.
+
+The trainer reads the current learning rate by calling ``make_schedule(cfg)(step)``;
+the optimizer's own step counter starts at 0 on the first update, so update ``k``
+(0-based) uses ``lr(k)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS = ("adam", "adamw", "radam", "sgd")
+SCHEDULES = ("linear_decay", "warmup_linear_decay", "warmup_rsqrt", "decay_rsqrt", "constant")
+# Schedules that accept warmup_steps > 0 (linear_decay is by definition without warm-up).
+WARMUP_SCHEDULES = ("warmup_linear_decay", "warmup_rsqrt", "decay_rsqrt", "constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and schedule hyper-parameters.
+
+    Attributes:
+        optimizer: One of ``OPTIMIZERS``. ``adamw`` adds decoupled weight decay after
+            the Adam scaling; ``adam``, ``radam`` and ``sgd`` use no weight decay
+            (``weight_decay`` is ignored for them; no L2-in-the-loss variant).
+        peak_lr: Maximum learning rate (> 0).
+        schedule: One of ``SCHEDULES``; formulas in ``make_schedule``.
+        warmup_steps: Linear warm-up length W (>= 0, <= total_steps).
+        total_steps: Training length T for the linear-decay schedules (> 0).
+        end_lr: Final learning rate of the linear-decay schedules.
+        decay_step: Step D at which ``decay_rsqrt`` decays (>= 0).
+        decay_factor: Multiplier applied at ``decay_step`` by ``decay_rsqrt`` (> 0).
+        b1: Adam/RAdam first-moment decay.
+        b2: Adam/RAdam second-moment decay (Xiong et al. use 0.98 for MT).
+        eps: Adam/RAdam epsilon.
+        weight_decay: Decoupled weight-decay coefficient (adamw only).
+        clip_norm: Global-norm clipping threshold; 0 or None disables clipping.
+        momentum: SGD momentum; 0 gives plain SGD.
+    """
+
+    optimizer: str = "adamw"
+    peak_lr: float = 1e-4
+    schedule: str = "warmup_linear_decay"
+    warmup_steps: int = 0
+    total_steps: int = 10000
+    end_lr: float = 0.0
+    decay_step: int = 0
+    decay_factor: float = 1.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    clip_norm: float | None = 1.0
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("schedule", self.schedule, SCHEDULES)
+        checks = [
+            ("peak_lr", self.peak_lr > 0, "must be > 0"),
+            ("total_steps", self.total_steps > 0, "must be > 0"),
+            ("warmup_steps", self.warmup_steps >= 0, "must be >= 0"),
+            ("end_lr", self.end_lr >= 0, "must be >= 0"),
+            ("decay_step", self.decay_step >= 0, "must be >= 0"),
+            ("decay_factor", self.decay_factor > 0, "must be > 0"),
+            ("b1", 0 <= self.b1 < 1, "must be in [0, 1)"),
+            ("b2", 0 <= self.b2 < 1, "must be in [0, 1)"),
+            ("eps", self.eps >= 0, "must be >= 0"),
+            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
+            ("clip_norm", self.clip_norm is None or self.clip_norm >= 0, "must be >= 0 or None"),
+            ("momentum", 0 <= self.momentum < 1, "must be in [0, 1)"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"OptimConfig.{name} {rule}, got {getattr(self, name)!r}")
+        if self.schedule in WARMUP_SCHEDULES and self.warmup_steps > self.total_steps:
+            raise ValueError(
+                f"OptimConfig.warmup_steps ({self.warmup_steps}) must be <= total_steps "
+                f"({self.total_steps})"
+            )
+        if self.schedule == "linear_decay" and self.warmup_steps > 0:
+            # Silently ignoring a requested warm-up would invalidate a warm-up ablation.
+            raise ValueError(
+                "OptimConfig.warmup_steps must be 0 for schedule 'linear_decay' "
+                "(use 'warmup_linear_decay' for a warm-up)"
+            )
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> OptimConfig:
+        """Builds a config from a mapping, rejecting unknown keys.
+
+        Args:
+            mapping: Field names to values; missing fields keep their defaults.
+
+        Returns:
+            The validated config.
+
+        Raises:
+            ValueError: On an unknown key (the message names the closest valid key)
+                or on an invalid value.
+        """
+        valid = [f.name for f in dataclasses.fields(cls)]
+        for key in mapping:
+            if key not in valid:
+                close = difflib.get_close_matches(str(key), valid, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {valid}"
+                raise ValueError(f"Unknown OptimConfig key '{key}'; {hint}")
+        return cls(**dict(mapping))
+
+
+def _check_choice(field: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"Unknown OptimConfig.{field} {value!r}; valid names: {list(valid)}")
+
+
+def _warmup_ramp(step: jax.Array, warmup_steps: int) -> jax.Array:
+    """Returns ``min(1, t / W)``, or 1 when ``W == 0`` (Xiong et al. eq. 1)."""
+    if warmup_steps == 0:
+        return jnp.ones_like(step)
+    return jnp.minimum(step / warmup_steps, 1.0)
+
+
+def _rsqrt_from(step: jax.Array, start: int) -> jax.Array:
+    """Returns ``sqrt(S / t)`` for ``t >= S`` with ``S = max(start, 1)``, else 1.
+
+    ``S`` is floored at 1 so that a zero warm-up/decay step gives ``lr(0) = peak``
+    and ``1/sqrt(t)`` afterwards instead of a zero or infinite rate.
+    """
+    s = max(start, 1)
+    return jnp.sqrt(s / jnp.maximum(step, s))
+
+
+def make_schedule(cfg: OptimConfig) -> optax.Schedule:
+    """Returns the learning-rate schedule ``step -> lr`` (jit-traceable).
+
+    With P = peak_lr, E = end_lr, W = warmup_steps, T = total_steps, D = decay_step,
+    f = decay_factor, ramp(t) = min(1, t/W) (1 if W = 0) and t the 0-based step:
+
+    * ``linear_decay``: ``P + (E - P) * min(t, T) / T`` (no warm-up).
+    * ``warmup_linear_decay``: ``P * t / W`` for t < W, then
+      ``P + (E - P) * min((t - W) / max(T - W, 1), 1)``; so E for t >= T (from
+      t = T + 1 if W = T).
+    * ``warmup_rsqrt`` (Vaswani): ``P * t / W`` for t < W, then ``P * sqrt(W' / t)``
+      with W' = max(W, 1); so W = 0 gives P at t in {0, 1} and P/sqrt(t) after.
+    * ``decay_rsqrt`` (Xiong's MT recipe): ``P * ramp(t)`` for t < D, then
+      ``P * f * sqrt(D' / t)`` with D' = max(D, 1) for t >= D.
+    * ``constant``: ``P * ramp(t)``.
+
+    ``end_lr`` and ``total_steps`` only affect the two linear-decay schedules.
+
+    Args:
+        cfg: The optimizer config.
+
+    Returns:
+        A function mapping an integer step (scalar, possibly traced) to a float32 lr.
+    """
+    p, e, w, t_end = cfg.peak_lr, cfg.end_lr, cfg.warmup_steps, cfg.total_steps
+
+    def linear_decay(t: jax.Array) -> jax.Array:
+        frac = jnp.clip((t - w) / max(t_end - w, 1), 0.0, 1.0)
+        # Convex combination (not p + (e - p) * frac): exact at both ends in float32.
+        return p * (1.0 - frac) + e * frac
+
+    def schedule(step: jax.Array | int) -> jax.Array:
+        t = jnp.asarray(step, jnp.float32)
+        if cfg.schedule in ("linear_decay", "warmup_linear_decay"):
+            lr = jnp.where(t < w, p * _warmup_ramp(t, w), linear_decay(t))
+        elif cfg.schedule == "warmup_rsqrt":
+            lr = jnp.where(t < w, p * _warmup_ramp(t, w), p * _rsqrt_from(t, w))
+        elif cfg.schedule == "decay_rsqrt":
+            d = cfg.decay_step
+            after = p * cfg.decay_factor * _rsqrt_from(t, d)
+            lr = jnp.where(t < d, p * _warmup_ramp(t, w), after)
+        else:  # constant
+            lr = p * _warmup_ramp(t, w)
+        return lr.astype(jnp.float32)
+
+    return schedule
+
+
+def decay_mask(params: Any) -> Any:
+    """Returns a bool pytree: True where weight decay applies.
+
+    Rule: decay iff ``ndim >= 2``. This decays weight matrices and embeddings and
+    skips every 1-D (or scalar) parameter: LayerNorm/RMSNorm scales and biases, all
+    biases, and per-channel vectors such as Admin's omega or ReZero's alpha.
+    Works on plain dicts of arrays and on ``nnx.State`` (whose ``nnx.Param``
+    nodes are pytree nodes, so the map reaches the arrays inside).
+    """
+    return jax.tree.map(lambda x: jnp.ndim(x) >= 2, params)
+
+
+def _scaling(cfg: OptimConfig) -> optax.GradientTransformation:
+    """The optimizer's update direction before the learning rate is applied."""
+    if cfg.optimizer in ("adam", "adamw"):
+        return optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
+    if cfg.optimizer == "radam":
+        return optax.scale_by_radam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
+    if cfg.momentum == 0:
+        return optax.identity()
+    return optax.trace(decay=cfg.momentum)
+
+
+def make_optimizer(cfg: OptimConfig, params: Any) -> optax.GradientTransformation:
+    """Builds the optax chain: clip -> scaling -> (adamw) decay -> -lr(t).
+
+    The decay mask is computed by ``decay_mask`` on whatever tree optax hands
+    ``update``, rather than frozen from ``params``: ``nnx.Optimizer`` initialises
+    with a State of ``nnx.Param`` nodes but updates with pure arrays, and a
+    mask with ``Param`` nodes would not match the latter's structure.
+
+    Args:
+        cfg: The optimizer config.
+        params: Parameter pytree (dict of arrays or ``nnx.State``). Used only to
+            check eagerly that the decay mask can be built for it.
+
+    Returns:
+        The gradient transformation; call ``update(grads, state, params)``
+        (params are required for adamw's weight decay).
+    """
+    decay_mask(params)  # fail here, not inside jit, if leaves are not arrays
+    parts = []
+    if cfg.clip_norm:
+        parts.append(optax.clip_by_global_norm(cfg.clip_norm))
+    parts.append(_scaling(cfg))
+    if cfg.optimizer == "adamw" and cfg.weight_decay > 0:
+        # Decoupled (Loshchilov & Hutter): added after the adaptive scaling, so it
+        # is scaled by the learning rate but not by Adam's preconditioner.
+        parts.append(optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))
+    parts.append(optax.scale_by_learning_rate(make_schedule(cfg)))
+    return optax.chain(*parts)
+
+
+def global_norm(grads: Any) -> jax.Array:
+    """Returns the global L2 norm of a gradient pytree (as clipping measures it)."""
+    return optax.tree.norm(grads)

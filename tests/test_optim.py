@@ -1,0 +1,249 @@
+"""Tests for ln_jax.optim: schedules against their formulas, masking, clipping, configs."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from ln_jax.optim import (
+    OptimConfig,
+    decay_mask,
+    global_norm,
+    make_optimizer,
+    make_schedule,
+)
+
+P, E, T = 1e-3, 1e-5, 1000
+STEPS = [0, 1, 2, 7, 99, 100, 101, 250, 499, 500, 501, 999, 1000, 1001, 5000]
+
+
+def _check(cfg, formula):
+    sched = make_schedule(cfg)
+    jitted = jax.jit(sched)
+    for t in STEPS:
+        want = formula(t)
+        np.testing.assert_allclose(float(sched(t)), want, rtol=1e-5, atol=1e-12, err_msg=f"t={t}")
+        np.testing.assert_allclose(float(jitted(jnp.int32(t))), want, rtol=1e-5, atol=1e-12)
+
+
+def test_linear_decay():
+    cfg = OptimConfig(schedule="linear_decay", peak_lr=P, end_lr=E, total_steps=T)
+    _check(cfg, lambda t: P + (E - P) * min(t, T) / T)
+    sched = make_schedule(cfg)
+    assert float(sched(0)) == pytest.approx(P)
+    assert float(sched(T)) == pytest.approx(E)
+    assert float(sched(10 * T)) == pytest.approx(E)
+
+
+@pytest.mark.parametrize("w", [0, 1, 100, T])
+def test_warmup_linear_decay(w):
+    cfg = OptimConfig(
+        schedule="warmup_linear_decay", peak_lr=P, end_lr=E, warmup_steps=w, total_steps=T
+    )
+
+    def formula(t):
+        if t < w:
+            return P * t / w
+        return P + (E - P) * min((t - w) / max(T - w, 1), 1.0)
+
+    _check(cfg, formula)
+    sched = make_schedule(cfg)
+    assert float(sched(w)) == pytest.approx(P)
+    assert float(sched(T + 1)) == pytest.approx(E)
+    if w == 0:
+        assert float(sched(0)) == pytest.approx(P)
+    else:
+        assert float(sched(0)) == 0.0
+
+
+@pytest.mark.parametrize("w", [0, 1, 100, 4000])
+def test_warmup_rsqrt(w):
+    cfg = OptimConfig(schedule="warmup_rsqrt", peak_lr=P, warmup_steps=w, total_steps=10_000)
+
+    def formula(t):
+        if t < w:
+            return P * t / w
+        s = max(w, 1)
+        return P * math.sqrt(s / max(t, s))
+
+    _check(cfg, formula)
+    sched = make_schedule(cfg)
+    assert float(sched(w)) == pytest.approx(P)
+    assert float(sched(4 * max(w, 1))) == pytest.approx(P / 2)
+    assert np.isfinite(float(sched(0)))
+
+
+@pytest.mark.parametrize("d,f", [(0, 1.0), (0, 0.5), (100, 0.1), (500, 1.0)])
+def test_decay_rsqrt(d, f):
+    cfg = OptimConfig(schedule="decay_rsqrt", peak_lr=P, decay_step=d, decay_factor=f)
+
+    def formula(t):
+        if t < d:
+            return P
+        s = max(d, 1)
+        return P * f * math.sqrt(s / max(t, s))
+
+    _check(cfg, formula)
+    sched = make_schedule(cfg)
+    assert float(sched(d)) == pytest.approx(P * f)
+    assert float(sched(4 * max(d, 1))) == pytest.approx(P * f / 2)
+
+
+def test_decay_rsqrt_with_warmup():
+    cfg = OptimConfig(
+        schedule="decay_rsqrt", peak_lr=P, warmup_steps=100, decay_step=500, decay_factor=0.1
+    )
+    _check(cfg, lambda t: P * min(t / 100, 1) if t < 500 else P * 0.1 * math.sqrt(500 / t))
+
+
+@pytest.mark.parametrize("w", [0, 100])
+def test_constant(w):
+    cfg = OptimConfig(schedule="constant", peak_lr=P, warmup_steps=w, total_steps=T)
+    _check(cfg, lambda t: P * (min(t / w, 1.0) if w else 1.0))
+
+
+def _nnx_params():
+    class Tiny(nnx.Module):
+        def __init__(self, rngs):
+            self.ln = nnx.LayerNorm(4, rngs=rngs)
+            self.lin = nnx.Linear(4, 3, rngs=rngs)
+
+    model = Tiny(nnx.Rngs(0))
+    _, params, _ = nnx.split(model, nnx.Param, ...)
+    # Non-trivial LN params, so "unchanged" is not vacuous.
+    return jax.tree.map(lambda x: x + 0.5, params)
+
+
+def _dict_params():
+    return {
+        "emb": jnp.full((5, 4), 2.0),
+        "block": {"w": jnp.ones((4, 4)), "b": jnp.ones(4), "ln": {"scale": jnp.ones(4)}},
+        "alpha": jnp.ones(()),
+    }
+
+
+@pytest.mark.parametrize("make_params", [_dict_params, _nnx_params], ids=["dict", "nnx"])
+def test_adamw_decay_masks_vectors(make_params):
+    params = make_params()
+    lr, wd = 1e-2, 0.1
+    cfg = OptimConfig(optimizer="adamw", schedule="constant", peak_lr=lr, weight_decay=wd)
+    tx = make_optimizer(cfg, params)
+    state = tx.init(params)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = jax.jit(tx.update)(zeros, state, params)
+    new = optax.apply_updates(params, updates)
+    n_mat = n_vec = 0
+    leaves = zip(*(jax.tree.leaves(x) for x in (params, updates, new)), strict=True)
+    for p, u, n in leaves:
+        if p.ndim >= 2:
+            # Compare the update itself: new - p loses digits to float32 cancellation.
+            np.testing.assert_allclose(u, -lr * wd * p, rtol=1e-6)
+            assert not np.array_equal(n, p)
+            n_mat += 1
+        else:
+            np.testing.assert_array_equal(n, p)
+            n_vec += 1
+    assert n_mat >= 1 and n_vec >= 2
+
+
+def test_decay_mask_nnx_structure():
+    params = _nnx_params()
+    mask = decay_mask(params)
+    assert jax.tree.structure(mask) == jax.tree.structure(params)
+    assert bool(mask["lin"]["kernel"].get_value())
+    assert not bool(mask["ln"]["scale"].get_value()) and not bool(mask["lin"]["bias"].get_value())
+
+
+def test_adamw_inside_nnx_optimizer():
+    """nnx.Optimizer inits with Param nodes but updates with pure arrays."""
+    model = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+    cfg = OptimConfig(optimizer="adamw", schedule="constant", peak_lr=1e-2)
+    opt = nnx.Optimizer(model, make_optimizer(cfg, nnx.state(model, nnx.Param)), wrt=nnx.Param)
+    grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((2, 4))) ** 2))(model)
+    opt.update(model, grads)
+
+
+def test_clip_by_global_norm():
+    grads = {"a": jnp.full((10, 10), 10.0), "b": jnp.zeros(3)}  # norm 100
+    assert float(global_norm(grads)) == pytest.approx(100.0)
+    lr = 0.5
+    cfg = OptimConfig(optimizer="sgd", momentum=0.0, schedule="constant", peak_lr=lr, clip_norm=1.0)
+    tx = make_optimizer(cfg, grads)
+    updates, _ = tx.update(grads, tx.init(grads), grads)
+    assert float(global_norm(updates)) == pytest.approx(lr * 1.0, rel=1e-5)
+    # Direction is preserved: clipping only rescales.
+    np.testing.assert_allclose(updates["a"], -lr * grads["a"] / 100.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("clip", [0, None])
+def test_no_clipping(clip):
+    grads = {"a": jnp.full((10, 10), 10.0)}
+    cfg = OptimConfig(
+        optimizer="sgd", momentum=0.0, schedule="constant", peak_lr=0.5, clip_norm=clip
+    )
+    tx = make_optimizer(cfg, grads)
+    updates, _ = tx.update(grads, tx.init(grads), grads)
+    assert float(global_norm(updates)) == pytest.approx(50.0, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "opt,momentum", [("radam", 0.9), ("sgd", 0.9), ("sgd", 0.0), ("adam", 0.9), ("adamw", 0.9)]
+)
+def test_step_lowers_quadratic(opt, momentum):
+    target = jnp.arange(6.0).reshape(2, 3)
+    params = {"w": jnp.zeros((2, 3)), "b": jnp.ones(3)}
+    loss = lambda p: jnp.sum((p["w"] - target) ** 2) + jnp.sum(p["b"] ** 2)
+    cfg = OptimConfig(optimizer=opt, momentum=momentum, schedule="constant", peak_lr=1e-2)
+    tx = make_optimizer(cfg, params)
+    state = tx.init(params)
+    before = float(loss(params))
+    for _ in range(3):
+        updates, state = tx.update(jax.grad(loss)(params), state, params)
+        params = optax.apply_updates(params, updates)
+    assert float(loss(params)) < before
+
+
+def test_bad_names_list_valid_options():
+    with pytest.raises(ValueError, match=r"optimizer.*'adam', 'adamw', 'radam', 'sgd'"):
+        OptimConfig(optimizer="adamx")
+    with pytest.raises(ValueError, match=r"schedule.*'decay_rsqrt'.*'constant'"):
+        OptimConfig(schedule="cosine")
+
+
+def test_misspelt_key_names_closest():
+    with pytest.raises(ValueError, match="did you mean 'warmup_steps'"):
+        OptimConfig.from_mapping({"warmup_step": 10})
+    with pytest.raises(ValueError, match="did you mean 'peak_lr'"):
+        OptimConfig.from_mapping({"peak_lrr": 1e-3})
+    with pytest.raises(ValueError, match="valid keys"):
+        OptimConfig.from_mapping({"zzzzzz": 1})
+    cfg = OptimConfig.from_mapping({"optimizer": "adam", "b2": 0.98, "peak_lr": 5e-4})
+    assert (cfg.optimizer, cfg.b2, cfg.peak_lr) == ("adam", 0.98, 5e-4)
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"warmup_steps": -1}, "warmup_steps"),
+        ({"warmup_steps": 20_000, "total_steps": 10_000}, "warmup_steps"),
+        ({"schedule": "warmup_rsqrt", "warmup_steps": 11, "total_steps": 10}, "warmup_steps"),
+        ({"schedule": "linear_decay", "warmup_steps": 10}, "warmup_steps"),
+        ({"peak_lr": 0.0}, "peak_lr"),
+        ({"peak_lr": -1e-3}, "peak_lr"),
+        ({"decay_factor": 0.0}, "decay_factor"),
+        ({"total_steps": 0}, "total_steps"),
+    ],
+)
+def test_invalid_values_name_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        OptimConfig(**kwargs)
+
+
+def test_config_is_frozen_and_warmup_zero_valid():
+    cfg = OptimConfig(warmup_steps=0)
+    with pytest.raises(AttributeError):
+        cfg.peak_lr = 1.0  # type: ignore[misc]
