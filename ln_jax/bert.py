@@ -1,0 +1,191 @@
+"""BERT for pretraining: embeddings, the encoder, and the masked-LM and next-sentence heads."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ln_jax.blocks import ACT, Encoder, Record
+from ln_jax.config import ModelConfig
+from ln_jax.init import embed_init
+from ln_jax.layers import Dense, LayerNorm, activation, dropout, split_key
+from ln_jax.sharding import constrain
+
+Array = jax.Array
+
+
+class Embeddings(nnx.Module):
+    """Token + position + segment embeddings, optional LayerNorm, dropout."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        init = embed_init(cfg)
+        d = cfg.hidden_size
+        self.word = nnx.Param(
+            init(rngs.params(), (cfg.vocab_size, d)), out_sharding=("vocab", "embed")
+        )
+        self.position = nnx.Param(
+            init(rngs.params(), (cfg.max_position_embeddings, d)),
+            out_sharding=("position", "embed"),
+        )
+        self.segment = nnx.Param(
+            init(rngs.params(), (cfg.type_vocab_size, d)), out_sharding=("segment", "embed")
+        )
+        self.norm = LayerNorm(d, cfg) if cfg.embedding_layernorm else None
+        self.dropout_rate = cfg.hidden_dropout
+        self.max_len = cfg.max_position_embeddings
+        self.dtype = cfg.compute_dtype
+
+    def __call__(
+        self, input_ids: Array, segment_ids: Array | None, dropout_key: Array | None = None
+    ) -> Array:
+        """input_ids, segment_ids: [batch, length] int -> [batch, length, embed]."""
+        length = input_ids.shape[1]
+        if length > self.max_len:
+            raise ValueError(
+                f"sequence length {length} exceeds model.max_position_embeddings={self.max_len}."
+            )
+        if segment_ids is None:
+            segment_ids = jnp.zeros_like(input_ids)
+        x = _lookup(self.word[...], "vocab", input_ids)
+        x = (
+            x
+            + self.position[...][None, :length]
+            + _lookup(self.segment[...], "segment", segment_ids)
+        )
+        x = constrain(x.astype(self.dtype), ACT)
+        if self.norm is not None:
+            x = self.norm(x)
+        return dropout(x, self.dropout_rate, dropout_key)
+
+
+def _lookup(table: Array, rows: str, ids: Array) -> Array:
+    """table [rows, embed], ids [batch, length] -> [batch, length, embed].
+
+    The table's fsdp-sharded embed dim is gathered first (FSDP-style): a lookup in a table
+    sharded on its embed dim makes XLA rematerialise the whole table on every device.
+    """
+    return jnp.take(constrain(table, (rows, "act_embed")), ids, axis=0)
+
+
+class BertEncoder(nnx.Module):
+    """Embeddings + Transformer encoder: ids -> contextual vectors [batch, length, embed]."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.embeddings = Embeddings(cfg, rngs=rngs)
+        self.encoder = Encoder(cfg, rngs=rngs)
+
+    def __call__(
+        self,
+        input_ids: Array,
+        segment_ids: Array | None = None,
+        attention_mask: Array | None = None,
+        *,
+        dropout_key: Array | None = None,
+        record: bool = False,
+    ) -> tuple[Array, Record]:
+        """input_ids, segment_ids, attention_mask: [batch, length] -> ([batch, length, embed], rec).
+
+        `attention_mask` is 1 for real tokens and 0 for padding (None = no padding).
+        """
+        k_emb, k_enc = split_key(dropout_key, 2)
+        x = self.embeddings(input_ids, segment_ids, k_emb)
+        y, rec = self.encoder(x, mask=attention_mask, dropout_key=k_enc, record=record)
+        if record:
+            rec["embeddings"] = x
+        return y, rec
+
+
+class MlmHead(nnx.Module):
+    """dense + activation + LayerNorm, then the decoder tied to the word embeddings, + bias."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d = cfg.hidden_size
+        self.transform = Dense((d,), (d,), ("embed", "embed_proj"), cfg, rngs=rngs)
+        self.norm = LayerNorm(d, cfg, name="embed_proj")
+        self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,)), out_sharding=("vocab",))
+        self.activation = cfg.activation
+        self.dtype = cfg.compute_dtype
+
+    def __call__(self, hidden: Array, positions: Array, word_embeddings: Array) -> Array:
+        """hidden [batch, length, embed], positions [batch, P] -> float32 logits [batch, P, vocab].
+
+        Only the P given positions are transformed and decoded.
+        """
+        h = jnp.take_along_axis(hidden, positions[..., None].astype(jnp.int32), axis=1)
+        h = self.norm(activation(self.activation, self.transform(h)))
+        logits = jnp.einsum("bpd,vd->bpv", h, word_embeddings.astype(self.dtype))
+        logits = logits.astype(jnp.float32) + self.bias[...]
+        return constrain(logits, ("act_batch", "act_predictions", "act_vocab"))
+
+
+class NspHead(nnx.Module):
+    """Pooler (dense + tanh on [CLS]) and a 2-way classifier."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d = cfg.hidden_size
+        self.pooler = Dense((d,), (d,), ("embed", "embed_proj"), cfg, rngs=rngs)
+        self.classifier = Dense((d,), (2,), ("embed_proj", "classes"), cfg, rngs=rngs)
+
+    def __call__(self, hidden: Array) -> Array:
+        """hidden [batch, length, embed] -> float32 logits [batch, 2]."""
+        pooled = jnp.tanh(self.pooler(hidden[:, 0]))
+        return self.classifier(pooled).astype(jnp.float32)
+
+
+class BertForPreTraining(nnx.Module):
+    """BERT with masked-LM and (optionally) next-sentence-prediction heads."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.bert = BertEncoder(cfg, rngs=rngs)
+        self.mlm = MlmHead(cfg, rngs=rngs)
+        self.nsp = NspHead(cfg, rngs=rngs) if cfg.nsp_head else None
+
+    def __call__(
+        self,
+        input_ids: Array,
+        segment_ids: Array | None,
+        attention_mask: Array | None,
+        masked_positions: Array,
+        *,
+        dropout_key: Array | None = None,
+        record: bool = False,
+    ) -> dict[str, Array | Record]:
+        """Pretraining forward pass.
+
+        Args:
+          input_ids, segment_ids, attention_mask: [batch, length] int.
+          masked_positions: [batch, P] int, the positions whose tokens the MLM head predicts.
+          dropout_key: PRNG key for all dropout; None = deterministic (evaluation).
+          record: also return the per-layer intermediates (see `Encoder`).
+
+        Returns:
+          {"mlm_logits": [batch, P, vocab] f32, "nsp_logits": [batch, 2] f32 (if the NSP head
+          exists), "intermediates": {...} (if record)}.
+        """
+        hidden, rec = self.bert(
+            input_ids, segment_ids, attention_mask, dropout_key=dropout_key, record=record
+        )
+        out: dict[str, Array | Record] = {
+            "mlm_logits": self.mlm(hidden, masked_positions, self.bert.embeddings.word[...])
+        }
+        if self.nsp is not None:
+            out["nsp_logits"] = self.nsp(hidden)
+        if record:
+            out["intermediates"] = rec
+        return out
+
+
+def create_model(
+    cfg: ModelConfig, *, seed: int = 0, mesh: jax.sharding.Mesh | None = None, rules=None
+) -> BertForPreTraining:
+    """Builds the model; under `mesh` every parameter is created directly in its shards."""
+    from ln_jax import sharding
+
+    def build() -> BertForPreTraining:
+        return BertForPreTraining(cfg, rngs=nnx.Rngs(params=seed))
+
+    if mesh is None:
+        return sharding.create_unsharded(build)
+    return sharding.create_sharded(build, mesh, rules or sharding.DEFAULT_RULES)

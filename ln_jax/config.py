@@ -1,0 +1,203 @@
+"""Typed model configuration: the placement table, the named sizes, validation.
+
+The trainer's ml_collections config is turned into a frozen `ModelConfig` once; each module then
+receives only the fields it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementRule:
+    """Where a residual sub-layer normalises, as data.
+
+    A sub-layer computes, in this order (skipping what the rule switches off):
+      h = Norm(x) if pre_norm else x
+      f = F(h);  f = Norm(f) if branch_norm;  f = alpha * f if branch_gate
+      s = skip_scale * x  (1, a learned per-channel omega, or a constant alpha)
+      y = s + f;  y = Norm(y) if post_norm
+    and the encoder applies a final Norm after the last layer if `final_norm`.
+
+    Attributes:
+      pre_norm: normalise the branch input (Pre-LN).
+      post_norm: normalise after the residual add (Post-LN).
+      branch_norm: normalise the branch output before the add (sandwich / Peri-LN).
+      final_norm: the encoder ends with a Norm (needed when the residual stream is unnormalised).
+      skip: "identity", "omega" (Admin: learned per-channel vector) or "alpha" (DeepNorm constant).
+      branch_gate: scale the branch by a learned scalar initialised at 0 (ReZero).
+    """
+
+    pre_norm: bool = False
+    post_norm: bool = False
+    branch_norm: bool = False
+    final_norm: bool = False
+    skip: str = "identity"
+    branch_gate: bool = False
+
+
+# The one table of placements. "post" is exactly Xiong et al.'s Post-LN, LN(x + F(x)); a norm on
+# the branch output is "sandwich", never "post".
+PLACEMENTS: dict[str, PlacementRule] = {
+    "post": PlacementRule(post_norm=True),
+    "pre": PlacementRule(pre_norm=True, final_norm=True),
+}
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+INITS = ("bert", "xavier")
+ATTENTION_IMPLS = ("xla", "cudnn")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+REMAT_POLICIES = ("none", "full", "dots")
+
+# name -> (num_layers, hidden_size, num_heads, mlp_dim)
+SIZES: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+}
+
+
+def check_choice(field: str, value: Any, valid: Any) -> None:
+    """Raises ValueError listing the valid names if `value` is not one of them."""
+    if value not in valid:
+        raise ValueError(f"unknown {field} {value!r}; valid names: {', '.join(sorted(valid))}.")
+
+
+def reject_unknown_keys(kind: str, given: Mapping[str, Any], valid: Any) -> None:
+    """Raises ValueError naming the closest valid field for each misspelt key."""
+    for key in given:
+        if key not in valid:
+            close = difflib.get_close_matches(key, list(valid), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown {kind} field {key!r}.{hint} Valid: {', '.join(valid)}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Frozen configuration of the BERT encoder and its pretraining heads.
+
+    Attributes:
+      size: named size the four shape fields came from ("custom" if overridden).
+      vocab_size: token vocabulary (the MLM decoder is tied to the word embeddings).
+      hidden_size: d, the residual width.
+      num_layers: encoder layers, each with an attention and a feed-forward sub-layer.
+      num_heads: attention heads; must divide hidden_size.
+      mlp_dim: feed-forward inner width.
+      max_position_embeddings: learned positions (longest sequence).
+      type_vocab_size: segment ids (2 for sentence A/B).
+      placement: LayerNorm placement name from `PLACEMENTS`.
+      norm: "layernorm".
+      activation: feed-forward / MLM-transform activation: relu (papers), gelu (BERT), gelu_tanh.
+      layer_norm_eps: epsilon inside every LayerNorm.
+      embedding_layernorm: LayerNorm after summing the embeddings (BERT has one).
+      hidden_dropout: dropout on embeddings and on each residual branch output.
+      attention_dropout: dropout on attention probabilities.
+      init: "bert" (truncated normal, std init_std) or "xavier" (Xiong et al. section 3.3).
+      init_std: standard deviation of the "bert" initialiser.
+      dtype: compute dtype name; parameters are always float32.
+      attention_impl: "xla" or "cudnn" (GPU, bf16/fp16, no attention dropout).
+      remat: "none", "full" (recompute each layer in the backward pass) or "dots".
+      scan_layers: stack layer parameters [num_layers, ...] and lax.scan over them.
+      nsp_head: build the next-sentence-prediction head.
+    """
+
+    size: str = "tiny"
+    vocab_size: int = 8000
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    mlp_dim: int = 512
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    placement: str = "pre"
+    norm: str = "layernorm"
+    activation: str = "gelu"
+    layer_norm_eps: float = 1e-12
+    embedding_layernorm: bool = True
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    init: str = "bert"
+    init_std: float = 0.02
+    dtype: str = "float32"
+    attention_impl: str = "xla"
+    remat: str = "none"
+    scan_layers: bool = False
+    nsp_head: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("size", self.size, (*SIZES, "custom"))
+        check_choice("placement", self.placement, PLACEMENTS)
+        check_choice("norm", self.norm, ("layernorm",))
+        check_choice("activation", self.activation, ACTIVATIONS)
+        check_choice("init", self.init, INITS)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        check_choice("remat", self.remat, REMAT_POLICIES)
+        self._check_shapes()
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1).")
+
+    def _check_shapes(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "mlp_dim",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be positive.")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} is not divisible by "
+                f"model.num_heads={self.num_heads}; choose heads that divide the width."
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def rule(self) -> PlacementRule:
+        return PLACEMENTS[self.placement]
+
+    @property
+    def compute_dtype(self) -> Any:
+        return DTYPES[self.dtype]
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ModelConfig:
+        """Builds a config from a named `size` plus field overrides.
+
+        The four shape fields (num_layers, hidden_size, num_heads, mlp_dim) come from `size`
+        unless given explicitly; overriding one of them keeps the size name for the others.
+        """
+        values = dict(values)
+        reject_unknown_keys("model", values, [f.name for f in dataclasses.fields(cls)])
+        size = values.get("size", cls.size)
+        check_choice("size", size, (*SIZES, "custom"))
+        if size != "custom":
+            layers, hidden, heads, mlp = SIZES[size]
+            shape = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, mlp_dim=mlp)
+            for key, val in shape.items():
+                if values.get(key) is None:
+                    values[key] = val
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+
+def model_config(size: str = "tiny", **overrides: Any) -> ModelConfig:
+    """Shorthand: `model_config("mini", placement="post")`."""
+    return ModelConfig.from_mapping({"size": size, **overrides})

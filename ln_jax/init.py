@@ -1,0 +1,29 @@
+"""Initialisers: BERT's truncated normal and the Xavier scheme of Xiong et al. (section 3.3).
+
+Each returns a `jax.nn.initializers.Initializer` for a kernel whose leading `n_in` axes are
+contracted with the input and whose trailing `n_out` axes are produced.
+"""
+
+from __future__ import annotations
+
+from jax.nn import initializers
+
+from ln_jax.config import ModelConfig
+
+
+def dense_init(cfg: ModelConfig, n_in: int = 1, n_out: int = 1) -> initializers.Initializer:
+    """Kernel initialiser of a dense layer with `n_in` input and `n_out` output axes."""
+    if cfg.init == "bert":
+        # As BERT's TF code: a normal truncated at two standard deviations.
+        return initializers.truncated_normal(cfg.init_std)
+    in_axis = tuple(range(n_in))
+    out_axis = tuple(range(n_in, n_in + n_out))
+    # Xavier: Var = 2 / (fan_in + fan_out), i.e. 1/d for the d x d matrices of the theory.
+    return initializers.xavier_uniform(in_axis=in_axis, out_axis=out_axis)
+
+
+def embed_init(cfg: ModelConfig) -> initializers.Initializer:
+    """Embedding-table initialiser: BERT's truncated normal, or N(0, 1/d) for "xavier"."""
+    if cfg.init == "bert":
+        return initializers.truncated_normal(cfg.init_std)
+    return initializers.normal(cfg.hidden_size**-0.5)

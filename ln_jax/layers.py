@@ -1,0 +1,166 @@
+"""Building blocks: dense layers, LayerNorm, embeddings, self-attention, feed-forward.
+
+Every parameter is float32 and carries logical axis names (see `ln_jax.sharding`); computation
+casts parameters to the configured compute dtype, while LayerNorm statistics and the attention
+softmax stay in float32. Dropout takes an explicit PRNG key (None = deterministic), so a training
+step's randomness is a pure function of its key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ln_jax.config import ModelConfig
+from ln_jax.init import dense_init
+from ln_jax.sharding import constrain
+
+Array = jax.Array
+
+
+def dropout(x: Array, rate: float, key: Array | None) -> Array:
+    """Inverted dropout; identity when `key` is None or `rate` is 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def split_key(key: Array | None, n: int) -> list[Array | None]:
+    """Splits `key` into `n` keys, or gives `n` Nones for deterministic calls."""
+    return [None] * n if key is None else list(jax.random.split(key, n))
+
+
+def activation(name: str, x: Array) -> Array:
+    if name == "relu":
+        return jax.nn.relu(x)
+    if name == "gelu":
+        return jax.nn.gelu(x, approximate=False)  # BERT's erf GELU
+    return jax.nn.gelu(x, approximate=True)
+
+
+class Dense(nnx.Module):
+    """y = x . W + b, contracting the trailing len(in_shape) axes of x.
+
+    Args:
+      in_shape / out_shape: the contracted and produced kernel dimensions.
+      names: logical axis names of the kernel (len(in_shape) + len(out_shape) of them); the
+        bias takes the names of the output dimensions.
+    """
+
+    def __init__(
+        self,
+        in_shape: Sequence[int],
+        out_shape: Sequence[int],
+        names: Sequence[str | None],
+        cfg: ModelConfig,
+        *,
+        rngs: nnx.Rngs,
+        use_bias: bool = True,
+    ):
+        in_shape, out_shape = tuple(in_shape), tuple(out_shape)
+        init = dense_init(cfg, len(in_shape), len(out_shape))
+        self.kernel = nnx.Param(init(rngs.params(), in_shape + out_shape), out_sharding=names)
+        self.bias = (
+            nnx.Param(jnp.zeros(out_shape), out_sharding=tuple(names[len(in_shape) :]))
+            if use_bias
+            else None
+        )
+        self.n_in = len(in_shape)
+        self.dtype = cfg.compute_dtype
+
+    def __call__(self, x: Array) -> Array:
+        kernel = self.kernel[...].astype(self.dtype)
+        axes = (tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in)))
+        y = jax.lax.dot_general(x.astype(self.dtype), kernel, (axes, ((), ())))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm over the last axis, statistics in float32, output in the compute dtype."""
+
+    def __init__(self, dim: int, cfg: ModelConfig, *, name: str = "embed"):
+        self.scale = nnx.Param(jnp.ones((dim,)), out_sharding=(name,))
+        self.bias = nnx.Param(jnp.zeros((dim,)), out_sharding=(name,))
+        self.eps = cfg.layer_norm_eps
+        self.dtype = cfg.compute_dtype
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
+
+
+def attention_mask(mask: Array | None) -> Array | None:
+    """[batch, length] 1/0 padding mask -> [batch, 1, 1, length] boolean key mask."""
+    return None if mask is None else (mask > 0)[:, None, None, :]
+
+
+class SelfAttention(nnx.Module):
+    """Multi-head self-attention with separate q/k/v projections.
+
+    Kernels: q/k/v [embed, heads, kv]; output [heads, kv, embed].
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+        qkv_names = ("embed", "heads", "kv")
+        self.query = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
+        self.key = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
+        self.value = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
+        self.out = Dense((n, h), (d,), ("heads", "kv", "embed"), cfg, rngs=rngs)
+        self.dropout_rate = cfg.attention_dropout
+        self.impl = cfg.attention_impl
+
+    def __call__(
+        self, x: Array, *, mask: Array | None = None, dropout_key: Array | None = None
+    ) -> Array:
+        """x: [batch, length, embed]; mask: [batch, length] (1 = token) -> [batch, length, embed]."""
+        names = ("act_batch", "act_length", "act_heads", "act_kv")
+        q = constrain(self.query(x), names)
+        k = constrain(self.key(x), names)
+        v = constrain(self.value(x), names)
+        bool_mask = attention_mask(mask)
+        if dropout_key is not None and self.dropout_rate > 0.0:
+            ctx = _attention_with_dropout(q, k, v, bool_mask, self.dropout_rate, dropout_key)
+        else:
+            impl = "cudnn" if self.impl == "cudnn" else "xla"
+            ctx = jax.nn.dot_product_attention(q, k, v, mask=bool_mask, implementation=impl)
+        return self.out(constrain(ctx, names))
+
+
+def _attention_with_dropout(
+    q: Array, k: Array, v: Array, mask: Array | None, rate: float, key: Array
+) -> Array:
+    """Softmax attention with dropout on the probabilities (as BERT); q/k/v [B, T, N, H]."""
+    scale = q.shape[-1] ** -0.5
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32) * scale
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = dropout(jax.nn.softmax(logits, axis=-1), rate, key).astype(v.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+
+
+class FeedForward(nnx.Module):
+    """act(x W1 + b1) W2 + b2; W1 [embed, mlp], W2 [mlp, embed]."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.wi = Dense((cfg.hidden_size,), (cfg.mlp_dim,), ("embed", "mlp"), cfg, rngs=rngs)
+        self.wo = Dense((cfg.mlp_dim,), (cfg.hidden_size,), ("mlp", "embed"), cfg, rngs=rngs)
+        self.activation = cfg.activation
+
+    def __call__(
+        self, x: Array, *, mask: Array | None = None, dropout_key: Array | None = None
+    ) -> Array:
+        """x: [batch, length, embed] -> [batch, length, embed]. mask/dropout_key are unused."""
+        del mask, dropout_key
+        h = activation(self.activation, self.wi(x))
+        h = constrain(h, ("act_batch", "act_length", "act_mlp"))
+        return self.wo(h)
