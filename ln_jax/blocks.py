@@ -92,7 +92,7 @@ class EncoderLayer(nnx.Module):
         dropout_key: Array | None = None,
         record: bool = False,
     ) -> tuple[Array, Record]:
-        """x: [batch, length, embed] -> (y, {"attention/...", "ffn/...": [batch, length, embed]})."""
+        """x: [batch, length, embed] -> (y, {"attention/..." and "ffn/..." records})."""
         k_att, k_ffn = split_key(dropout_key, 2)
         h, rec_att = self.attention(x, mask=mask, dropout_key=k_att, record=record)
         y, rec_ffn = self.ffn(h, mask=mask, dropout_key=k_ffn, record=record)

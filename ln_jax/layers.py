@@ -122,7 +122,7 @@ class SelfAttention(nnx.Module):
     def __call__(
         self, x: Array, *, mask: Array | None = None, dropout_key: Array | None = None
     ) -> Array:
-        """x: [batch, length, embed]; mask: [batch, length] (1 = token) -> [batch, length, embed]."""
+        """x [batch, length, embed], mask [batch, length] (1 = token) -> [batch, length, embed]."""
         names = ("act_batch", "act_length", "act_heads", "act_kv")
         q = constrain(self.query(x), names)
         k = constrain(self.key(x), names)
