@@ -1,0 +1,186 @@
+"""The pretraining-data configuration: one typed, frozen dataclass.
+
+`dataset` names what to read:
+
+* `"ln_jax_pydocs"` (default): the embedded corpus of CPython's own documentation, generated
+  offline from the running interpreter (`ln_jax.data.corpus`).
+* `"name[/config][:version]"`: any TFDS dataset with a text feature, e.g.
+  `"wikipedia/20230601.en"` or `"wikipedia/20230601.en:1.0.0"`. It must be prepared in
+  `data_dir` (or `download=True` lets TFDS try to prepare it).
+* `"textdir:/path/to/folder"`: a folder of `.txt` files, one document per file.
+* A weighted mix, as a string of comma-separated entries each ending in `:weight`
+  (`"wikipedia/20230601.en:0.9,textdir:/data/books:0.1"`) or as a tuple of
+  `(name, weight)` pairs. A trailing `:x.y.z` is a TFDS version, a trailing `:0.9` a weight.
+
+Split names (`train_split`, `eval_split`) apply to every dataset of a mix and may use TFDS
+slicing: Wikipedia has only `train`, so hold out its documents with
+`train_split="train[:99.5%]"`, `eval_split="train[99.5%:]"` (199:1 as Xiong et al.).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULT_DATASET = "ln_jax_pydocs"
+TOKENIZER_TYPES = ("unigram", "bpe")
+_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+
+DatasetSpec = str | tuple[tuple[str, float], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """What data the pretraining run reads and how examples are made.
+
+    Attributes:
+      dataset: dataset name, `textdir:` folder or weighted mix (see the module docstring).
+      data_dir: TFDS data dir; None = $TFDS_DATA_DIR or ~/tensorflow_datasets.
+      train_split: TFDS split (or slice) of the training documents.
+      eval_split: TFDS split (or slice) of the held-out documents.
+      text_feature: feature holding the document text in external TFDS datasets.
+      download: let TFDS try to download and prepare a named dataset that is not prepared.
+      vocab_size: sentencepiece vocabulary size, special tokens included.
+      tokenizer_model: path of a user-supplied sentencepiece `.model`; None = train and cache.
+      tokenizer_type: "unigram" or "bpe".
+      tokenizer_max_documents: at most this many training documents (evenly strided) feed the
+        tokenizer trainer, so that a Wikipedia-size corpus stays tractable.
+      max_seq_length: T, tokens per example (BERT: 128 in phase 1, 512 in phase 2).
+      max_predictions_per_seq: P, masked positions per example (BERT: 20 at 128, 80 at 512).
+      masked_lm_prob: fraction of tokens to predict.
+      short_seq_prob: probability that a document uses a random shorter target length.
+      whole_word_masking: mask all pieces of a word together.
+      nsp: sentence pairs with next-sentence labels; False = RoBERTa-style packed full
+        sentences (segment ids and `nsp_label` all 0).
+      global_batch_size: examples per step over all hosts and devices.
+      eval_batch_size: examples per eval batch; None = global_batch_size.
+      eval_num_batches: eval batches; None = one pass over the eval split.
+      seed: seed of the pair structure, the shuffle and the masks.
+    """
+
+    dataset: DatasetSpec = DEFAULT_DATASET
+    data_dir: str | None = None
+    train_split: str = "train"
+    eval_split: str = "validation"
+    text_feature: str = "text"
+    download: bool = False
+    vocab_size: int = 8000
+    tokenizer_model: str | None = None
+    tokenizer_type: str = "unigram"
+    tokenizer_max_documents: int = 200_000
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    whole_word_masking: bool = False
+    nsp: bool = True
+    global_batch_size: int = 16
+    eval_batch_size: int | None = None
+    eval_num_batches: int | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_types(self)
+        if isinstance(self.dataset, list):  # from YAML/JSON: store the hashable tuple form
+            object.__setattr__(self, "dataset", tuple(tuple(e) for e in self.dataset))
+        parse_dataset(self.dataset)  # raises on a malformed spec
+        _check_ranges(self)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> DataConfig:
+        """Builds a config from a dict, rejecting unknown keys.
+
+        Raises:
+          ValueError: for an unknown key, naming the closest valid one.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in mapping:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    f"unknown DataConfig key {key!r}{hint} Valid keys: {', '.join(names)}."
+                )
+        return cls(**dict(mapping))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def sources(self) -> tuple[tuple[str, float], ...]:
+        """The dataset spec as ((name, weight), ...), weights summing to 1."""
+        return parse_dataset(self.dataset)
+
+
+def _allowed(tp: Any) -> tuple[type, ...]:
+    # Runtime check of the simple annotations used above (str, int, float, bool, X | None).
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        return tuple(t for a in typing.get_args(tp) for t in _allowed(a))
+    if typing.get_origin(tp) is tuple or tp is tuple:
+        return (tuple, list)
+    if tp is type(None):
+        return (type(None),)
+    if tp is float:
+        return (float, int)
+    return (tp,)
+
+
+def _check_types(cfg: DataConfig) -> None:
+    hints = typing.get_type_hints(DataConfig)
+    for f in dataclasses.fields(cfg):
+        value, allowed = getattr(cfg, f.name), _allowed(hints[f.name])
+        # bool is an int in Python; an int field given True is almost surely a mistake.
+        bad_bool = isinstance(value, bool) and bool not in allowed
+        if bad_bool or not isinstance(value, allowed):
+            names = "/".join(t.__name__ for t in allowed)
+            raise TypeError(f"DataConfig.{f.name} must be {names}, got {value!r}")
+
+
+def _check_ranges(cfg: DataConfig) -> None:
+    if cfg.tokenizer_type not in TOKENIZER_TYPES:
+        raise ValueError(f"tokenizer_type={cfg.tokenizer_type!r}; use one of {TOKENIZER_TYPES}")
+    minimum = {"vocab_size": 6, "max_seq_length": 8, "max_predictions_per_seq": 1}
+    minimum |= {"global_batch_size": 1, "tokenizer_max_documents": 1, "seed": 0}
+    for name, low in minimum.items():
+        if getattr(cfg, name) < low:
+            raise ValueError(f"DataConfig.{name}={getattr(cfg, name)} must be >= {low}")
+    for name in ("eval_batch_size", "eval_num_batches"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"DataConfig.{name}={getattr(cfg, name)} must be >= 1 or None")
+    for name in ("masked_lm_prob", "short_seq_prob"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ValueError(f"DataConfig.{name}={getattr(cfg, name)} must be in [0, 1]")
+
+
+def _split_weight(entry: str) -> tuple[str, float]:
+    name, sep, last = entry.rpartition(":")
+    if sep and name and not _VERSION.match(last):
+        try:
+            return name, float(last)
+        except ValueError:
+            pass  # a ':' that is part of the name (`textdir:/x`, a version)
+    return entry, 1.0
+
+
+def parse_dataset(spec: DatasetSpec) -> tuple[tuple[str, float], ...]:
+    """Parses `DataConfig.dataset` into ((name, weight), ...) with weights normalised to sum 1.
+
+    Raises:
+      ValueError: for an empty spec, an empty name or a non-positive weight.
+    """
+    if isinstance(spec, str):
+        entries = [_split_weight(e.strip()) for e in spec.split(",") if e.strip()]
+    else:
+        entries = [(str(name), float(weight)) for name, weight in spec]
+    if not entries:
+        raise ValueError(f"DataConfig.dataset={spec!r} names no dataset")
+    for name, weight in entries:
+        if not name or weight <= 0:
+            raise ValueError(f"DataConfig.dataset entry {name!r}:{weight} needs a name, weight > 0")
+    total = sum(w for _, w in entries)
+    return tuple((name, w / total) for name, w in entries)

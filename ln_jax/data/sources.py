@@ -1,0 +1,222 @@
+"""Opening text datasets by name: the embedded corpus, a `.txt` folder, any TFDS text dataset.
+
+Every source reads through `builder.as_data_source(split)` (array_record files, random access,
+no TensorFlow) and yields documents as lists of sentences. Local builders (`ln_jax_pydocs`,
+`textdir:`) are prepared on first use; a named TFDS dataset must already be prepared, or
+`download=True` lets TFDS try. When it is neither, `DatasetNotPreparedError` says which
+dataset, where it looked and the command that prepares it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import os
+import pathlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import tensorflow_datasets as tfds
+
+from ln_jax.data import corpus
+
+TEXTDIR_PREFIX = "textdir:"
+_READ_CHUNK = 1024
+# TFDS imports its dataset catalogue lazily, by category; text datasets live in these.
+_TFDS_CATEGORIES = ("text", "summarization", "question_answering", "translate")
+
+
+class DatasetNotPreparedError(FileNotFoundError):
+    """A named dataset is neither prepared in the data dir nor obtainable from here."""
+
+
+@dataclasses.dataclass
+class TextSource:
+    """One prepared dataset, read as documents of sentences.
+
+    Attributes:
+      name: the name as given in the config (cache keys and messages use it).
+      builder: the prepared TFDS builder.
+      text_feature: feature holding the text.
+      presplit: True when `text` already holds one sentence per line (ln_jax's own builders).
+    """
+
+    name: str
+    builder: tfds.core.DatasetBuilder
+    text_feature: str = "text"
+    presplit: bool = False
+
+    @property
+    def cache_dir(self) -> pathlib.Path:
+        """The prepared dataset's folder; tokenizers and token caches are stored beside it."""
+        return pathlib.Path(os.fspath(self.builder.data_dir))
+
+    @property
+    def key(self) -> str:
+        """A file-name-safe identity: builder name, config and version."""
+        b = self.builder
+        config = f"-{b.builder_config.name}" if b.builder_config else ""
+        return f"{b.name}{config}-{b.version}"
+
+    def data_source(self, split: str) -> Sequence[dict[str, Any]]:
+        """Random-access records of a split (TFDS slicing such as `train[:99%]` works)."""
+        try:
+            return self.builder.as_data_source(split=split)
+        except (KeyError, ValueError) as e:
+            known = ", ".join(self.builder.info.splits.keys())
+            raise ValueError(
+                f"dataset {self.name!r} has no split {split!r} (its splits: {known}); set "
+                "DataConfig.train_split / eval_split, e.g. 'train[:99.5%]' and 'train[99.5%:]'."
+            ) from e
+
+    def num_documents(self, split: str) -> int:
+        return len(self.data_source(split))
+
+    def documents(self, split: str, max_documents: int | None = None) -> Iterator[list[str]]:
+        """Yields each document of `split` as its list of sentences (in stored order).
+
+        Args:
+          split: TFDS split name or slice.
+          max_documents: if set, at most this many documents, evenly strided over the split.
+        """
+        records = self.data_source(split)
+        stride = 1
+        if max_documents is not None and len(records) > max_documents:
+            stride = -(-len(records) // max_documents)
+        indices = list(range(0, len(records), stride))
+        for start in range(0, len(indices), _READ_CHUNK):
+            # Batched reads: one call per chunk is several times faster than one per record.
+            for record in records.__getitems__(indices[start : start + _READ_CHUNK]):
+                sentences = self._sentences(record)
+                if sentences:
+                    yield sentences
+
+    def _sentences(self, record: dict[str, Any]) -> list[str]:
+        if self.text_feature not in record:
+            raise KeyError(
+                f"dataset {self.name!r} has no feature {self.text_feature!r}; its features are "
+                f"{sorted(record)}: set DataConfig.text_feature."
+            )
+        text = record[self.text_feature]
+        text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        if self.presplit:
+            return [s for s in text.split("\n") if s]
+        return corpus.split_sentences(text)
+
+
+def default_data_dir(data_dir: str | os.PathLike | None) -> str:
+    """The data dir TFDS uses: the given one, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
+    if data_dir:
+        return os.fspath(pathlib.Path(data_dir).expanduser())
+    return tfds.core.constants.get_default_data_dir()
+
+
+def open_source(
+    name: str,
+    *,
+    data_dir: str | None = None,
+    text_feature: str = "text",
+    download: bool = False,
+) -> TextSource:
+    """Opens one dataset by name, preparing local builders on first use.
+
+    Args:
+      name: `ln_jax_pydocs`, `textdir:/folder` or a TFDS `name[/config][:version]`.
+      data_dir: TFDS data dir (None = TFDS default).
+      text_feature: text feature of a TFDS dataset.
+      download: let TFDS download and prepare a named dataset that is not prepared.
+
+    Raises:
+      DatasetNotPreparedError: a named dataset is not prepared (and could not be prepared).
+    """
+    root = default_data_dir(data_dir)
+    if name == corpus.LnJaxPydocs.name:
+        return TextSource(name, corpus.prepare(corpus.pydocs_builder(root)), "text", True)
+    if name.startswith(TEXTDIR_PREFIX):
+        folder = name[len(TEXTDIR_PREFIX) :]
+        return TextSource(name, corpus.prepare(corpus.textdir_builder(folder, root)), "text", True)
+    builder = _tfds_builder(name, root)
+    if not builder.is_prepared():
+        if not download:
+            raise DatasetNotPreparedError(not_prepared_message(name, root, builder))
+        try:
+            builder.download_and_prepare()
+        except Exception as e:  # network, apache-beam, manual download: all end the same way
+            raise DatasetNotPreparedError(not_prepared_message(name, root, builder, e)) from e
+    return TextSource(name, builder, text_feature, False)
+
+
+def _tfds_builder(name: str, root: str) -> tfds.core.DatasetBuilder:
+    """`tfds.builder` without any network access (no GCS look-up)."""
+    try:
+        return tfds.builder(name, data_dir=root, try_gcs=False)
+    except tfds.core.registered.DatasetNotFoundError:
+        pass
+    for category in _TFDS_CATEGORIES:  # register the lazily imported catalogue, then retry
+        try:
+            importlib.import_module(f"tensorflow_datasets.{category}")
+        except Exception:  # some categories need TensorFlow; text datasets do not
+            continue
+    try:
+        return tfds.builder(name, data_dir=root, try_gcs=False)
+    except tfds.core.registered.DatasetNotFoundError as e:
+        raise DatasetNotPreparedError(not_prepared_message(name, root, None)) from e
+
+
+def _needs_beam(builder: tfds.core.DatasetBuilder) -> bool:
+    try:
+        return "apache_beam" in inspect.getsource(inspect.getmodule(type(builder)))
+    except (OSError, TypeError):
+        return False
+
+
+def not_prepared_message(
+    name: str,
+    data_dir: str,
+    builder: tfds.core.DatasetBuilder | None,
+    cause: Exception | None = None,
+) -> str:
+    """The error text for a dataset that cannot be read: which, where, and how to prepare it."""
+    if builder is None:
+        head = (
+            f"dataset {name!r} is neither a TFDS dataset this installation knows nor prepared "
+            f"under data_dir={data_dir!r} (looked for {os.path.join(data_dir, name)})."
+        )
+    else:
+        head = (
+            f"dataset {name!r} is not prepared under data_dir={data_dir!r} "
+            f"(looked in {builder.data_dir})."
+        )
+    cmd = (
+        f"Prepare it once with:\n  tfds build {name} --data_dir={data_dir}\nor\n"
+        f"  python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', "
+        f"data_dir='{data_dir}').download_and_prepare()\""
+    )
+    notes = []
+    if builder is not None and _needs_beam(builder):
+        notes.append(
+            "This dataset is generated with Apache Beam: `pip install apache-beam` first "
+            "(and expect hours for Wikipedia; see https://www.tensorflow.org/datasets/beam_datasets)."
+        )
+    if cause is not None:
+        notes.append(f"Preparing it here failed: {type(cause).__name__}: {cause}")
+    else:
+        notes.append("Or set DataConfig.download=True to let TFDS try from this process.")
+    return "\n".join([head, cmd, *notes])
+
+
+def open_sources(cfg: Any) -> list[tuple[TextSource, float]]:
+    """Opens every dataset of `cfg.dataset` (a DataConfig), with its normalised mix weight."""
+    return [
+        (
+            open_source(
+                name,
+                data_dir=cfg.data_dir,
+                text_feature=cfg.text_feature,
+                download=cfg.download,
+            ),
+            weight,
+        )
+        for name, weight in cfg.sources
+    ]
