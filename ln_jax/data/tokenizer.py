@@ -119,7 +119,7 @@ def train_sentencepiece(
             bos_piece="[CLS]",
             eos_piece="[SEP]",
             control_symbols=["[MASK]"],
-            character_coverage=0.9995,
+            character_coverage=1.0,  # English: keep every character seen (~, |, ...)
             input_sentence_size=2_000_000,  # sentencepiece samples if the corpus is larger
             shuffle_input_sentence=True,
             num_threads=1,  # the model differs with the thread count; one thread is reproducible
