@@ -1,0 +1,214 @@
+"""Loader: sharded global batches, per-host shares, determinism, exact resume, eval, config."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ln_jax import sharding
+from ln_jax.data import DataConfig, loader, parse_dataset
+from ln_jax.data import pretraining as pt
+
+pytest_plugins = ("tests.data_fixtures",)  # fixtures: data_dir, make_config, text_maker
+
+FIELDS = {
+    "input_ids": (np.int32, 128),
+    "segment_ids": (np.int32, 128),
+    "attention_mask": (np.int32, 128),
+    "masked_positions": (np.int32, 20),
+    "masked_ids": (np.int32, 20),
+    "masked_weights": (np.float32, 20),
+    "nsp_label": (np.int32, None),
+}
+
+
+def _take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def _assert_same(batches_a, batches_b):
+    assert len(batches_a) == len(batches_b)
+    for a, b in zip(batches_a, batches_b, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]), err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return sharding.make_mesh(2, 2, 2)
+
+
+def test_global_batches_are_sharded_and_equal_host_batches(make_config, mesh):
+    cfg = make_config(global_batch_size=8)
+    it, tok = loader.make_pipeline(cfg, split="train", seed=0, mesh=mesh)
+    host, _ = loader.make_host_pipeline(cfg, split="train", seed=0)
+    assert tok.vocab_size == 8000
+    for batch, ref in zip(_take(it, 2), _take(host, 2), strict=True):
+        assert batch.keys() == FIELDS.keys()
+        for key, (dtype, width) in FIELDS.items():
+            arr = batch[key]
+            assert arr.shape == ((8, width) if width else (8,)) and arr.dtype == dtype
+            assert arr.sharding == sharding.batch_sharding(mesh)
+            assert len(arr.addressable_shards) == 8
+            np.testing.assert_array_equal(np.asarray(arr), ref[key])
+
+
+def test_same_seed_same_batches_other_seed_other_batches(make_config):
+    cfg = make_config()
+    first = _take(loader.make_host_pipeline(cfg, seed=3)[0], 3)
+    _assert_same(first, _take(loader.make_host_pipeline(cfg, seed=3)[0], 3))
+    other = _take(loader.make_host_pipeline(cfg, seed=4)[0], 1)[0]
+    assert not np.array_equal(other["input_ids"], first[0]["input_ids"])
+
+
+def _original_ids(batch):
+    ids = batch["input_ids"].copy()
+    rows, cols = np.nonzero(batch["masked_weights"])
+    ids[rows, batch["masked_positions"][rows, cols]] = batch["masked_ids"][rows, cols]
+    return ids
+
+
+def test_next_epoch_reshuffles_and_remasks(train_corpus, tokenizer, make_config):
+    # A small corpus (40 documents) so that two epochs are quick to read.
+    small = pt.TokenizedCorpus(
+        train_corpus.tokens,
+        train_corpus.sent_starts,
+        train_corpus.doc_starts[:41],
+    )
+    examples = pt.PretrainingExamples(small, pt.masking_spec(tokenizer, make_config()), seed=0)
+    n = len(examples)
+    stream = loader.example_stream([(examples, 1.0)], seed=0)
+    epochs = [[stream[g] for g in range(e * n, (e + 1) * n)] for e in range(2)]
+    # An example's identity: its token ids before masking.
+    keys = [[_original_ids({k: v[None] for k, v in x.items()})[0].tobytes() for x in ep]
+            for ep in epochs]  # fmt: skip
+    assert sorted(keys[0]) == sorted(keys[1])  # the same examples...
+    assert keys[0] != keys[1]  # ...in another order
+    masks = [{k: x["masked_positions"].tobytes() for k, x in zip(ks, ep, strict=True)}
+             for ks, ep in zip(keys, epochs, strict=True)]  # fmt: skip
+    changed = np.mean([masks[0][k] != masks[1][k] for k in masks[0]])
+    assert changed > 0.9  # ...with new masks
+
+
+@pytest.mark.parametrize("threads", [0, 1])
+def test_iterator_state_restores_exactly(make_config, threads):
+    cfg = make_config()
+    it, _ = loader.make_host_pipeline(cfg, seed=0, threads=threads)
+    _take(it, 3)
+    state = json.loads(json.dumps(it.get_state()))  # survives a JSON checkpoint
+    expected = _take(it, 4)
+    fresh, _ = loader.make_host_pipeline(cfg, seed=0, threads=threads)
+    fresh.set_state(state)
+    _assert_same(_take(fresh, 4), expected)
+
+
+def test_global_iterator_state_restores_exactly(make_config, mesh):
+    cfg = make_config()
+    it, _ = loader.make_pipeline(cfg, seed=1, mesh=mesh)
+    _take(it, 2)
+    state = it.get_state()
+    expected = _take(it, 3)
+    fresh, _ = loader.make_pipeline(cfg, seed=1, mesh=mesh)
+    fresh.set_state(state)
+    _assert_same(_take(fresh, 3), expected)
+    other, _ = loader.make_pipeline(cfg, seed=2, mesh=mesh)
+    with pytest.raises(ValueError, match="different data pipeline"):
+        other.set_state(state)
+
+
+def test_per_host_shares_assemble_the_global_batch(make_config):
+    cfg = make_config(global_batch_size=8)
+    whole = _take(loader.make_host_pipeline(cfg, seed=5)[0], 2)
+    shares = [
+        _take(loader.make_host_pipeline(cfg, seed=5, process_index=p, process_count=2)[0], 2)
+        for p in range(2)
+    ]
+    for step in range(2):
+        for key in whole[step]:
+            assert shares[0][step][key].shape[0] == 4
+            joined = np.concatenate([shares[0][step][key], shares[1][step][key]])
+            np.testing.assert_array_equal(joined, whole[step][key])
+    # A state saved on two processes resumes on one: the step count is global.
+    two, _ = loader.make_host_pipeline(cfg, seed=5, process_index=1, process_count=2)
+    _take(two, 1)
+    one, _ = loader.make_host_pipeline(cfg, seed=5)
+    one.set_state(two.get_state())
+    _assert_same([next(one)], [whole[1]])
+
+
+def test_host_rows():
+    assert loader.host_rows(16, 0, 1) == slice(0, 16)
+    assert [loader.host_rows(12, p, 3) for p in range(3)] == [
+        slice(0, 4),
+        slice(4, 8),
+        slice(8, 12),
+    ]
+    with pytest.raises(ValueError, match="global_batch_size=10 .* process count 4"):
+        loader.host_rows(10, 0, 4)
+
+
+def test_batch_size_must_divide(make_config, mesh):
+    assert sharding.batch_divisor(mesh) == 4
+    with pytest.raises(ValueError, match=r"global_batch_size=6 .*batch_divisor.* = 4"):
+        loader.make_pipeline(make_config(global_batch_size=6), seed=0, mesh=mesh)
+    with pytest.raises(ValueError, match=r"global_batch_size=8 .*process count = 3"):
+        loader.check_global_batch(8, 4, 3)
+    assert loader.mesh_rows(mesh, 8) == (0, 1)  # one process holds every row
+
+
+def test_eval_batches_are_fixed_and_finite(make_config, mesh):
+    cfg = make_config(eval_batch_size=8)
+    evals, _ = loader.make_pipeline(cfg, split="eval", seed=0, mesh=mesh)
+    first, second = list(evals), list(evals)
+    assert len(first) == len(evals) >= 1
+    _assert_same(first, second)
+    assert first[0]["input_ids"].sharding == sharding.batch_sharding(mesh)
+    five, _ = loader.make_host_pipeline(cfg, split="eval", seed=0, num_batches=5)
+    batches = list(five)
+    assert len(batches) == 5
+    _assert_same(batches[:1], [{k: np.asarray(v) for k, v in first[0].items()}])
+
+
+def test_mixture_of_datasets(make_config, tokenizer, tmp_path, text_maker):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"story{i}.txt").write_text(text_maker(i, 40))
+    spec = f"ln_jax_pydocs:0.5,textdir:{folder}:0.5"
+    cfg = make_config(dataset=spec, tokenizer_model=str(tokenizer.path))
+    it, _ = loader.make_host_pipeline(cfg, seed=0)
+    batches = _take(it, 4)
+    _assert_same(batches, _take(loader.make_host_pipeline(cfg, seed=0)[0], 4))
+    texts = [tokenizer.decode(row) for b in batches for row in _original_ids(b)]
+    story = [("gardener" in t or "lantern" in t or "harbour" in t) for t in texts]
+    assert 0.2 < np.mean(story) < 0.8  # both datasets appear, about half each
+
+
+def test_data_config():
+    cfg = DataConfig()
+    assert (cfg.dataset, cfg.vocab_size, cfg.max_seq_length, cfg.nsp) == (
+        "ln_jax_pydocs",
+        8000,
+        128,
+        True,
+    )
+    with pytest.raises(ValueError, match="did you mean 'vocab_size'"):
+        DataConfig.from_mapping({"vocab_sise": 100})
+    assert DataConfig.from_mapping({"max_seq_length": 512}).max_seq_length == 512
+    with pytest.raises(TypeError, match="max_seq_length must be int"):
+        DataConfig(max_seq_length="128")
+    with pytest.raises(ValueError, match="tokenizer_type"):
+        DataConfig(tokenizer_type="wordpiece")
+    assert parse_dataset("wikipedia/20230601.en:0.9,bookcorpus:0.1") == (
+        ("wikipedia/20230601.en", 0.9),
+        ("bookcorpus", 0.1),
+    )
+    assert parse_dataset("wikipedia/20230601.en:1.0.0") == (("wikipedia/20230601.en:1.0.0", 1.0),)
+    assert parse_dataset("textdir:/data/books") == (("textdir:/data/books", 1.0),)
+    mix = DataConfig(dataset=[["a", 3], ["b", 1]])
+    assert mix.dataset == (("a", 3), ("b", 1)) and mix.sources == (("a", 0.75), ("b", 0.25))
+    with pytest.raises(ValueError, match="weight > 0"):
+        parse_dataset("a:0")
