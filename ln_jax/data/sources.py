@@ -85,9 +85,10 @@ class TextSource:
         if max_documents is not None and len(records) > max_documents:
             stride = -(-len(records) // max_documents)
         indices = list(range(0, len(records), stride))
+        # Batched reads: one call per chunk is several times faster than one per record.
+        read_many = getattr(records, "__getitems__", lambda idx: [records[i] for i in idx])
         for start in range(0, len(indices), _READ_CHUNK):
-            # Batched reads: one call per chunk is several times faster than one per record.
-            for record in records.__getitems__(indices[start : start + _READ_CHUNK]):
+            for record in read_many(indices[start : start + _READ_CHUNK]):
                 sentences = self._sentences(record)
                 if sentences:
                     yield sentences
