@@ -114,7 +114,11 @@ class MlmHead(nnx.Module):
         """
         h = jnp.take_along_axis(hidden, positions[..., None].astype(jnp.int32), axis=1)
         h = self.norm(activation(self.activation, self.transform(h)))
-        logits = jnp.einsum("bpd,vd->bpv", h, word_embeddings.astype(self.dtype))
+        # Both operands replicated on the contracted dim: left to propagation, XLA's partitioner
+        # gave wrong gradients on a data x fsdp x tensor mesh (measured in tests/test_sharding).
+        h = constrain(h, ("act_batch", "act_predictions", "act_embed"))
+        table = constrain(word_embeddings, ("vocab", "act_embed")).astype(self.dtype)
+        logits = jnp.einsum("bpd,vd->bpv", h, table)
         logits = logits.astype(jnp.float32) + self.bias[...]
         return constrain(logits, ("act_batch", "act_predictions", "act_vocab"))
 

@@ -1,0 +1,241 @@
+"""Models: Table 1 against a NumPy reference, padding, heads, scan/remat, errors, intermediates."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import ln_jax
+from ln_jax.blocks import layer_state
+from tests import reference
+
+# Odd sizes so that a transposed or mis-split axis cannot go unnoticed.
+ODD = dict(
+    size="custom",
+    vocab_size=23,
+    hidden_size=12,
+    num_heads=3,
+    mlp_dim=20,
+    max_position_embeddings=16,
+    layer_norm_eps=1e-6,
+)
+
+
+def flat_params(model) -> dict[str, np.ndarray]:
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return {".".join(map(str, k)): np.asarray(v[...], np.float64) for k, v in flat}
+
+
+def randomize(model, seed=0, scale=0.3):
+    """Gives every parameter (LN scales and biases too) random values so no bug hides."""
+    state = nnx.state(model, nnx.Param)
+    leaves, tree = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    new = [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    nnx.update(model, jax.tree.unflatten(tree, new))
+    return model
+
+
+def batch(rng, b=3, t=9, p=4, vocab=23, pad_from=(9, 6, 4)):
+    ids = rng.integers(5, vocab, (b, t)).astype(np.int32)
+    mask = (np.arange(t)[None] < np.array(pad_from)[:, None]).astype(np.int32)
+    ids = ids * mask
+    segments = (np.arange(t)[None] >= 3).astype(np.int32).repeat(b, 0) * mask
+    positions = np.stack([rng.choice(n, p, replace=n < p) for n in pad_from]).astype(np.int32)
+    return ids, segments, mask, positions
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+@pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_matches_numpy_reference(placement, num_layers, activation):
+    cfg = ln_jax.ModelConfig(
+        **ODD, num_layers=num_layers, placement=placement, activation=activation
+    )
+    model = randomize(ln_jax.create_model(cfg, seed=1))
+    ids, seg, mask, pos = batch(np.random.default_rng(0))
+    out = model(ids, seg, mask, pos, record=True)
+    ref_seq, ref_mlm, ref_nsp = reference.bert_forward(flat_params(model), cfg, ids, seg, mask, pos)
+    real = mask.astype(bool)
+    seq = out["intermediates"]["final_norm_out" if placement == "pre" else "layer_in"]
+    if placement == "post":  # the output of the last layer is its ffn sub-layer's output
+        seq = out["intermediates"]["ffn/output"][-1]
+    np.testing.assert_allclose(np.asarray(seq)[real], ref_seq[real], atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(out["mlm_logits"], ref_mlm, atol=5e-5, rtol=1e-4)
+    np.testing.assert_allclose(out["nsp_logits"], ref_nsp, atol=5e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_padding_does_not_change_real_positions(placement):
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement=placement)
+    model = randomize(ln_jax.create_model(cfg))
+    rng = np.random.default_rng(1)
+    ids, seg, mask, _ = batch(rng, pad_from=(9, 5, 2))
+    pos = np.zeros((3, 2), np.int32)
+    hidden, _ = model.bert(ids, seg, mask)
+    # Other token ids under the padding, and three extra padded positions.
+    ids2 = np.where(mask > 0, ids, rng.integers(5, 23, ids.shape)).astype(np.int32)
+    pad = lambda a: np.pad(a, ((0, 0), (0, 3)))
+    hidden2, _ = model.bert(pad(ids2), pad(seg), pad(mask))
+    real = mask.astype(bool)
+    np.testing.assert_allclose(
+        np.asarray(hidden2)[:, :9][real], np.asarray(hidden)[real], atol=1e-5
+    )
+    assert model(ids, seg, mask, pos)["mlm_logits"].shape == (3, 2, 23)
+
+
+def test_mlm_logits_only_at_given_positions():
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=1)
+    model = randomize(ln_jax.create_model(cfg))
+    ids, seg, mask, _ = batch(np.random.default_rng(2))
+    all_pos = np.tile(np.arange(9, dtype=np.int32), (3, 1))
+    full = np.asarray(model(ids, seg, mask, all_pos)["mlm_logits"])
+    pos = np.array([[4, 0], [1, 3], [2, 2]], np.int32)
+    some = np.asarray(model(ids, seg, mask, pos)["mlm_logits"])
+    assert some.shape == (3, 2, 23)
+    np.testing.assert_allclose(some, np.take_along_axis(full, pos[..., None], 1), atol=1e-5)
+
+
+def test_scan_matches_loop_and_layers_stay_addressable():
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement="post")
+    loop = randomize(ln_jax.create_model(cfg))
+    scan = ln_jax.create_model(cfg.replace(scan_layers=True))
+    layers = [nnx.to_pure_dict(nnx.state(layer, nnx.Param)) for layer in loop.bert.encoder.layers]
+    scan_state = nnx.state(scan.bert.encoder.layers, nnx.Param)
+    nnx.replace_by_pure_dict(scan_state, jax.tree.map(lambda *xs: jnp.stack(xs), *layers))
+    nnx.update(scan.bert.encoder.layers, scan_state)
+    rest = nnx.state(loop, nnx.Param)
+    del rest["bert"]["encoder"]
+    nnx.update(scan, rest)
+    ids, seg, mask, pos = batch(np.random.default_rng(3))
+    key = jax.random.key(7)
+    a = loop(ids, seg, mask, pos, record=True)
+    b = scan(ids, seg, mask, pos, record=True)
+    np.testing.assert_allclose(a["mlm_logits"], b["mlm_logits"], atol=1e-5)
+    for name in a["intermediates"]:
+        np.testing.assert_allclose(a["intermediates"][name], b["intermediates"][name], atol=1e-5)
+    assert b["intermediates"]["ffn/branch_out"].shape == (3, 3, 9, 12)
+    w_loop = layer_state(loop.bert.encoder, 1)["ffn"]["branch"]["wo"]["kernel"][...]
+    w_scan = layer_state(scan.bert.encoder, 1)["ffn"]["branch"]["wo"]["kernel"][...]
+    np.testing.assert_array_equal(w_loop, w_scan)
+    # Dropout streams differ by construction between the two layouts, but each is reproducible.
+    d1 = scan(ids, seg, mask, pos, dropout_key=key)["mlm_logits"]
+    d2 = scan(ids, seg, mask, pos, dropout_key=key)["mlm_logits"]
+    np.testing.assert_array_equal(d1, d2)
+
+
+def _grads(model, ids, seg, mask, pos, key):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(p):
+        m = nnx.merge(graphdef, p, rest)
+        return jnp.mean(m(ids, seg, mask, pos, dropout_key=key)["mlm_logits"] ** 2)
+
+    return jax.grad(loss)(params)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_remat_gives_the_same_gradients(scan):
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, scan_layers=scan)
+    ids, seg, mask, pos = batch(np.random.default_rng(4))
+    key = jax.random.key(3)
+    plain = _grads(ln_jax.create_model(cfg, seed=5), ids, seg, mask, pos, key)
+    remat = _grads(ln_jax.create_model(cfg.replace(remat="full"), seed=5), ids, seg, mask, pos, key)
+    for x, y in zip(jax.tree.leaves(plain), jax.tree.leaves(remat), strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+
+
+def test_dropout_is_driven_by_the_key():
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, hidden_dropout=0.3, attention_dropout=0.3)
+    model = ln_jax.create_model(cfg)
+    ids, seg, mask, pos = batch(np.random.default_rng(5))
+    run = lambda key: np.asarray(model(ids, seg, mask, pos, dropout_key=key)["mlm_logits"])
+    np.testing.assert_array_equal(run(None), run(None))
+    np.testing.assert_array_equal(run(jax.random.key(1)), run(jax.random.key(1)))
+    assert not np.allclose(run(jax.random.key(1)), run(jax.random.key(2)))
+    assert not np.allclose(run(jax.random.key(1)), run(None))
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_intermediates_are_consistent(placement):
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement=placement)
+    model = randomize(ln_jax.create_model(cfg))
+    ids, seg, mask, pos = batch(np.random.default_rng(6))
+    rec = {
+        k: np.asarray(v)
+        for k, v in model(ids, seg, mask, pos, record=True)["intermediates"].items()
+    }
+    # The output of layer l is the input of layer l+1.
+    np.testing.assert_allclose(rec["ffn/output"][:-1], rec["layer_in"][1:], atol=1e-6)
+    norm = f"ffn/{placement}_norm"
+    assert rec[f"{norm}_in"].shape == rec[f"{norm}_out"].shape == (3, 3, 9, 12)
+    if placement == "post":  # x^{post,5} = x^{post,3} + F(x^{post,3}) (no dropout here)
+        np.testing.assert_allclose(
+            rec["ffn/post_norm_in"], rec["attention/output"] + rec["ffn/branch_out"], atol=1e-5
+        )
+    else:  # the Pre-LN residual stream: x_{l+1} = x^{pre,3} + F(LN(x^{pre,3}))
+        np.testing.assert_allclose(
+            rec["ffn/output"], rec["attention/output"] + rec["ffn/branch_out"], atol=1e-5
+        )
+        assert "final_norm_out" in rec and "post_norm_in" not in " ".join(rec)
+
+
+def test_xavier_and_bert_initialisers():
+    d = 64
+    base = dict(size="custom", vocab_size=50, hidden_size=d, num_heads=4, mlp_dim=128, num_layers=1)
+    xav = ln_jax.create_model(ln_jax.ModelConfig(**base, init="xavier"))
+    bert = ln_jax.create_model(ln_jax.ModelConfig(**base, init="bert"))
+    q = lambda m: np.asarray(m.bert.encoder.layers[0].attention.branch.query.kernel[...])
+    assert abs(q(xav).var() * d - 1.0) < 0.15  # Xavier on a d x d map: Var = 1/d
+    assert abs(q(bert).std() - 0.02 * 0.88) < 0.002  # truncated at 2 sigma: std ~0.88 sigma
+    assert np.abs(q(bert)).max() <= 0.04 + 1e-6
+    emb = np.asarray(xav.bert.embeddings.word[...])
+    assert abs(emb.std() * np.sqrt(d) - 1.0) < 0.1
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, dtype="bfloat16")
+    model = ln_jax.create_model(cfg)
+    ids, seg, mask, pos = batch(np.random.default_rng(7))
+    out = model(ids, seg, mask, pos, record=True)
+    assert out["mlm_logits"].dtype == jnp.float32 and out["nsp_logits"].dtype == jnp.float32
+    assert out["intermediates"]["ffn/branch_out"].dtype == jnp.bfloat16
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    ref = ln_jax.create_model(cfg.replace(dtype="float32"))(ids, seg, mask, pos)["mlm_logits"]
+    np.testing.assert_allclose(out["mlm_logits"], ref, atol=0.1)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("placement", "postln", "valid names: post, pre"),
+        ("activation", "swish", "valid names: gelu, gelu_tanh, relu"),
+        ("size", "huge", "valid names: base, custom, large, mini, tiny"),
+        ("num_heads", 5, "hidden_size=128 is not divisible by model.num_heads=5"),
+        ("hidden_dropout", 1.5, "hidden_dropout=1.5"),
+    ],
+)
+def test_bad_config_errors_name_the_problem(field, value, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        ln_jax.ModelConfig.from_mapping({"size": "tiny", field: value})
+
+
+def test_misspelt_model_field_names_the_closest():
+    with pytest.raises(ValueError, match="Did you mean 'placement'"):
+        ln_jax.ModelConfig.from_mapping({"placment": "pre"})
+
+
+def test_named_sizes():
+    for name, shape in {
+        "tiny": (2, 128, 2, 512),
+        "mini": (4, 256, 4, 1024),
+        "base": (12, 768, 12, 3072),
+        "large": (24, 1024, 16, 4096),
+    }.items():
+        cfg = ln_jax.model_config(name)
+        assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.mlp_dim) == shape
+    assert ln_jax.model_config("base").max_position_embeddings == 512
+    assert ln_jax.model_config("mini", num_layers=7).num_layers == 7
