@@ -201,3 +201,112 @@ class ModelConfig:
 def model_config(size: str = "tiny", **overrides: Any) -> ModelConfig:
     """Shorthand: `model_config("mini", placement="post")`."""
     return ModelConfig.from_mapping({"size": size, **overrides})
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh sizes over ('data', 'fsdp', 'tensor'); one may be -1 (= the rest)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpointing.
+
+    Attributes:
+      keep: keep the last `keep` checkpoints.
+      async_save: save in a background thread while training goes on.
+      fallback: if the latest checkpoint cannot be restored, try the previous ones.
+    """
+
+    keep: int = 3
+    async_save: bool = True
+    fallback: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run needs, typed and validated once from the ml_collections config.
+
+    Attributes:
+      name: config name and variant (e.g. "bert_preln_mini"); names the default workdir.
+      seed: seed of the parameters and of dropout (the data has its own, data.seed).
+      total_steps: optimizer updates.
+      eval_every / checkpoint_every / log_every: intervals in steps (0 = only at the end).
+      eval_batches: evaluation batches (None = one pass over the validation split).
+      grad_accum_steps: micro-batches per update (the global batch is split into them).
+      nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
+        last good checkpoint is kept) or "skip" (drop that update and go on).
+    """
+
+    name: str = "run"
+    seed: int = 0
+    total_steps: int = 100
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    log_every: int = 10
+    eval_batches: int | None = None
+    grad_accum_steps: int = 1
+    nan_policy: str = "stop"
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optim: Any = None  # ln_jax.optim.OptimConfig
+    data: Any = None  # ln_jax.data.config.DataConfig
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        check_choice("nan_policy", self.nan_policy, ("stop", "skip"))
+        if self.total_steps <= 0:
+            raise ValueError(f"total_steps={self.total_steps} must be positive.")
+        if self.grad_accum_steps <= 0:
+            raise ValueError(f"grad_accum_steps={self.grad_accum_steps} must be positive.")
+        batch = self.data.global_batch_size if self.data is not None else 0
+        if batch and batch % self.grad_accum_steps:
+            raise ValueError(
+                f"data.global_batch_size={batch} is not divisible by "
+                f"grad_accum_steps={self.grad_accum_steps}."
+            )
+        if self.data is not None and self.model.vocab_size != self.data.vocab_size:
+            raise ValueError(
+                f"model.vocab_size={self.model.vocab_size} differs from "
+                f"data.vocab_size={self.data.vocab_size}; set them equal (or leave "
+                "model.vocab_size unset to take the tokenizer's)."
+            )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """Builds the typed config from a (nested) dict, e.g. `ConfigDict.to_dict()`.
+
+        Unknown fields anywhere are errors naming the closest valid field. The optimizer's
+        total_steps follows the run's, and the model's vocabulary the data's, unless set.
+        """
+        from ln_jax.data.config import DataConfig
+        from ln_jax.optim import OptimConfig
+
+        values = dict(values)
+        reject_unknown_keys("config", values, [f.name for f in dataclasses.fields(cls)])
+        data = DataConfig.from_mapping(dict(values.pop("data", {})))
+        optim = dict(values.pop("optim", {}))
+        if optim.get("total_steps") is None:
+            optim["total_steps"] = values.get("total_steps", cls.total_steps)
+        model = dict(values.pop("model", {}))
+        if model.get("vocab_size") is None:
+            model["vocab_size"] = data.vocab_size
+        sections = {
+            "mesh": (MeshConfig, values.pop("mesh", {})),
+            "checkpoint": (CheckpointConfig, values.pop("checkpoint", {})),
+        }
+        typed = {}
+        for key, (kind, given) in sections.items():
+            reject_unknown_keys(key, given, [f.name for f in dataclasses.fields(kind)])
+            typed[key] = kind(**given)
+        return cls(
+            **values,
+            model=ModelConfig.from_mapping(model),
+            optim=OptimConfig.from_mapping(optim),
+            data=data,
+            **typed,
+        )

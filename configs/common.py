@@ -1,0 +1,120 @@
+"""The shared BERT pretraining config; `bert_preln.py` and `bert_postln.py` set the recipe.
+
+Variants (after a colon on the command line): "base" (default: the papers' BERT-base setting),
+"mini" (BERT-mini, minutes on a laptop CPU) and "tiny" (about a minute). Every variant reads the
+embedded offline corpus unless `--config.data.dataset=...` names another.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+VARIANTS = ("base", "mini", "tiny")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """BERT-base pretraining (Devlin et al. phase 1) with every field the trainer reads."""
+    c = ml_collections.ConfigDict()
+    c.name = "bert"  # run name; the default workdir is workdirs/<name>
+    c.seed = 0  # parameter initialisation and dropout
+    c.total_steps = 1_000_000  # optimizer updates (BERT: 1M at batch 256)
+    c.eval_every = 10_000  # evaluate on the validation split every N steps (0 = at the end)
+    c.checkpoint_every = 10_000  # save every N steps (0 = only at the end / on SIGTERM)
+    c.log_every = 100  # progress line, metrics.jsonl and TensorBoard every N steps
+    c.eval_batches = 50  # validation batches per evaluation (None = one pass)
+    c.grad_accum_steps = 1  # micro-batches per update (global batch split into them)
+    c.nan_policy = "stop"  # non-finite loss/gradient: "stop" (keep last checkpoint) or "skip"
+
+    c.model = ml_collections.ConfigDict()
+    c.model.size = "base"  # tiny | mini | base | large: sets the four shape fields below
+    c.model.placement = "pre"  # LayerNorm placement: post | pre
+    c.model.num_layers = placeholder(int)  # None = from size
+    c.model.hidden_size = placeholder(int)  # None = from size
+    c.model.num_heads = placeholder(int)  # None = from size
+    c.model.mlp_dim = placeholder(int)  # None = from size
+    c.model.vocab_size = placeholder(int)  # None = data.vocab_size
+    c.model.max_position_embeddings = 512  # learned positions
+    c.model.activation = "gelu"  # gelu (BERT) | relu (the papers' theory) | gelu_tanh
+    c.model.init = "bert"  # bert (truncated normal, init_std) | xavier (Xiong et al. 3.3)
+    c.model.init_std = 0.02  # std of the "bert" initialiser
+    c.model.layer_norm_eps = 1e-12  # epsilon in every LayerNorm (BERT: 1e-12)
+    c.model.embedding_layernorm = True  # LayerNorm after the summed embeddings (BERT has one)
+    c.model.hidden_dropout = 0.1  # dropout on embeddings and residual branches
+    c.model.attention_dropout = 0.1  # dropout on attention probabilities
+    c.model.dtype = "float32"  # compute dtype (bfloat16 on GPU/TPU); params stay float32
+    c.model.attention_impl = "xla"  # xla | cudnn (GPU, bf16, needs attention_dropout=0)
+    c.model.remat = "none"  # none | full | dots: recompute activations in the backward pass
+    c.model.scan_layers = False  # lax.scan over stacked layers (fast compiles for deep stacks)
+    c.model.nsp_head = True  # next-sentence-prediction head (off when data.nsp is False)
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.optimizer = "adamw"  # adam | adamw | radam | sgd
+    c.optim.peak_lr = 1e-4  # the schedule's maximum
+    c.optim.schedule = "warmup_linear_decay"  # see ln_jax.optim.make_schedule
+    c.optim.warmup_steps = 10_000  # linear warm-up length (0 = none)
+    c.optim.total_steps = placeholder(int)  # None = total_steps
+    c.optim.end_lr = 0.0  # learning rate at the end of a linear decay
+    c.optim.decay_step = 0  # decay_rsqrt: the step of the decay
+    c.optim.decay_factor = 1.0  # decay_rsqrt: the factor applied at decay_step
+    c.optim.b1 = 0.9  # Adam beta1
+    c.optim.b2 = 0.999  # Adam beta2 (Xiong et al. use 0.98 for translation)
+    c.optim.eps = 1e-6  # Adam epsilon (BERT: 1e-6)
+    c.optim.weight_decay = 0.01  # decoupled, on matrices and embeddings only (adamw)
+    c.optim.clip_norm = 1.0  # global gradient-norm clipping (0 = off)
+    c.optim.momentum = 0.9  # sgd only
+
+    c.data = ml_collections.ConfigDict()
+    c.data.dataset = "ln_jax_pydocs"  # embedded corpus; or e.g. "wikipedia/20230601.en"
+    c.data.data_dir = placeholder(str)  # TFDS data dir (None = $TFDS_DATA_DIR or default)
+    c.data.train_split = "train"  # TFDS split of the training documents
+    c.data.eval_split = "validation"  # TFDS split of the held-out documents
+    c.data.text_feature = "text"  # text feature of external TFDS datasets
+    c.data.download = False  # let TFDS download and prepare a named dataset
+    c.data.vocab_size = 30522  # sentencepiece vocabulary (BERT's WordPiece has 30522)
+    c.data.tokenizer_model = placeholder(str)  # a user .model file (None = train and cache)
+    c.data.tokenizer_type = "unigram"  # unigram | bpe
+    c.data.max_seq_length = 128  # tokens per example (BERT phase 1: 128, phase 2: 512)
+    c.data.max_predictions_per_seq = 20  # masked positions per example (20 at 128)
+    c.data.masked_lm_prob = 0.15  # fraction of tokens predicted
+    c.data.short_seq_prob = 0.1  # chance of a shorter random target length
+    c.data.whole_word_masking = False  # mask all pieces of a word together
+    c.data.nsp = True  # sentence pairs with next-sentence labels (False: packed sentences)
+    c.data.global_batch_size = 256  # examples per update over all devices and hosts
+    c.data.eval_batch_size = placeholder(int)  # None = global_batch_size
+    c.data.seed = 0  # pairs, shuffle and masks
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1  # data-parallel axis (-1 = all remaining devices)
+    c.mesh.fsdp = 1  # parameter/optimizer-state sharding axis
+    c.mesh.tensor = 1  # tensor-parallel axis (heads, mlp, vocab)
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.keep = 3  # keep the last K checkpoints
+    c.checkpoint.async_save = True  # save in the background while training continues
+    c.checkpoint.fallback = False  # a corrupt latest checkpoint: try the previous ones
+    return c
+
+
+def apply_variant(c: ml_collections.ConfigDict, variant: str) -> ml_collections.ConfigDict:
+    """Shrinks the base config for a laptop CPU ("mini", "tiny"); "base" leaves it."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown config variant {variant!r}; valid: {', '.join(VARIANTS)}.")
+    if variant == "base":
+        return c
+    small = {
+        # variant: (size, total_steps, batch, eval_every, eval_batches)
+        "mini": ("mini", 1000, 16, 250, 8),
+        "tiny": ("tiny", 200, 16, 100, 4),
+    }[variant]
+    c.model.size, c.total_steps, c.data.global_batch_size, c.eval_every, c.eval_batches = small
+    c.checkpoint_every = c.eval_every
+    c.log_every = 10
+    c.data.vocab_size = 8000  # fits the 2 MB embedded corpus
+    c.model.max_position_embeddings = 128
+    return c
+
+
+def recipe_warmup(c: ml_collections.ConfigDict, fraction: float) -> None:
+    """Sets warm-up as a fraction of the run (BERT: 10k of 1M steps = 1%)."""
+    c.optim.warmup_steps = max(1, round(fraction * c.total_steps))
