@@ -1,0 +1,563 @@
+"""HuggingFace BERT checkpoints <-> the ln_jax Post-LN model.
+
+HuggingFace BERT is exactly ln_jax's "post" placement (LN(x + F(x)) in every sub-layer, a
+LayerNorm after the embeddings, erf GELU, eps 1e-12). Only local files are read; nothing is
+downloaded.
+
+Usage::
+
+    from ln_jax import convert
+
+    # A directory written by `BertForPreTraining.save_pretrained(...)` (config.json plus
+    # model.safetensors or pytorch_model.bin), or a single weights file beside a config.json.
+    model = convert.load_hf_bert("checkpoints/bert-tiny")        # scan_layers=True, mesh=...
+    out = model(input_ids, segment_ids, attention_mask, masked_positions)
+
+    # Back to HuggingFace: model.safetensors + config.json, for
+    # `transformers.BertForPreTraining.from_pretrained("exported/")`.
+    convert.export_hf_bert(model, "exported/")
+
+Key layout: HF torch `Linear` weights are [out, in]; ln_jax kernels are [in..., out...] with
+the attention projections split per head (q/k/v [D, heads, head_dim], output
+[heads, head_dim, D]). The MLM decoder is tied to the word embeddings in both libraries, so the
+duplicate keys `cls.predictions.decoder.{weight,bias}` are checked against their originals on
+load and not written on export (`from_pretrained` re-ties them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from ln_jax import sharding
+from ln_jax.bert import BertEncoder, BertForPreTraining
+from ln_jax.config import ModelConfig
+
+Arrays = dict[str, np.ndarray]
+ParamPath = tuple[Any, ...]
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+
+_ACTIVATIONS_FROM_HF = {
+    "gelu": "gelu",
+    "relu": "relu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+}
+_ACTIVATIONS_TO_HF = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}
+# transformers.BertConfig's defaults, which HF itself applies to fields a config.json omits.
+_HF_DEFAULTS = {
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12,
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "initializer_range": 0.02,
+}
+
+# Buffers (not parameters) that some HF versions store in the state dict.
+_BUFFER_KEYS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
+# Tied copies: key -> the key whose value it must equal.
+_TIED_KEYS = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+_BARE_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+_HEAD_PREFIXES = ("cls.", "bert.pooler.")  # not part of a BertEncoder
+_NSP = ("cls.seq_relationship.", "bert.pooler.")  # not part of a model without NSP head
+
+# A conversion "kind" says how an HF array becomes an ln_jax array:
+#   "copy": same shape;  "flat": HF keeps it flat, ln_jax splits it per head;
+#   1 or 2: a torch Linear weight [out, in] -> a kernel whose first 1 or 2 axes are the input.
+_EMBEDDINGS = (
+    ("bert.embeddings.word_embeddings.weight", ("bert", "embeddings", "word"), "copy"),
+    ("bert.embeddings.position_embeddings.weight", ("bert", "embeddings", "position"), "copy"),
+    ("bert.embeddings.token_type_embeddings.weight", ("bert", "embeddings", "segment"), "copy"),
+    ("bert.embeddings.LayerNorm.weight", ("bert", "embeddings", "norm", "scale"), "copy"),
+    ("bert.embeddings.LayerNorm.bias", ("bert", "embeddings", "norm", "bias"), "copy"),
+)
+_MLM_HEAD = (
+    ("cls.predictions.transform.dense.weight", ("mlm", "transform", "kernel"), 1),
+    ("cls.predictions.transform.dense.bias", ("mlm", "transform", "bias"), "copy"),
+    ("cls.predictions.transform.LayerNorm.weight", ("mlm", "norm", "scale"), "copy"),
+    ("cls.predictions.transform.LayerNorm.bias", ("mlm", "norm", "bias"), "copy"),
+    ("cls.predictions.bias", ("mlm", "bias"), "copy"),
+)
+_NSP_HEAD = (
+    ("bert.pooler.dense.weight", ("nsp", "pooler", "kernel"), 1),
+    ("bert.pooler.dense.bias", ("nsp", "pooler", "bias"), "copy"),
+    ("cls.seq_relationship.weight", ("nsp", "classifier", "kernel"), 1),
+    ("cls.seq_relationship.bias", ("nsp", "classifier", "bias"), "copy"),
+)
+
+
+def _layer_entries() -> Iterator[tuple[str, ParamPath, Any]]:
+    """(HF key under `bert.encoder.layer.{i}.`, ln_jax path under the layer, kind)."""
+    for name in ("query", "key", "value"):
+        yield f"attention.self.{name}.weight", ("attention", "branch", name, "kernel"), 1
+        yield f"attention.self.{name}.bias", ("attention", "branch", name, "bias"), "flat"
+    yield "attention.output.dense.weight", ("attention", "branch", "out", "kernel"), 2
+    yield "attention.output.dense.bias", ("attention", "branch", "out", "bias"), "copy"
+    for hf, ln in (("intermediate", "wi"), ("output", "wo")):
+        yield f"{hf}.dense.weight", ("ffn", "branch", ln, "kernel"), 1
+        yield f"{hf}.dense.bias", ("ffn", "branch", ln, "bias"), "copy"
+    for hf, ln in (("attention.output", "attention"), ("output", "ffn")):
+        yield f"{hf}.LayerNorm.weight", (ln, "post_norm", "scale"), "copy"
+        yield f"{hf}.LayerNorm.bias", (ln, "post_norm", "bias"), "copy"
+
+
+def _entries(
+    cfg: ModelConfig, encoder_only: bool = False
+) -> Iterator[tuple[str, ParamPath, Any, int | None]]:
+    """Every (HF key, ln_jax parameter path, kind, layer index or None) of the model.
+
+    With `cfg.scan_layers` a layer parameter's path has no index (the layer is the leading axis
+    of the stacked array); otherwise the index follows "layers", as in an `nnx.List`. With
+    `encoder_only` the paths are those of a `BertEncoder` (no leading "bert", no heads).
+    """
+    for key, path, kind in _EMBEDDINGS:
+        yield key, path[encoder_only:], kind, None
+    for i in range(cfg.num_layers):
+        prefix = ("bert", "encoder", "layers")[encoder_only:] + (() if cfg.scan_layers else (i,))
+        for key, path, kind in _layer_entries():
+            yield f"bert.encoder.layer.{i}.{key}", prefix + path, kind, i
+    if not encoder_only:
+        for key, path, kind in _MLM_HEAD + (_NSP_HEAD if cfg.nsp_head else ()):
+            yield key, path, kind, None
+
+
+def _hf_shape(kind: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The HF shape of an array whose ln_jax shape is `shape`."""
+    if kind == "copy":
+        return shape
+    if kind == "flat":
+        return (math.prod(shape),)
+    return (math.prod(shape[kind:]), math.prod(shape[:kind]))
+
+
+def _to_ln(x: np.ndarray, kind: Any, shape: tuple[int, ...]) -> np.ndarray:
+    return x if kind == "copy" else (x if kind == "flat" else x.T).reshape(shape)
+
+
+def _to_hf(x: np.ndarray, kind: Any) -> np.ndarray:
+    if kind == "copy":
+        return x
+    if kind == "flat":
+        return x.reshape(-1)
+    return x.reshape(math.prod(x.shape[:kind]), -1).T
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+def config_from_hf(hf_config: Mapping[str, Any] | Any) -> ModelConfig:
+    """Builds the Post-LN `ModelConfig` of a HuggingFace BERT config.
+
+    Args:
+      hf_config: the contents of a `config.json` (or a `transformers.BertConfig`); absent
+        fields take `BertConfig`'s defaults, as in HF.
+
+    Returns:
+      A `ModelConfig` with placement "post" and size "custom".
+
+    Raises:
+      ValueError: for an activation, position embedding type or model type ln_jax lacks.
+    """
+    c = dict(hf_config.to_dict() if hasattr(hf_config, "to_dict") else hf_config)
+    if c.get("model_type", "bert") != "bert":
+        raise ValueError(f"model_type {c['model_type']!r} is not BERT; only 'bert' converts.")
+    if c.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(
+            f"position_embedding_type {c['position_embedding_type']!r}: ln_jax has only "
+            "learned absolute positions."
+        )
+    act = c.get("hidden_act", "gelu")
+    if act not in _ACTIVATIONS_FROM_HF:
+        raise ValueError(
+            f"hidden_act {act!r} has no ln_jax equivalent; supported: "
+            f"{', '.join(_ACTIVATIONS_FROM_HF)}."
+        )
+    c = {**_HF_DEFAULTS, **c}
+    return ModelConfig(
+        size="custom",
+        vocab_size=c["vocab_size"],
+        hidden_size=c["hidden_size"],
+        num_layers=c["num_hidden_layers"],
+        num_heads=c["num_attention_heads"],
+        mlp_dim=c["intermediate_size"],
+        max_position_embeddings=c["max_position_embeddings"],
+        type_vocab_size=c["type_vocab_size"],
+        placement="post",
+        activation=_ACTIVATIONS_FROM_HF[act],
+        layer_norm_eps=c["layer_norm_eps"],
+        hidden_dropout=c["hidden_dropout_prob"],
+        attention_dropout=c["attention_probs_dropout_prob"],
+        init_std=c["initializer_range"],
+    )
+
+
+def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """The HuggingFace `BertConfig` fields (a `config.json` dict) of a Post-LN `ModelConfig`."""
+    _check_convertible(cfg)
+    return {
+        "architectures": ["BertForPreTraining"],
+        "model_type": "bert",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_dim,
+        "hidden_act": _ACTIVATIONS_TO_HF[cfg.activation],
+        "hidden_dropout_prob": cfg.hidden_dropout,
+        "attention_probs_dropout_prob": cfg.attention_dropout,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "type_vocab_size": cfg.type_vocab_size,
+        "initializer_range": cfg.init_std,
+        "layer_norm_eps": cfg.layer_norm_eps,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+
+
+def _check_convertible(cfg: ModelConfig) -> None:
+    if cfg.placement != "post":
+        raise ValueError(
+            f"placement {cfg.placement!r}: HuggingFace BERT is Post-LN (LayerNorm after each "
+            "residual add), so only placement='post' maps onto its weights."
+        )
+    if not cfg.embedding_layernorm:
+        raise ValueError("embedding_layernorm=False: HuggingFace BERT has an embedding LayerNorm.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading checkpoints
+
+
+def load_hf_state_dict(path: str | os.PathLike) -> Arrays:
+    """Reads a HuggingFace BERT state dict from a local file or directory into numpy arrays.
+
+    Args:
+      path: a `.safetensors` file, a torch `state_dict` (`.bin`, `.pt`, `.pth`), a sharded
+        checkpoint's `.index.json`, or a directory holding one of `WEIGHT_FILES` (searched in
+        that order).
+
+    Returns:
+      {key: array}, keys in `BertForPreTraining` form: a bare `BertModel`'s keys get the
+      `bert.` prefix and TF-era `LayerNorm.gamma/beta` become `weight/bias`.
+
+    Raises:
+      FileNotFoundError: naming the path and the files looked for.
+      ImportError: for a torch file when torch is not installed.
+    """
+    file = _weights_file(Path(path))
+    if file.name.endswith(".index.json"):
+        shards = sorted(set(json.loads(file.read_text())["weight_map"].values()))
+        arrays = {k: v for s in shards for k, v in _read_file(file.parent / s).items()}
+    else:
+        arrays = _read_file(file)
+    return {_normalise_key(k): v for k, v in arrays.items()}
+
+
+def _weights_file(path: Path) -> Path:
+    if path.is_file():
+        return path
+    if path.is_dir():
+        for name in WEIGHT_FILES:
+            if (path / name).is_file():
+                return path / name
+        raise FileNotFoundError(
+            f"no HuggingFace checkpoint in directory {str(path)!r}: looked for "
+            f"{', '.join(WEIGHT_FILES)}."
+        )
+    raise FileNotFoundError(
+        f"checkpoint path {str(path)!r} does not exist (expected a directory with one of "
+        f"{', '.join(WEIGHT_FILES)}, or a .safetensors / {' / '.join(TORCH_SUFFIXES)} file)."
+    )
+
+
+def _read_file(file: Path) -> Arrays:
+    if file.suffix == ".safetensors":
+        return _read_safetensors(file)
+    if file.suffix in TORCH_SUFFIXES:
+        return _read_torch(file)
+    raise ValueError(
+        f"{str(file)!r}: unknown checkpoint format; expected .safetensors or "
+        f"{' / '.join(TORCH_SUFFIXES)}."
+    )
+
+
+def _read_safetensors(file: Path) -> Arrays:
+    from safetensors import numpy as st_numpy
+    from safetensors import safe_open
+
+    try:
+        return st_numpy.load_file(str(file))
+    except TypeError:  # bfloat16 has no numpy dtype: read through JAX, widen to float32
+        with safe_open(str(file), framework="flax") as f:
+            return {k: np.asarray(f.get_tensor(k), np.float32) for k in f.keys()}  # noqa: SIM118
+
+
+def _read_torch(file: Path) -> Arrays:
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            f"reading {str(file)!r} needs PyTorch (pip install torch), or convert the "
+            "checkpoint to model.safetensors."
+        ) from e
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    out = {}
+    for key, t in state.items():
+        t = t.detach()
+        out[key] = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+    return out
+
+
+def _normalise_key(key: str) -> str:
+    if key.startswith(_BARE_PREFIXES):
+        key = "bert." + key
+    if key.endswith(".gamma"):
+        key = key[: -len("gamma")] + "weight"
+    elif key.endswith(".beta"):
+        key = key[: -len("beta")] + "bias"
+    return key
+
+
+# ---------------------------------------------------------------------------------------------
+# HF -> ln_jax
+
+
+def load_hf_bert(
+    path: str | os.PathLike,
+    config: ModelConfig | Mapping[str, Any] | None = None,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    scan_layers: bool | None = None,
+    rules: Any = None,
+) -> BertForPreTraining:
+    """Loads a local HuggingFace `BertForPreTraining` checkpoint into the ln_jax Post-LN model.
+
+    Args:
+      path: a checkpoint directory or weights file (see `load_hf_state_dict`).
+      config: a `ModelConfig` (placement "post"), an HF config dict, or None to read
+        `config.json` beside the weights (the head count cannot be inferred from shapes).
+      mesh: build the model sharded on this mesh (logical `rules`, default
+        `ln_jax.sharding.DEFAULT_RULES`) and place each array in its parameter's sharding.
+      scan_layers: stack the layers for `lax.scan`; None keeps the config's setting.
+      rules: logical axis rules used with `mesh`.
+
+    Returns:
+      The model with every parameter taken from the checkpoint.
+
+    Raises:
+      ValueError: non-"post" placement; missing or unexpected keys (all listed); the first
+        key whose shape differs (both shapes, in HF layout); an untied MLM decoder.
+      FileNotFoundError: no checkpoint or no config at `path`.
+    """
+    return _load(BertForPreTraining, path, config, mesh, scan_layers, rules)
+
+
+def load_hf_encoder(
+    path: str | os.PathLike,
+    config: ModelConfig | Mapping[str, Any] | None = None,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    scan_layers: bool | None = None,
+    rules: Any = None,
+) -> BertEncoder:
+    """Loads the embeddings and encoder of a `BertModel` or `BertForPreTraining` checkpoint.
+
+    The pooler and the pretraining heads, if present, are ignored. Arguments, errors and the
+    result's sharding are as in `load_hf_bert`.
+
+    Returns:
+      An ln_jax `BertEncoder` (ids -> `(hidden [batch, length, hidden], intermediates)`).
+    """
+    return _load(BertEncoder, path, config, mesh, scan_layers, rules)
+
+
+def _load(cls: type, path: Any, config: Any, mesh: Any, scan_layers: Any, rules: Any) -> Any:
+    cfg = _resolve_config(Path(path), config)
+    if scan_layers is not None:
+        cfg = cfg.replace(scan_layers=scan_layers)
+    _check_convertible(cfg)
+    hf = load_hf_state_dict(path)
+    model = _target_model(cls, cfg, mesh, rules)
+    _assign(model, _ln_arrays(cfg, hf, _param_shapes(model), encoder_only=cls is BertEncoder))
+    return model
+
+
+def _target_model(cls: type, cfg: ModelConfig, mesh: Any, rules: Any) -> Any:
+    """The module to fill: abstract without a mesh, else created sharded.
+
+    Without a mesh only shapes are traced (no initialisation is computed). Under a mesh the
+    module is created as `ln_jax.bert.create_model` does, so that each array can take its
+    parameter's sharding.
+    """
+
+    def build() -> nnx.Module:
+        return cls(cfg, rngs=nnx.Rngs(params=0))
+
+    if mesh is None:
+        return sharding.create_unsharded(partial(nnx.eval_shape, build))
+    return sharding.create_sharded(build, mesh, rules or sharding.DEFAULT_RULES)
+
+
+def _resolve_config(path: Path, config: ModelConfig | Mapping[str, Any] | None) -> ModelConfig:
+    if isinstance(config, ModelConfig):
+        return config
+    if config is not None:
+        return config_from_hf(config)
+    file = (path if path.is_dir() else path.parent) / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"no config.json at {str(file)!r}; pass `config=` (a ModelConfig or HF config dict)."
+        )
+    return config_from_hf(json.loads(file.read_text()))
+
+
+def _param_shapes(model: nnx.Module) -> dict[ParamPath, tuple[int, ...]]:
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return {path: tuple(var.get_value().shape) for path, var in flat}
+
+
+def _ln_arrays(
+    cfg: ModelConfig,
+    hf: Arrays,
+    shapes: Mapping[ParamPath, tuple[int, ...]],
+    encoder_only: bool = False,
+) -> dict[ParamPath, np.ndarray]:
+    """Checks the HF keys and shapes and converts them to {ln_jax path: float32 array}."""
+    entries = list(_entries(cfg, encoder_only))
+    _check_keys(cfg, hf, {key for key, *_ in entries}, encoder_only)
+    per_layer: dict[ParamPath, list[np.ndarray]] = {}
+    out: dict[ParamPath, np.ndarray] = {}
+    for key, path, kind, layer in entries:
+        stacked = cfg.scan_layers and layer is not None
+        shape = shapes[path][1:] if stacked else shapes[path]
+        want = _hf_shape(kind, shape)
+        if tuple(hf[key].shape) != want:
+            raise ValueError(
+                f"shape mismatch at {key!r}: the checkpoint has {tuple(hf[key].shape)}, "
+                f"the model expects {want} (HF layout)."
+            )
+        x = _to_ln(np.asarray(hf[key], np.float32), kind, shape)
+        if stacked:
+            per_layer.setdefault(path, []).append(x)
+        else:
+            out[path] = x
+    out.update({path: np.stack(xs) for path, xs in per_layer.items()})
+    return out
+
+
+def _check_keys(cfg: ModelConfig, hf: Arrays, expected: set[str], encoder_only: bool) -> None:
+    """Raises ValueError listing missing and unexpected keys; checks tied duplicates."""
+    ignored = set(_BUFFER_KEYS) | set(_TIED_KEYS)
+    if encoder_only or not cfg.nsp_head:  # heads the module lacks are dropped on purpose
+        ignored |= {k for k in hf if k.startswith(_HEAD_PREFIXES if encoder_only else _NSP)}
+    missing = sorted(expected - hf.keys())
+    unexpected = sorted(hf.keys() - expected - ignored)
+    if missing or unexpected:
+        hint = ""
+        if missing and all(k.startswith(_HEAD_PREFIXES) for k in missing):
+            hint = " A bare BertModel checkpoint has no pretraining heads: use load_hf_encoder."
+        raise ValueError(
+            f"checkpoint does not match the model ({cfg.num_layers} layers): "
+            f"missing keys {missing}; unexpected keys {unexpected}.{hint}"
+        )
+    for copy, original in () if encoder_only else _TIED_KEYS.items():
+        if copy in hf and not np.array_equal(hf[copy], hf[original]):
+            raise ValueError(
+                f"{copy!r} differs from {original!r}: ln_jax ties the MLM decoder to the word "
+                "embeddings and cannot hold an untied decoder."
+            )
+
+
+def _assign(model: nnx.Module, arrays: Mapping[ParamPath, np.ndarray]) -> None:
+    """Writes each array into its parameter, in the parameter's existing sharding.
+
+    `make_array_from_callback` hands each device only its own shard (also across hosts).
+    """
+    state = nnx.state(model, nnx.Param)
+    for path, var in nnx.to_flat_state(state):
+        x, where = arrays[path], getattr(var.get_value(), "sharding", None)
+        if where is None:  # an abstract, unsharded model: the default device
+            var.set_value(jax.device_put(x))
+        else:
+            var.set_value(jax.make_array_from_callback(x.shape, where, lambda i, x=x: x[i]))
+    nnx.update(model, state)
+
+
+# ---------------------------------------------------------------------------------------------
+# ln_jax -> HF
+
+
+def to_hf_state_dict(model: BertForPreTraining, *, tied: bool = False) -> Arrays:
+    """The HuggingFace `BertForPreTraining` state dict of an ln_jax Post-LN model.
+
+    Args:
+      model: an ln_jax `BertForPreTraining` with placement "post" (list or scanned layers).
+      tied: also emit the tied duplicates `cls.predictions.decoder.{weight,bias}`, as
+        `torch_model.state_dict()` has them (needed by `load_state_dict(strict=True)`).
+
+    Returns:
+      {HF key: float32 numpy array} in torch layout. The parameters must be fully addressable
+      from this process (gather them first on a multi-host mesh).
+    """
+    cfg = model.cfg
+    _check_convertible(cfg)
+    state = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    host = {path: np.asarray(jax.device_get(var.get_value())) for path, var in state}
+    out: Arrays = {}
+    for key, path, kind, layer in _entries(cfg):
+        x = host[path][layer] if cfg.scan_layers and layer is not None else host[path]
+        out[key] = np.ascontiguousarray(_to_hf(np.array(x, np.float32), kind))  # a copy
+    if tied:
+        out.update({copy: out[original].copy() for copy, original in _TIED_KEYS.items()})
+    return out
+
+
+def export_hf_bert(model: BertForPreTraining, path: str | os.PathLike) -> Path:
+    """Writes `model.safetensors` and `config.json` for `BertForPreTraining.from_pretrained`.
+
+    The tied decoder keys are left out, as `save_pretrained` does; `from_pretrained` re-ties
+    them without reporting missing keys. A model built without the NSP head has no pooler or
+    `cls.seq_relationship` to write (`from_pretrained` would initialise them afresh).
+
+    Args:
+      model: an ln_jax Post-LN `BertForPreTraining`.
+      path: output directory (created if needed).
+
+    Returns:
+      The directory.
+    """
+    from safetensors.numpy import save_file
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(to_hf_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config_to_hf(model.cfg), indent=2) + "\n")
+    return out
