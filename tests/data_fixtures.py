@@ -8,8 +8,10 @@ once per process.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import random
+import shutil
 import tempfile
 
 import pytest
@@ -26,6 +28,7 @@ TEST_VOCAB = 8000
 def _prepared_dir() -> str:
     # One prepared corpus for the whole session: generating it parses the stdlib (seconds).
     path = tempfile.mkdtemp(prefix="ln_jax_data_tests_")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
     sources.open_source("ln_jax_pydocs", data_dir=path)
     return path
 
