@@ -33,6 +33,14 @@ class Checkpointer:
     """Saves and restores {state, data_iter, config} with an orbax CheckpointManager."""
 
     def __init__(self, directory: str | epath.Path, cfg: CheckpointConfig):
+        if jax.default_backend() == "cpu":
+            # Orbax splits the writing of replicated arrays between replicas with an eager slice
+            # per array shape; on CPU those compilations cost ~20 s for a small model's first
+            # save (measured: 27 s vs 0.8 s). GPU backends already turn it off.
+            ocp.type_handlers.register_type_handler(
+                jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False),
+                override=True,
+            )
         self.directory = epath.Path(directory)
         self.cfg = cfg
         options = ocp.CheckpointManagerOptions(

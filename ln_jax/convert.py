@@ -30,7 +30,6 @@ import json
 import math
 import os
 from collections.abc import Iterator, Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -422,7 +421,7 @@ def _target_model(cls: type, cfg: ModelConfig, mesh: Any, rules: Any) -> Any:
         return cls(cfg, rngs=nnx.Rngs(params=0))
 
     if mesh is None:
-        return sharding.create_unsharded(partial(nnx.eval_shape, build))
+        return nnx.merge(*sharding.abstract_sharded(build, None))
     return sharding.create_sharded(build, mesh, rules or sharding.DEFAULT_RULES)
 
 

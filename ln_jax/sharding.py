@@ -150,42 +150,117 @@ def batch_divisor(mesh: jax.sharding.Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
+def param_spec(
+    names: Sequence[str | None],
+    shape: Sequence[int],
+    mesh: jax.sharding.Mesh,
+    rules: Rules = DEFAULT_RULES,
+) -> PartitionSpec:
+    """The PartitionSpec of a parameter from its logical names, for this mesh.
+
+    1. Each dimension takes the mesh axes its logical name maps to, unless an earlier dimension
+       already uses them or their size does not divide the dimension (then it is replicated).
+    2. ZeRO-3 style: a parameter that still does not use `fsdp` (biases, LayerNorm vectors,
+       heads whose rule is `tensor`) is split over `fsdp` along its largest dimension that
+       divides, so that `fsdp=N` leaves each device ~1/N of every parameter.
+    """
+    table = dict(rules)
+    used: set[str] = set()
+    axes: list[tuple[str, ...]] = []
+    for name, size in zip(names, shape, strict=True):
+        target = table.get(name) if name is not None else None
+        target = (target,) if isinstance(target, str) else tuple(target or ())
+        n = math.prod(mesh.shape[a] for a in target)
+        ok = target and not used & set(target) and size % n == 0
+        axes.append(target if ok else ())
+        used |= set(target) if ok else set()
+    fsdp = mesh.shape.get("fsdp", 1)
+    if fsdp > 1 and "fsdp" not in used:
+        fits = [
+            i
+            for i, size in enumerate(shape)
+            if size % (math.prod(mesh.shape[a] for a in axes[i]) * fsdp) == 0
+        ]
+        if fits:
+            i = max(fits, key=lambda j: shape[j])
+            axes[i] = (*axes[i], "fsdp")
+    return PartitionSpec(*(a[0] if len(a) == 1 else (a or None) for a in axes))
+
+
+def _is_var(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def state_shardings(state: Any, mesh: jax.sharding.Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+    """NamedShardings (as a pure dict) for an nnx.State of annotated variables.
+
+    Unannotated variables are replicated. Works on abstract (eval_shape) states too.
+    """
+
+    def sharding_of(var: nnx.Variable) -> NamedSharding:
+        names = var.get_metadata().get("out_sharding")
+        value = var.get_value() if hasattr(var, "get_value") else var[...]
+        if names is None:
+            return NamedSharding(mesh, PartitionSpec())
+        return NamedSharding(mesh, param_spec(names, value.shape, mesh, rules))
+
+    return nnx.to_pure_dict(jax.tree.map(sharding_of, state, is_leaf=_is_var))
+
+
+def _init_values(build: Callable[[], nnx.Module]) -> dict:
+    with nnx.use_eager_sharding(False):
+        return nnx.to_pure_dict(nnx.split(build())[1])
+
+
+def _build_jitted(build: Callable[[], nnx.Module], out_shardings: Any = None) -> nnx.Module:
+    """Runs all initialisers in one jit (one compilation instead of one per random draw)."""
+    with nnx.use_eager_sharding(False):
+        graphdef, abstract = nnx.split(nnx.eval_shape(build))
+    if out_shardings is None:
+        values = jax.jit(lambda: _init_values(build))()
+    else:
+        values = jax.jit(lambda: _init_values(build), out_shardings=out_shardings(abstract))()
+    nnx.replace_by_pure_dict(abstract, values)
+    return nnx.merge(graphdef, abstract)
+
+
 def create_sharded(
     build: Callable[[], nnx.Module], mesh: jax.sharding.Mesh, rules: Rules = DEFAULT_RULES
 ) -> nnx.Module:
     """Builds a module inside jit so that each parameter is created directly in its shards.
 
-    Flax's eager sharding places a `with_sharding_constraint` on every annotated variable; inside
-    `nnx.jit` that makes XLA generate each shard on its own device, so the full model is never
-    materialised on one device.
+    The initialisers run under `jax.jit` with `out_shardings` from `param_spec`, so XLA
+    generates each shard on its own device and the whole model never sits on one device.
     """
     with use_mesh(mesh, rules):
-        return nnx.jit(build)()
+        return _build_jitted(build, lambda abstract: state_shardings(abstract, mesh, rules))
 
 
 def create_unsharded(build: Callable[[], nnx.Module]) -> nnx.Module:
     """Builds an annotated module on the default device, with no mesh (tests, conversion)."""
-    with nnx.use_eager_sharding(False):
-        return build()
+    return _build_jitted(build)
 
 
 def abstract_sharded(
-    build: Callable[[], nnx.Module], mesh: jax.sharding.Mesh, rules: Rules = DEFAULT_RULES
-) -> nnx.Module:
-    """A module of ShapeDtypeStructs that carry their NamedShardings (checkpoint targets)."""
-    with use_mesh(mesh, rules):
-        return nnx.eval_shape(build)
+    build: Callable[[], nnx.Module], mesh: jax.sharding.Mesh | None, rules: Rules = DEFAULT_RULES
+) -> tuple[Any, Any]:
+    """(graphdef, abstract state) of a module with no array materialised.
 
-
-def state_shardings(state: Any, mesh: jax.sharding.Mesh, rules: Rules = DEFAULT_RULES) -> Any:
-    """NamedShardings for an nnx.State of annotated variables (replicated if unannotated)."""
-    with use_mesh(mesh, rules):
-        specs = nnx.get_partition_spec(state)
-    return jax.tree.map(
-        lambda s: NamedSharding(mesh, s if isinstance(s, PartitionSpec) else PartitionSpec()),
-        specs,
-        is_leaf=lambda s: isinstance(s, PartitionSpec),
-    )
+    With a mesh, each leaf is a ShapeDtypeStruct carrying its NamedSharding (`param_spec`):
+    the target of a checkpoint restore or of an ahead-of-time compile.
+    """
+    with nnx.use_eager_sharding(False):
+        graphdef, abstract = nnx.split(nnx.eval_shape(build))
+    if mesh is not None:
+        pure = nnx.to_pure_dict(abstract)
+        shardings = state_shardings(abstract, mesh, rules)
+        nnx.replace_by_pure_dict(
+            abstract,
+            jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), pure, shardings
+            ),
+        )
+    return graphdef, abstract
 
 
 def bytes_per_device(tree: Any) -> dict[Any, int]:

@@ -363,8 +363,8 @@ def test_non_post_placement_is_refused(tmp_path, state_dict):
     with pytest.raises(ValueError, match="HuggingFace BERT is Post-LN"):
         convert.load_hf_bert(path, config=ln_config(placement="pre"))
     cfg = ln_config(placement="pre")
-    abstract = sharding.create_unsharded(
-        lambda: nnx.eval_shape(lambda: ln_jax.BertForPreTraining(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.merge(
+        *sharding.abstract_sharded(lambda: ln_jax.BertForPreTraining(cfg, rngs=nnx.Rngs(0)), None)
     )
     with pytest.raises(ValueError, match="only placement='post'"):
         convert.to_hf_state_dict(abstract)

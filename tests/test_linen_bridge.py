@@ -143,7 +143,7 @@ def abstract_encoder() -> ln_jax.BertEncoder:
     def build() -> ln_jax.BertEncoder:
         return ln_jax.BertEncoder(CFG, rngs=nnx.Rngs(params=5))
 
-    return sharding.create_unsharded(lambda: nnx.eval_shape(build))
+    return nnx.merge(*sharding.abstract_sharded(build, None))
 
 
 def test_linen_encoder_equals_nnx_encoder_with_the_same_parameters(model_and_variables, apply_fn):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import ln_jax
@@ -48,15 +49,35 @@ def test_parameters_are_created_sharded_as_the_rules_say(scan):
     for path, var in _params(model):
         value = var[...]
         names = var.get_metadata()["out_sharding"]
-        expected = P(*(rules[n] for n in names))
-        want = jax.sharding.NamedSharding(mesh, expected)
-        assert value.sharding.is_equivalent_to(want, value.ndim), (path, value.sharding, want)
+        spec = value.sharding.spec
+        want = sharding.param_spec(names, value.shape, mesh)
+        assert value.sharding.is_equivalent_to(NamedSharding(mesh, want), value.ndim), path
+        for name, axes in zip(names, tuple(spec) + (None,) * (value.ndim - len(spec))):
+            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            if rules[name] is not None and not isinstance(rules[name], tuple):
+                # the rule's axis is used unless another dimension took it first
+                assert rules[name] in axes or rules[name] in str(spec), (path, name, spec)
         # Each device holds only its block, never the whole array.
-        split = np.prod([mesh.shape[rules[n]] for n in names if rules[n]], dtype=int)
-        held = sum(s.data.size for s in value.addressable_shards) / len(jax.devices())
-        assert held == value.size / split, path
+        held = {s.data.size for s in value.addressable_shards}
+        split = np.prod([mesh.shape[a] for a in jax.tree.leaves(tuple(spec))], dtype=int)
+        assert held == {value.size // split}, path
     word = model.bert.embeddings.word[...]
     assert word.addressable_shards[0].data.shape == (12, 6)  # vocab/tensor, embed/fsdp
+
+
+def test_fsdp_splits_every_parameter_zero3_style():
+    mesh = sharding.make_mesh(1, 8, 1)
+    model = ln_jax.create_model(CFG.replace(hidden_size=16, mlp_dim=24), mesh=mesh)
+    params = nnx.state(model, nnx.Param)
+    total = sum(x.nbytes for x in jax.tree.leaves(params))
+    held = sharding.bytes_per_device(params)
+    assert len(held) == 8
+    # Only the 2-element NSP bias cannot be split 8 ways.
+    assert max(held.values()) <= total / 8 + 2 * 4 * 7 / 8 + 1
+    same = lambda a, b, nd: NamedSharding(mesh, a).is_equivalent_to(NamedSharding(mesh, b), nd)
+    assert same(sharding.param_spec(("mlp",), (24,), mesh), P("fsdp"), 1)
+    # Neither dimension divides by 8: replicated rather than an error.
+    assert same(sharding.param_spec(("vocab", "embed"), (23, 12), mesh), P(), 2)
 
 
 def test_sharded_forward_and_gradients_match_single_device():
