@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     _init_distributed()
     from ln_jax.config import TrainConfig
-    from ln_jax.trainer import NonFiniteError, train_and_evaluate
+    from ln_jax.trainer import CheckpointError, NonFiniteError, train_and_evaluate
 
     config = _CONFIG.value
     try:
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     )
     try:
         result = train_and_evaluate(cfg, workdir)
-    except NonFiniteError as err:
+    except (NonFiniteError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     if result["eval"]:

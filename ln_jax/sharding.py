@@ -272,3 +272,29 @@ def bytes_per_device(tree: Any) -> dict[Any, int]:
         for shard in leaf.addressable_shards:
             held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
     return held
+
+
+def mirror_shardings(tree: Any, params: Any, mesh: jax.sharding.Mesh) -> Any:
+    """Shardings for a pytree whose leaves mirror `params` (optimizer moments, EMA, ...).
+
+    A leaf takes the sharding of the parameter whose tree path is a suffix of its own and whose
+    shape is equal (Adam's `mu`/`nu` copy the parameter tree); any other leaf (step counts,
+    scalars) is replicated. `tree` may be abstract (`jax.eval_shape`).
+    """
+    by_path = {
+        tuple(path): leaf.sharding for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+    shapes = {
+        tuple(path): leaf.shape for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def pick(path: Any, leaf: Any) -> Any:
+        path = tuple(path)
+        for start in range(len(path)):
+            suffix = path[start:]
+            if suffix in by_path and shapes[suffix] == leaf.shape:
+                return by_path[suffix]
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(pick, tree)

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -20,11 +20,12 @@ from flax import nnx
 
 from ln_jax import optim, sharding
 from ln_jax.bert import create_model
-from ln_jax.checkpoint import Checkpointer
+from ln_jax.checkpoint import Checkpointer, CheckpointError
 from ln_jax.config import TrainConfig
 from ln_jax.data import make_pipeline
 from ln_jax.metrics import MetricsWriter, Progress
 
+__all__ = ["CheckpointError", "NonFiniteError", "setup", "train_and_evaluate"]
 log = logging.getLogger(__name__)
 Batch = dict[str, jax.Array]
 State = dict[str, Any]
@@ -87,15 +88,13 @@ def _micro_batches(batch: Batch, accum: int) -> Batch:
 
     def split(x):
         x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
-        return jax.lax.with_sharding_constraint(
-            x, jax.sharding.PartitionSpec(None, *sharding.batch_spec())
-        )
+        return sharding.constrain(x, (None, "act_batch") + (None,) * (x.ndim - 2))
 
     return jax.tree.map(split, batch)
 
 
 def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig):
-    """Loss metrics and gradients, accumulated over `grad_accum_steps` micro-batches."""
+    """Loss metrics and gradients, averaged over `grad_accum_steps` micro-batches."""
     use_nsp = cfg.data.nsp and cfg.model.nsp_head
     grad_fn = jax.value_and_grad(_forward, argnums=1, has_aux=True)
     accum = cfg.grad_accum_steps
@@ -103,26 +102,18 @@ def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig):
         (_, metrics), grads = grad_fn(graphdef, params, rest, batch, key, use_nsp)
         return metrics, grads
 
-    def body(carry, xs):
-        micro, index = xs
+    def one(micro, index):
         (_, m), g = grad_fn(graphdef, params, rest, micro, jax.random.fold_in(key, index), use_nsp)
-        return jax.tree.map(jnp.add, carry, (m, g)), None
+        return m, g
 
-    zeros = jax.eval_shape(
-        lambda: grad_fn(
-            graphdef,
-            params,
-            rest,
-            jax.tree.map(lambda x: x[0], _micro_batches(batch, accum)),
-            key,
-            use_nsp,
-        )
-    )
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (zeros[0][1], zeros[1]))
-    (metrics, grads), _ = jax.lax.scan(
-        body, zeros, (_micro_batches(batch, accum), jnp.arange(accum))
-    )
-    return jax.tree.map(lambda x: x / accum, (metrics, grads))
+    def body(carry, xs):
+        return jax.tree.map(jnp.add, carry, one(*xs)), None
+
+    micro = _micro_batches(batch, accum)
+    first = one(jax.tree.map(lambda x: x[0], micro), 0)
+    later = (jax.tree.map(lambda x: x[1:], micro), jnp.arange(1, accum))
+    total, _ = jax.lax.scan(body, first, later)
+    return jax.tree.map(lambda x: x / accum, total)
 
 
 def make_train_step(graphdef, tx, schedule, cfg: TrainConfig) -> Callable:
@@ -207,12 +198,24 @@ def init_state(cfg: TrainConfig, mesh) -> tuple[Any, Any, State, optax.GradientT
     model = create_model(cfg.model, seed=cfg.seed, mesh=mesh)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = optim.make_optimizer(cfg.optim, params)
+    abstract = jax.eval_shape(tx.init, params)
+    opt_sh = sharding.mirror_shardings(abstract, params, mesh)
     with sharding.use_mesh(mesh):
-        opt_state = jax.jit(tx.init)(params)
+        opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     scalar = lambda v: jax.device_put(jnp.asarray(v), replicated)
     state = {"params": params, "opt_state": opt_state, "step": scalar(0), "halted": scalar(False)}
     return graphdef, rest, state, tx
+
+
+def _in_mesh(fn: Callable, mesh) -> Callable:
+    """Calls `fn` with the mesh and rules in context (traced activation constraints need it)."""
+
+    def call(*args):
+        with sharding.use_mesh(mesh):
+            return fn(*args)
+
+    return call
 
 
 def _jit_steps(cfg, mesh, graphdef, rest, state, tx, schedule):
@@ -231,7 +234,7 @@ def _jit_steps(cfg, mesh, graphdef, rest, state, tx, schedule):
         in_shardings=(shardings["params"], rest_sh, batch_sh),
         out_shardings=replicated,
     )
-    return train, evaluate
+    return _in_mesh(train, mesh), _in_mesh(evaluate, mesh)
 
 
 def setup(cfg: TrainConfig) -> Run:
@@ -314,8 +317,12 @@ def _due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
 
 
-def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(
+    cfg: TrainConfig, workdir: str, hooks: Sequence[Callable[[int, Run], None]] = ()
+) -> dict[str, Any]:
     """Trains `cfg` in `workdir`, resuming from its latest checkpoint if there is one.
+
+    `hooks` are called as `hook(step, run)` after every step (measurements, custom logging).
 
     Returns:
       {"step": last step, "train": last train metrics, "eval": last eval metrics,
@@ -338,25 +345,29 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     result: dict[str, Any] = {"step": start, "train": {}, "eval": {}, "preempted": False}
     try:
         with _Preemption() as preemption:
-            result = _loop(run, ckpt, writer, progress, config_dict, start, preemption, result)
+            result = _loop(
+                run, ckpt, writer, progress, config_dict, start, preemption, result, hooks
+            )
     finally:
         ckpt.close()
         writer.close()
     return result
 
 
-def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result):
+def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks):
     cfg, last = run.cfg, run.cfg.total_steps
     for step in range(start + 1, last + 1):
         run.state, metrics = run.train_step(run.state, run.rest, next(run.train_iter))
+        for hook in hooks:
+            hook(step, run)
         if _due(step, cfg.log_every, last) or preemption.requested:
             metrics = jax.device_get(metrics)
-            _check_finite(run, step, metrics)
             steps_s, tokens_s = progress.rates(step)
             result["train"] = writer.write(
                 step, "train", {**metrics, "steps_per_s": steps_s, "tokens_per_s": tokens_s}
             )
             progress.show(step, steps_s, tokens_s, float(metrics["loss"]))
+            _check_finite(run, step, metrics)
         if _due(step, cfg.eval_every, last):
             _check_finite(run, step, jax.device_get(metrics))
             result["eval"] = writer.write(step, "eval", evaluate(run))

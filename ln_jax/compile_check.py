@@ -1,0 +1,436 @@
+"""Ahead-of-time check: compile the train step for a mesh and print XLA's per-device memory.
+
+  python -m ln_jax.compile_check --config=configs/bert_preln.py --mesh=8,1,1 --num_devices=8
+  python -m ln_jax.compile_check --config=configs/bert_preln.py --config.model.size=large \\
+      --mesh=4,2,1 --device_memory_gib=80
+
+The train step (the trainer's own `make_train_step`, jitted with the trainer's shardings and
+donated state) is lowered and compiled from ShapeDtypeStructs carrying NamedShardings: no
+parameter, optimizer state or batch is ever materialised, and no data pipeline is built, so a
+BERT-large check runs on a laptop. The estimate is XLA's `memory_analysis()` of the compiled
+per-device program: arguments + outputs - donated (aliased) bytes + temporaries + code.
+
+Devices: the mesh is built on `jax.devices()`. `--num_devices=N` (default: the product of a
+fully given `--mesh`) asks XLA for N CPU devices before JAX starts its backends; that only
+affects the CPU platform, so on a GPU/TPU host the real accelerators are used unless
+`JAX_PLATFORMS=cpu` is set. The parameter and optimizer bytes are exact for any backend; the
+temporaries are the compiling backend's buffer assignment (XLA:CPU's fusion and scheduling
+differ from a GPU's or TPU's, so treat a CPU figure for them as an estimate).
+
+With `--device_memory_gib=B` the command exits 1 after a "WILL NOT FIT" line when the estimate
+exceeds B GiB per device.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ln_jax import optim, sharding
+from ln_jax.bert import BertForPreTraining
+from ln_jax.config import TrainConfig
+from ln_jax.trainer import make_train_step
+
+GIB = 1024**3
+MIB = 1024**2
+
+# --------------------------------------------------------------------------- abstract state
+
+
+def _shard_bytes(shape: Sequence[int], dtype: Any, spec: NamedSharding) -> int:
+    """Bytes of the largest shard of an array of `shape` under `spec` on one device."""
+    mesh_shape = spec.mesh.shape
+    n = 1
+    for i, size in enumerate(shape):
+        entry = spec.spec[i] if i < len(spec.spec) else None
+        axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+        n *= math.ceil(size / math.prod(mesh_shape[a] for a in axes))
+    return n * jnp.dtype(dtype).itemsize
+
+
+def tree_bytes_per_device(tree: Any) -> int:
+    """Per-device bytes of a pytree of ShapeDtypeStructs (or arrays) with NamedShardings."""
+    return sum(_shard_bytes(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(tree))
+
+
+def _pure(tree: Any) -> Any:
+    return nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
+
+
+def _with_shardings(state: nnx.State, shardings: Any) -> nnx.State:
+    """`state` with each leaf replaced by a ShapeDtypeStruct carrying its sharding.
+
+    `shardings` is a pure dict (or an nnx.State) of NamedShardings, matched by path.
+    """
+    values = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        nnx.to_pure_dict(state),
+        _pure(shardings),
+    )
+    nnx.replace_by_pure_dict(state, values)
+    return state
+
+
+def _opt_state_shardings(opt_state: Any, params: Any, mesh: jax.sharding.Mesh) -> Any:
+    """The optimizer state as ShapeDtypeStructs: sub-trees shaped like the params (Adam's
+    mu and nu) take the params' shardings, every other leaf (counts) is replicated."""
+    params_def = jax.tree.structure(params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    mirrors = lambda x: jax.tree.structure(x) == params_def
+    scalar = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
+    return jax.tree.map(lambda x: params if mirrors(x) else scalar(x), opt_state, is_leaf=mirrors)
+
+
+def _abstract_model(cfg: TrainConfig) -> nnx.Module:
+    """The model with ShapeDtypeStructs for arrays: nothing is allocated."""
+    with nnx.use_eager_sharding(False):
+        return nnx.eval_shape(lambda: BertForPreTraining(cfg.model, rngs=nnx.Rngs(params=cfg.seed)))
+
+
+def abstract_train_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    """The trainer's state as sharded ShapeDtypeStructs, built without allocating anything.
+
+    Parameter shardings come from `ln_jax.sharding.state_shardings` (the rules the trainer's
+    `create_model` uses); the optimizer state mirrors them.
+
+    Returns:
+      {"graphdef", "rest", "state", "tx", "num_params"}: `state` is {"params", "opt_state",
+      "step", "halted"} like `ln_jax.trainer.init_state`'s, every leaf a ShapeDtypeStruct with
+      its NamedSharding.
+    """
+    graphdef, params, rest = nnx.split(_abstract_model(cfg), nnx.Param, ...)
+    params = _with_shardings(params, sharding.state_shardings(params, mesh))
+    rest = _with_shardings(rest, sharding.state_shardings(rest, mesh))
+    tx = optim.make_optimizer(cfg.optim, params)
+    opt_state = _opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated)
+    state = {
+        "params": params,
+        "opt_state": opt_state,
+        "step": scalar(jnp.int32),
+        "halted": scalar(jnp.bool_),
+    }
+    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    return {"graphdef": graphdef, "rest": rest, "state": state, "tx": tx, "num_params": num_params}
+
+
+def abstract_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """A global batch of ShapeDtypeStructs with the documented keys, split over data x fsdp.
+
+    Raises:
+      ValueError: if the global batch does not divide over the data x fsdp devices.
+    """
+    b, t = cfg.data.global_batch_size, cfg.data.max_seq_length
+    p = cfg.data.max_predictions_per_seq
+    divisor = sharding.batch_divisor(mesh)
+    if b % divisor:
+        raise ValueError(
+            f"data.global_batch_size={b} is not divisible by the data x fsdp device count "
+            f"{divisor} of mesh {dict(mesh.shape)}."
+        )
+    sh = sharding.batch_sharding(mesh)
+    spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+    return {
+        "input_ids": spec((b, t)),
+        "segment_ids": spec((b, t)),
+        "attention_mask": spec((b, t)),
+        "masked_positions": spec((b, p)),
+        "masked_ids": spec((b, p)),
+        "masked_weights": spec((b, p), jnp.float32),
+        "nsp_label": spec((b,)),
+    }
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def resolve_mesh(mesh: Any, cfg: TrainConfig) -> jax.sharding.Mesh:
+    """A Mesh from a Mesh, a (data, fsdp, tensor) tuple, or None (= the config's mesh).
+
+    Raises:
+      ValueError: from `ln_jax.sharding` when the mesh does not match the device count.
+    """
+    if isinstance(mesh, jax.sharding.Mesh):
+        return mesh
+    if mesh is None:
+        mesh = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    return sharding.make_mesh(*mesh)
+
+
+def jit_train_step(cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: dict[str, Any]) -> Any:
+    """The trainer's step (`make_train_step`) jitted as the trainer jits it.
+
+    State, rest and batch shardings in, the same state shardings and replicated metrics out,
+    the state donated.
+    """
+    state_sh = jax.tree.map(lambda x: x.sharding, pieces["state"])
+    rest_sh = jax.tree.map(lambda x: x.sharding, pieces["rest"])
+    replicated = NamedSharding(mesh, PartitionSpec())
+    step = make_train_step(pieces["graphdef"], pieces["tx"], optim.make_schedule(cfg.optim), cfg)
+    return jax.jit(
+        step,
+        in_shardings=(state_sh, rest_sh, sharding.batch_sharding(mesh)),
+        out_shardings=(state_sh, replicated),
+        donate_argnums=(0,),
+    )
+
+
+def lower_train_step(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> tuple[Any, dict[str, Any]]:
+    """Lowers the train step for `mesh`; returns (lowered, abstract pieces).
+
+    Lowered inside `sharding.use_mesh(mesh)`, so that the model's activation sharding
+    constraints apply (outside a mesh context they are no-ops).
+    """
+    pieces = abstract_train_state(cfg, mesh)
+    pieces["batch"] = abstract_batch(cfg, mesh)
+    train = jit_train_step(cfg, mesh, pieces)
+    with sharding.use_mesh(mesh):
+        lowered = train.lower(pieces["state"], pieces["rest"], pieces["batch"])
+    return lowered, pieces
+
+
+def _memory_fields(compiled: Any) -> dict[str, int]:
+    stats = compiled.memory_analysis()
+    if stats is None:  # some backends give no analysis
+        return {}
+    names = ("argument", "output", "alias", "temp", "generated_code")
+    out = {f"{n}_bytes": int(getattr(stats, f"{n}_size_in_bytes")) for n in names}
+    out["total_bytes"] = (
+        out["argument_bytes"]
+        + out["output_bytes"]
+        - out["alias_bytes"]
+        + out["temp_bytes"]
+        + out["generated_code_bytes"]
+    )
+    peak = getattr(stats, "peak_memory_in_bytes", 0)
+    if peak:
+        out["xla_peak_bytes"] = int(peak)
+    return out
+
+
+def _flops(compiled: Any) -> float:
+    costs = compiled.cost_analysis()
+    if isinstance(costs, (list, tuple)):  # older JAX: one dict per program
+        costs = costs[0] if costs else {}
+    return float((costs or {}).get("flops", 0.0))
+
+
+def _default_compiler_options(mesh: jax.sharding.Mesh) -> dict[str, Any] | None:
+    # Nothing runs, and XLA:CPU assigns buffers (the memory figures) and counts FLOPs before its
+    # LLVM passes: skipping LLVM's optimisations halves the compile with the same figures.
+    return {"xla_backend_optimization_level": 0} if _platform(mesh) == "cpu" else None
+
+
+def _platform(mesh: jax.sharding.Mesh) -> str:
+    return mesh.devices.flat[0].platform
+
+
+def compile_report(
+    cfg: TrainConfig, mesh: Any = None, compiler_options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Compiles the train step for `mesh` without running it; per-device memory and FLOPs.
+
+    Args:
+      cfg: the run's config (only model, optim, data batch shapes, seed and mesh are read).
+      mesh: a `jax.sharding.Mesh`, a (data, fsdp, tensor) tuple (one entry may be -1), or
+        None for `cfg.mesh`; it must use all of `jax.devices()` unless a Mesh is given.
+      compiler_options: XLA options for the compile; None = backend optimisation level 0 on
+        CPU (same memory and FLOP figures, half the compile time), the defaults elsewhere.
+
+    Returns:
+      A dict of per-device bytes ("params_bytes", "opt_state_bytes", "batch_bytes",
+      "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
+      "total_bytes" = arguments + outputs - aliased + temp + code), "flops_per_device" (XLA's
+      cost analysis of the per-device program), "flops_per_step" (x devices), "num_params",
+      "mesh", "num_devices", "platform", "device_kind", shape fields, and the lowering and
+      compile seconds.
+    """
+    mesh = resolve_mesh(mesh, cfg)
+    start = time.perf_counter()
+    lowered, pieces = lower_train_step(cfg, mesh)
+    lowered_at = time.perf_counter()
+    if compiler_options is None:
+        compiler_options = _default_compiler_options(mesh)
+    compiled = lowered.compile(compiler_options=compiler_options)
+    compiled_at = time.perf_counter()
+    state = pieces["state"]
+    device = mesh.devices.flat[0]
+    flops = _flops(compiled)
+    return {
+        "name": cfg.name,
+        "model_size": cfg.model.size,
+        "placement": cfg.model.placement,
+        "num_params": pieces["num_params"],
+        "global_batch_size": cfg.data.global_batch_size,
+        "seq_length": cfg.data.max_seq_length,
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "dtype": cfg.model.dtype,
+        "remat": cfg.model.remat,
+        "mesh": dict(mesh.shape),
+        "num_devices": mesh.size,
+        "platform": _platform(mesh),
+        "device_kind": device.device_kind,
+        "params_bytes": tree_bytes_per_device(state["params"]),
+        "opt_state_bytes": tree_bytes_per_device(state["opt_state"]),
+        "batch_bytes": tree_bytes_per_device(pieces["batch"]),
+        **_memory_fields(compiled),
+        "flops_per_device": flops,
+        "flops_per_step": flops * mesh.size,
+        "lower_seconds": lowered_at - start,
+        "compile_seconds": compiled_at - lowered_at,
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a small human-readable table."""
+    mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
+    lines = [
+        f"{report['name']}: {report['placement']}-LN {report['model_size']} "
+        f"({report['num_params'] / 1e6:.1f}M params, {report['dtype']}, remat "
+        f"{report['remat']}), global batch {report['global_batch_size']} x seq "
+        f"{report['seq_length']}, grad accumulation {report['grad_accum_steps']}",
+        f"mesh {mesh} on {report['num_devices']} x {report['device_kind']} ({report['platform']})",
+        f"{'per-device memory':<34s}{'MiB':>12s}",
+    ]
+    rows = [
+        ("parameters", "params_bytes"),
+        ("optimizer state", "opt_state_bytes"),
+        ("batch", "batch_bytes"),
+        ("arguments (state + batch)", "argument_bytes"),
+        ("outputs", "output_bytes"),
+        ("aliased (donated state)", "alias_bytes"),
+        ("temporaries (activations, grads)", "temp_bytes"),
+        ("generated code", "generated_code_bytes"),
+        ("total (args + out - alias + temp)", "total_bytes"),
+    ]
+    lines += [f"  {label:<32s}{report[key] / MIB:12.1f}" for label, key in rows if key in report]
+    lines.append(
+        f"FLOPs per step: {report['flops_per_step'] / 1e12:.3f} TFLOP "
+        f"({report['flops_per_device'] / 1e12:.3f} per device)"
+    )
+    lines.append(
+        f"lowered in {report['lower_seconds']:.1f} s, compiled in {report['compile_seconds']:.1f} s"
+    )
+    return "\n".join(lines)
+
+
+def fits(report: dict[str, Any], device_memory_gib: float) -> tuple[bool, str]:
+    """Whether the per-device estimate fits the budget, and a one-line verdict."""
+    total = report.get("total_bytes")
+    if total is None:
+        return True, "no memory analysis from this backend: cannot check the budget"
+    budget = device_memory_gib * GIB
+    used = f"{total / GIB:.2f} GiB of {device_memory_gib:g} GiB per device"
+    if total > budget:
+        return False, (
+            f"WILL NOT FIT: the train step needs an estimated {used}. Shard more (--mesh with "
+            "fsdp/tensor > 1), lower the per-device batch, use grad_accum_steps, "
+            "model.remat or bfloat16."
+        )
+    return True, f"fits: {used} ({100 * total / budget:.0f}%)"
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parse_mesh(text: str) -> tuple[int, int, int]:
+    """'4,2,1' -> (4, 2, 1): data, fsdp, tensor (one may be -1)."""
+    parts = [p for p in re.split(r"[,x ]+", text.strip()) if p]
+    if len(parts) != 3:
+        raise ValueError(f"--mesh={text!r}: give three sizes data,fsdp,tensor, e.g. 4,2,1.")
+    return tuple(int(p) for p in parts)  # type: ignore[return-value]
+
+
+def _flag_value(argv: Sequence[str], name: str) -> str | None:
+    """The value of `--name=V` or `--name V` in argv (the last one wins), else None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        elif arg == f"--{name}" and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def requested_devices(argv: Sequence[str]) -> int | None:
+    """Fake device count from --num_devices, else the product of a fully given --mesh."""
+    given = _flag_value(argv, "num_devices")
+    if given is not None:
+        return int(given)
+    mesh = _flag_value(argv, "mesh")
+    if mesh is None:
+        return None
+    sizes = parse_mesh(mesh)
+    return math.prod(sizes) if min(sizes) > 0 else None
+
+
+def force_host_devices(n: int) -> None:
+    """Asks XLA for `n` CPU devices; only effective before JAX initialises its backends."""
+    flags = re.sub(
+        r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", "")
+    )
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
+def _define_flags() -> Any:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config = config_flags.DEFINE_config_file("config", None, "Config file[:variant].")
+    flags.DEFINE_string("mesh", None, "data,fsdp,tensor, e.g. 4,2,1 (default: the config's).")
+    flags.DEFINE_integer("num_devices", None, "Fake CPU devices (default: mesh product).")
+    flags.DEFINE_float("device_memory_gib", None, "Per-device budget, e.g. 80 for an H100.")
+    flags.mark_flag_as_required("config")
+    return config
+
+
+def _main(config_holder: Any) -> int:
+    from absl import flags
+
+    values = flags.FLAGS
+    try:
+        cfg = TrainConfig.from_mapping(config_holder.value.to_dict())
+        mesh = parse_mesh(values.mesh) if values.mesh else None
+        report = compile_report(cfg, mesh)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(format_report(report), flush=True)
+    if values.device_memory_gib is None:
+        return 0
+    ok, verdict = fits(report, values.device_memory_gib)
+    print(verdict, flush=True)
+    return 0 if ok else 1
+
+
+def run() -> None:
+    """Command-line entry point (see the module docstring)."""
+    from absl import app
+
+    n = requested_devices(sys.argv[1:])
+    if n is not None:
+        force_host_devices(n)
+    holder = _define_flags()
+    try:
+        app.run(lambda argv: _main(holder))
+    except AttributeError as err:  # ml_collections: an override of a field that does not exist
+        print(f"error: unknown config field in an override: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    run()

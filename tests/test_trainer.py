@@ -1,0 +1,275 @@
+"""The main job: configs, the sharded step, end-to-end training, resume, SIGTERM, NaN, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import bert_postln, bert_preln
+from ln_jax import sharding, trainer
+from ln_jax.config import TrainConfig
+
+pytest_plugins = ("tests.data_fixtures",)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(data_dir: str, **overrides) -> TrainConfig:
+    """`:tiny` on the shared prepared corpus, on the 2x2x2 mesh, with overrides."""
+    c = bert_preln.get_config("tiny")
+    c.data.data_dir = data_dir
+    c.data.global_batch_size = 8
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
+    c.eval_batches = 1
+    c.log_every = 1
+    for key, value in overrides.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return TrainConfig.from_mapping(c.to_dict())
+
+
+def read_metrics(workdir) -> list[dict]:
+    return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def train_losses(workdir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(workdir) if r["split"] == "train"}
+
+
+# --------------------------------------------------------------------------- configs
+
+
+@pytest.mark.parametrize("module", [bert_preln, bert_postln])
+@pytest.mark.parametrize("variant", [None, "base", "mini", "tiny"])
+def test_every_config_loads(module, variant):
+    cfg = TrainConfig.from_mapping(module.get_config(variant).to_dict())
+    assert cfg.optim.total_steps == cfg.total_steps
+    assert cfg.model.vocab_size == cfg.data.vocab_size
+    assert cfg.data.dataset == "ln_jax_pydocs"
+    assert cfg.name.endswith(variant or "base")
+
+
+def test_the_papers_recipes():
+    pre = TrainConfig.from_mapping(bert_preln.get_config().to_dict())
+    post = TrainConfig.from_mapping(bert_postln.get_config().to_dict())
+    assert (pre.model.placement, pre.optim.schedule, pre.optim.peak_lr, pre.optim.warmup_steps) == (
+        "pre",
+        "linear_decay",
+        3e-4,
+        0,
+    )
+    assert (
+        post.model.placement,
+        post.optim.schedule,
+        post.optim.peak_lr,
+        post.optim.warmup_steps,
+    ) == ("post", "warmup_linear_decay", 1e-4, 10_000)
+    assert pre.model.size == "base" and pre.data.global_batch_size == 256
+    mini = TrainConfig.from_mapping(bert_postln.get_config("mini").to_dict())
+    assert mini.optim.warmup_steps == round(0.01 * mini.total_steps)
+
+
+def test_misspelt_fields_name_the_closest():
+    c = bert_preln.get_config("tiny").to_dict()
+    c["model"]["placment"] = "post"
+    with pytest.raises(ValueError, match="Did you mean 'placement'"):
+        TrainConfig.from_mapping(c)
+    c = bert_preln.get_config("tiny").to_dict()
+    c["totl_steps"] = 3
+    with pytest.raises(ValueError, match="Did you mean 'total_steps'"):
+        TrainConfig.from_mapping(c)
+
+
+def test_cli_rejects_a_misspelt_override():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--config=configs/bert_preln.py:tiny",
+            "--config.model.placment=post",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert 'Did you mean "placement"' in proc.stderr
+
+
+def test_a_mesh_that_does_not_fit_says_both_numbers(data_dir):
+    cfg = tiny_config(data_dir, **{"mesh.data": 3})
+    with pytest.raises(ValueError, match="needs 12 devices but 8 are available"):
+        trainer.setup(cfg)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def test_grad_accumulation_matches_one_big_batch(data_dir):
+    base = dict(**{"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0})
+    one = tiny_config(data_dir, **base)
+    two = tiny_config(data_dir, grad_accum_steps=2, **base)
+    run = trainer.setup(one)
+    batch = next(run.train_iter)
+    results = []
+    for cfg in (one, two):
+        graphdef, rest, state, tx = trainer.init_state(cfg, run.mesh)
+        step = trainer._jit_steps(
+            cfg, run.mesh, graphdef, rest, state, tx, trainer.optim.make_schedule(cfg.optim)
+        )[0]
+        results.append(step(state, rest, batch))
+    (s1, m1), (s2, m2) = results
+    # Micro-batch MLM losses are averaged per micro-batch: equal up to the weight split.
+    np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=2e-2)
+    assert abs(float(m1["grad_norm"]) - float(m2["grad_norm"])) < 0.05 * float(m1["grad_norm"])
+    assert int(s2["step"]) == 1
+
+
+def test_shardings_and_fsdp_memory(data_dir):
+    cfg = tiny_config(data_dir)
+    run = trainer.setup(cfg)
+    for path, var in nnx.to_flat_state(run.state["params"]):
+        want = sharding.param_spec(var.get_metadata()["out_sharding"], var[...].shape, run.mesh)
+        assert var[...].sharding.is_equivalent_to(
+            jax.sharding.NamedSharding(run.mesh, want), var[...].ndim
+        ), path
+    batch = next(run.train_iter)
+    assert all(
+        x.sharding.is_equivalent_to(sharding.batch_sharding(run.mesh), x.ndim)
+        for x in batch.values()
+    )
+    # fsdp=8: each device holds ~1/8 of parameters + optimizer state.
+    fsdp = tiny_config(data_dir, **{"mesh.data": 1, "mesh.fsdp": 8, "mesh.tensor": 1})
+    _, _, state, _ = trainer.init_state(fsdp, sharding.make_mesh(1, 8, 1))
+    tree = (state["params"], state["opt_state"])
+    total = sum(x.nbytes for x in jax.tree.leaves(tree))
+    held = sharding.bytes_per_device(tree)
+    assert len(held) == 8
+    assert max(held.values()) <= total / 8 * 1.05, (max(held.values()), total / 8)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_train_end_to_end_on_8_devices(data_dir, tmp_path):
+    cfg = tiny_config(data_dir, total_steps=16, eval_every=8, **{"optim.peak_lr": 1e-3})
+    result = trainer.train_and_evaluate(cfg, str(tmp_path))
+    records = read_metrics(tmp_path)
+    train = [r for r in records if r["split"] == "train"]
+    evals = [r for r in records if r["split"] == "eval"]
+    assert [r["step"] for r in train] == list(range(1, 17))
+    assert [r["step"] for r in evals] == [8, 16]
+    for r in train:
+        assert {"loss", "learning_rate", "grad_norm", "mlm_accuracy", "tokens_per_s"} <= set(r)
+    np.testing.assert_allclose(train[0]["learning_rate"], 1e-3)  # no warm-up: peak at step 0
+    first, last = np.mean([r["loss"] for r in train[:3]]), np.mean([r["loss"] for r in train[-3:]])
+    assert last < first - 0.5, (first, last)
+    assert evals[-1]["mlm_loss"] < evals[0]["mlm_loss"] + 0.5
+    assert result["step"] == 16 and result["eval"]["loss"] == evals[-1]["loss"]
+    assert list((tmp_path / "tensorboard").iterdir())
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [
+        "16"
+    ]
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(data_dir, tmp_path):
+    cfg = tiny_config(data_dir, total_steps=6, checkpoint_every=0)
+    trainer.train_and_evaluate(cfg, str(tmp_path / "straight"))
+
+    def preempt_at_3(step, run):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by the trainer: save, stop
+
+    first = trainer.train_and_evaluate(cfg, str(tmp_path / "split"), hooks=[preempt_at_3])
+    assert first["preempted"] and first["step"] == 3
+    assert (tmp_path / "split" / "checkpoints" / "3").exists()
+    second = trainer.train_and_evaluate(cfg, str(tmp_path / "split"))
+    assert second["step"] == 6 and not second["preempted"]
+    straight, split = train_losses(tmp_path / "straight"), train_losses(tmp_path / "split")
+    assert list(split) == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_allclose(
+        [split[s] for s in range(1, 7)], [straight[s] for s in range(1, 7)], rtol=1e-6
+    )
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+    cfg = tiny_config(
+        data_dir,
+        total_steps=8,
+        checkpoint_every=1,
+        **{"optim.peak_lr": 1e6, "optim.clip_norm": 0.0},
+    )
+    with pytest.raises(trainer.NonFiniteError, match=r"at or before step \d"):
+        trainer.train_and_evaluate(cfg, str(tmp_path))
+    bad = max(r["step"] for r in read_metrics(tmp_path))
+    saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved and max(saved) < bad
+    skip = tiny_config(
+        data_dir, total_steps=8, nan_policy="skip", **{"optim.peak_lr": 1e6, "optim.clip_norm": 0.0}
+    )
+    result = trainer.train_and_evaluate(skip, str(tmp_path / "skip"))
+    assert result["step"] == 8
+    assert any(not r["finite"] for r in read_metrics(tmp_path / "skip") if r["split"] == "train")
+
+
+def test_corrupt_checkpoint_names_its_path_and_can_fall_back(data_dir, tmp_path):
+    cfg = tiny_config(data_dir, total_steps=2, checkpoint_every=1)
+    trainer.train_and_evaluate(cfg, str(tmp_path))
+    for f in (tmp_path / "checkpoints" / "2" / "state").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    with pytest.raises(trainer.CheckpointError, match=str(tmp_path / "checkpoints" / "2")):
+        trainer.train_and_evaluate(cfg, str(tmp_path))
+    fallback = tiny_config(
+        data_dir, total_steps=2, checkpoint_every=1, **{"checkpoint.fallback": True}
+    )
+    assert trainer.train_and_evaluate(fallback, str(tmp_path))["step"] == 2
+
+
+def test_sigterm_saves_and_exits_zero(data_dir, tmp_path):
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        "JAX_PLATFORMS": "cpu",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "train.py",
+            "--config=configs/bert_preln.py:tiny",
+            f"--config.data.data_dir={data_dir}",
+            "--config.total_steps=100000",
+            "--config.log_every=1",
+            "--config.checkpoint_every=0",
+            f"--workdir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-3000:]
+    steps = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(steps) == 1 and steps[0] >= 1
+    assert jnp.isfinite(read_metrics(tmp_path)[-1]["loss"])
