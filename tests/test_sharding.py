@@ -52,7 +52,8 @@ def test_parameters_are_created_sharded_as_the_rules_say(scan):
         spec = value.sharding.spec
         want = sharding.param_spec(names, value.shape, mesh)
         assert value.sharding.is_equivalent_to(NamedSharding(mesh, want), value.ndim), path
-        for name, axes in zip(names, tuple(spec) + (None,) * (value.ndim - len(spec))):
+        padded = tuple(spec) + (None,) * (value.ndim - len(spec))
+        for name, axes in zip(names, padded, strict=True):
             axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
             if rules[name] is not None and not isinstance(rules[name], tuple):
                 # the rule's axis is used unless another dimension took it first
