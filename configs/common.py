@@ -105,7 +105,7 @@ def apply_variant(c: ml_collections.ConfigDict, variant: str) -> ml_collections.
     small = {
         # variant: (size, total_steps, batch, eval_every, eval_batches)
         "mini": ("mini", 1000, 16, 250, 8),
-        "tiny": ("tiny", 200, 16, 100, 4),
+        "tiny": ("tiny", 120, 16, 60, 4),
     }[variant]
     c.model.size, c.total_steps, c.data.global_batch_size, c.eval_every, c.eval_batches = small
     c.checkpoint_every = c.eval_every

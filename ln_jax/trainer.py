@@ -360,7 +360,8 @@ def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, h
         run.state, metrics = run.train_step(run.state, run.rest, next(run.train_iter))
         for hook in hooks:
             hook(step, run)
-        if _due(step, cfg.log_every, last) or preemption.requested:
+        # Steps 1-2 are always shown: the first ETA comes after one real step, not log_every.
+        if _due(step, cfg.log_every, last) or step - start <= 2 or preemption.requested:
             metrics = jax.device_get(metrics)
             steps_s, tokens_s = progress.rates(step)
             result["train"] = writer.write(
