@@ -23,7 +23,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = 10_000  # save every N steps (0 = only at the end / on SIGTERM)
     c.log_every = 100  # progress line, metrics.jsonl and TensorBoard every N steps
     c.eval_batches = 50  # validation batches per evaluation (None = one pass)
-    c.grad_accum_steps = 1  # micro-batches per update (global batch split into them)
+    c.grad_accum_steps = 0  # micro-batches per update; 0 = auto: the fewest that fit in memory
     c.nan_policy = "stop"  # non-finite loss/gradient: "stop" (keep last checkpoint) or "skip"
 
     c.model = ml_collections.ConfigDict()
@@ -71,7 +71,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.eval_split = "validation"  # TFDS split of the held-out documents
     c.data.text_feature = "text"  # text feature of external TFDS datasets
     c.data.download = False  # let TFDS download and prepare a named dataset
-    c.data.vocab_size = 30522  # sentencepiece vocabulary (BERT's WordPiece has 30522)
+    # sentencepiece vocabulary; None = 8000 on the embedded corpus (it supports ~10k pieces),
+    # else 30522 (BERT's WordPiece size)
+    c.data.vocab_size = placeholder(int)
     c.data.tokenizer_model = placeholder(str)  # a user .model file (None = train and cache)
     c.data.tokenizer_type = "unigram"  # unigram | bpe
     c.data.max_seq_length = 128  # tokens per example (BERT phase 1: 128, phase 2: 512)
@@ -109,8 +111,8 @@ def apply_variant(c: ml_collections.ConfigDict, variant: str) -> ml_collections.
     }[variant]
     c.model.size, c.total_steps, c.data.global_batch_size, c.eval_every, c.eval_batches = small
     c.checkpoint_every = c.eval_every
+    c.grad_accum_steps = 1  # small enough for any device
     c.log_every = 10
-    c.data.vocab_size = 8000  # fits the 2 MB embedded corpus
     c.model.max_position_embeddings = 128
     return c
 

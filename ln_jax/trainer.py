@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ln_jax import optim, sharding
+from ln_jax import memory, optim, sharding
 from ln_jax.bert import create_model
 from ln_jax.checkpoint import Checkpointer, CheckpointError
 from ln_jax.config import TrainConfig
@@ -234,7 +234,7 @@ def _jit_steps(cfg, mesh, graphdef, rest, state, tx, schedule):
         in_shardings=(shardings["params"], rest_sh, batch_sh),
         out_shardings=replicated,
     )
-    return _in_mesh(train, mesh), _in_mesh(evaluate, mesh)
+    return train, evaluate
 
 
 def setup(cfg: TrainConfig) -> Run:
@@ -250,9 +250,24 @@ def setup(cfg: TrainConfig) -> Run:
     )
     graphdef, rest, state, tx = init_state(cfg, mesh)
     schedule = optim.make_schedule(cfg.optim)
+    if cfg.grad_accum_steps == 0:
+        probe = dataclasses.replace(cfg, grad_accum_steps=1)
+        train, _ = _jit_steps(probe, mesh, graphdef, rest, state, tx, schedule)
+        batch = memory.abstract_batch(cfg.data, mesh)
+        accum = memory.auto_accumulation(train, (state, rest, batch), cfg.data, mesh)
+        cfg = dataclasses.replace(cfg, grad_accum_steps=accum)
     train, evaluate = _jit_steps(cfg, mesh, graphdef, rest, state, tx, schedule)
     return Run(
-        cfg, mesh, graphdef, rest, state, train, evaluate, schedule, train_iter, eval_batches
+        cfg,
+        mesh,
+        graphdef,
+        rest,
+        state,
+        _in_mesh(train, mesh),
+        _in_mesh(evaluate, mesh),
+        schedule,
+        train_iter,
+        eval_batches,
     )
 
 

@@ -139,6 +139,27 @@ def test_grad_accumulation_matches_one_big_batch(data_dir):
     assert int(s2["step"]) == 1
 
 
+def test_choose_accumulation():
+    from ln_jax.memory import choose_accumulation
+
+    assert choose_accumulation(256, 4, fixed=10, temp=100, budget=1000) == 1
+    assert choose_accumulation(256, 4, fixed=10, temp=100, budget=40) == 4
+    # never below the mesh's batch divisor per micro-batch: 256/64 = 4 rows is the last option
+    assert choose_accumulation(256, 4, fixed=10, temp=10**9, budget=40) == 64
+
+
+def test_auto_accumulation_fits_the_device(data_dir, monkeypatch):
+    from ln_jax import memory
+
+    cfg = tiny_config(data_dir, grad_accum_steps=0)
+    assert trainer.setup(cfg).cfg.grad_accum_steps == 1  # tiny fits in 24 GiB at once
+    # A step of 1 MiB fixed + 100 MiB temporaries on a 30 MiB device: as many micro-batches as
+    # the batch allows (8 rows over data x fsdp = 4 -> at most 2).
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda device=None: 30 * 2**20)
+    monkeypatch.setattr(memory, "step_memory", lambda compiled: (2**20, 100 * 2**20))
+    assert trainer.setup(cfg).cfg.grad_accum_steps == 2
+
+
 def test_shardings_and_fsdp_memory(data_dir):
     cfg = tiny_config(data_dir)
     run = trainer.setup(cfg)
