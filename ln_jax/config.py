@@ -237,7 +237,8 @@ class TrainConfig:
       total_steps: optimizer updates.
       eval_every / checkpoint_every / log_every: intervals in steps (0 = only at the end).
       eval_batches: evaluation batches (None = one pass over the validation split).
-      grad_accum_steps: micro-batches per update (the global batch is split into them).
+      grad_accum_steps: micro-batches per update (the global batch is split into them);
+        0 = "auto": the fewest that fit the device's memory by XLA's estimate.
       nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
         last good checkpoint is kept) or "skip" (drop that update and go on).
     """
@@ -261,10 +262,10 @@ class TrainConfig:
         check_choice("nan_policy", self.nan_policy, ("stop", "skip"))
         if self.total_steps <= 0:
             raise ValueError(f"total_steps={self.total_steps} must be positive.")
-        if self.grad_accum_steps <= 0:
-            raise ValueError(f"grad_accum_steps={self.grad_accum_steps} must be positive.")
+        if self.grad_accum_steps < 0:
+            raise ValueError(f"grad_accum_steps={self.grad_accum_steps}: use 0 (auto) or more.")
         batch = self.data.global_batch_size if self.data is not None else 0
-        if batch and batch % self.grad_accum_steps:
+        if batch and self.grad_accum_steps and batch % self.grad_accum_steps:
             raise ValueError(
                 f"data.global_batch_size={batch} is not divisible by "
                 f"grad_accum_steps={self.grad_accum_steps}."
@@ -283,12 +284,17 @@ class TrainConfig:
         Unknown fields anywhere are errors naming the closest valid field. The optimizer's
         total_steps follows the run's, and the model's vocabulary the data's, unless set.
         """
-        from ln_jax.data.config import DataConfig
+        from ln_jax.data.config import DEFAULT_DATASET, DataConfig
         from ln_jax.optim import OptimConfig
 
         values = dict(values)
         reject_unknown_keys("config", values, [f.name for f in dataclasses.fields(cls)])
-        data = DataConfig.from_mapping(dict(values.pop("data", {})))
+        data = dict(values.pop("data", {}))
+        if data.get("vocab_size") is None:
+            # The embedded corpus (1.5 MB) supports ~10k pieces; BERT's size for real corpora.
+            embedded = data.get("dataset", DEFAULT_DATASET) == DEFAULT_DATASET
+            data["vocab_size"] = 8000 if embedded else 30522
+        data = DataConfig.from_mapping(data)
         optim = dict(values.pop("optim", {}))
         if optim.get("total_steps") is None:
             optim["total_steps"] = values.get("total_steps", cls.total_steps)
