@@ -21,7 +21,7 @@ HEADROOM = 0.8  # use at most this fraction of a device's memory
 
 
 def device_memory_bytes(device: Any = None) -> int | None:
-    """Memory of one device: the allocator's limit on GPU/TPU, RAM / local devices on CPU."""
+    """Memory of one device: the allocator's limit on GPU/TPU, free RAM / local devices on CPU."""
     device = device or jax.local_devices()[0]
     try:
         stats = device.memory_stats() or {}
@@ -32,7 +32,8 @@ def device_memory_bytes(device: Any = None) -> int | None:
     if device.platform == "cpu":
         import psutil
 
-        return psutil.virtual_memory().total // jax.local_device_count()
+        # What is free now, not the total: other processes (and XLA's compiler) share the RAM.
+        return psutil.virtual_memory().available // jax.local_device_count()
     return None
 
 
