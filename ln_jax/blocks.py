@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ln_jax.config import ModelConfig, PlacementRule
-from ln_jax.layers import FeedForward, LayerNorm, SelfAttention, dropout, split_key
+from ln_jax.init import admin_closed_form, deepnorm_alpha, deepnorm_beta
+from ln_jax.layers import FeedForward, LayerNorm, RMSNorm, SelfAttention, dropout, split_key
 from ln_jax.sharding import constrain
 
 Array = jax.Array
@@ -21,16 +22,36 @@ Record = dict[str, Array]
 ACT = ("act_batch", "act_length", "act_embed")
 
 
-def make_norm(cfg: ModelConfig) -> LayerNorm:
-    return LayerNorm(cfg.hidden_size, cfg)
+def make_norm(cfg: ModelConfig) -> LayerNorm | RMSNorm:
+    """The encoder's normaliser (`cfg.norm`)."""
+    return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(cfg.hidden_size, cfg)
+
+
+# DeepNet scales these branch projections by beta at initialisation (not query and key).
+DEEPNORM_SCALED = ("value", "out", "wi", "wo")
+
+
+def _scale_init(branch: nnx.Module, beta: float) -> None:
+    for name in DEEPNORM_SCALED:
+        dense = getattr(branch, name, None)
+        if dense is not None:
+            dense.kernel[...] = dense.kernel[...] * beta
+
+
+def _admin_omega(cfg: ModelConfig) -> nnx.Param:
+    """Admin's omega [embed]: 1 until profiled, or the closed form."""
+    value = admin_closed_form(cfg.num_sublayers) if cfg.admin_omega == "closed_form" else 1.0
+    return nnx.Param(jnp.full((cfg.hidden_size,), value), out_sharding=("embed",))
 
 
 class ResidualSublayer(nnx.Module):
     """One residual sub-layer `x -> y` around a branch F, normalised as its rule says.
 
-    With rule `post`: y = LN(x + F(x)); with rule `pre`: y = x + F(LN(x)). See `PlacementRule`
-    for the general order of operations. The hidden dropout is applied to the branch output just
-    before the residual add (as in BERT).
+    With rule `post`: y = LN(x + F(x)); `pre`: y = x + F(LN(x)); `admin`: y = LN(x * omega +
+    F(x)) with omega [embed] learned; `deepnorm`: y = LN(alpha x + F(x)); `sandwich`: y = x +
+    LN(F(LN(x))); `rezero`: y = x + gate * F(x) with a learned scalar gate starting at 0. See
+    `PlacementRule` for the general order of operations. The hidden dropout is applied to the
+    branch output just before the residual add (as in BERT).
     """
 
     def __init__(self, branch: nnx.Module, cfg: ModelConfig, rule: PlacementRule):
@@ -38,8 +59,11 @@ class ResidualSublayer(nnx.Module):
         self.pre_norm = make_norm(cfg) if rule.pre_norm else None
         self.branch_norm = make_norm(cfg) if rule.branch_norm else None
         self.post_norm = make_norm(cfg) if rule.post_norm else None
-        if rule.skip != "identity" or rule.branch_gate:
-            raise NotImplementedError(f"skip={rule.skip!r}, branch_gate={rule.branch_gate}")
+        self.omega = _admin_omega(cfg) if rule.skip == "omega" else None
+        self.gate = nnx.Param(jnp.zeros((1,)), out_sharding=(None,)) if rule.branch_gate else None
+        self.alpha = deepnorm_alpha(cfg.num_layers) if rule.skip == "alpha" else 1.0
+        if rule.skip == "alpha":
+            _scale_init(branch, deepnorm_beta(cfg.num_layers))
         self.dropout_rate = cfg.hidden_dropout
 
     def __call__(
@@ -62,10 +86,17 @@ class ResidualSublayer(nnx.Module):
         f = self.branch(h, mask=mask, dropout_key=branch_key)
         rec["branch_out"] = f
         f = self._norm("branch_norm", f, rec)
-        y = x + dropout(f, self.dropout_rate, drop_key)
+        if self.gate is not None:
+            f = f * self.gate[...].astype(f.dtype)
+        y = self._skip(x) + dropout(f, self.dropout_rate, drop_key)
         y = self._norm("post_norm", y, rec)
         rec["output"] = y
         return constrain(y, ACT), (rec if record else {})
+
+    def _skip(self, x: Array) -> Array:
+        if self.omega is not None:
+            return x * self.omega[...].astype(x.dtype)
+        return x if self.alpha == 1.0 else x * self.alpha
 
     def _norm(self, name: str, x: Array, rec: Record) -> Array:
         norm = getattr(self, name)
@@ -79,8 +110,7 @@ class ResidualSublayer(nnx.Module):
 class EncoderLayer(nnx.Module):
     """A Transformer encoder layer: self-attention sub-layer, then feed-forward sub-layer."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        rule = cfg.rule
+    def __init__(self, cfg: ModelConfig, rule: PlacementRule, *, rngs: nnx.Rngs):
         self.attention = ResidualSublayer(SelfAttention(cfg, rngs=rngs), cfg, rule)
         self.ffn = ResidualSublayer(FeedForward(cfg, rngs=rngs), cfg, rule)
 
@@ -131,8 +161,12 @@ class Encoder(nnx.Module):
         if cfg.scan_layers:
             self.layers = _stacked_layers(cfg, rngs)
         else:
-            self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+            layers = [
+                EncoderLayer(cfg, cfg.layer_rule(i), rngs=rngs) for i in range(cfg.num_layers)
+            ]
+            self.layers = nnx.List(layers)
         self.final_norm = make_norm(cfg) if cfg.rule.final_norm else None
+        self.dlcl = DynamicCombination(cfg) if cfg.dlcl else None
 
     def __call__(
         self,
@@ -151,6 +185,8 @@ class Encoder(nnx.Module):
         fn = _layer_fn(self.cfg, mask, record)
         if self.cfg.scan_layers:
             y, rec = _scan_layers(fn, self.layers, x, dropout_key, self.cfg.num_layers)
+        elif self.dlcl is not None:
+            y, rec = _dlcl_layers(fn, self.layers, self.dlcl, x, dropout_key)
         else:
             y, rec = _loop_layers(fn, self.layers, x, dropout_key)
         if not record:
@@ -169,8 +205,54 @@ def _loop_layers(fn: Any, layers: Any, x: Array, key: Array | None) -> tuple[Arr
         layer_in = x
         x, rec = fn(layer, x, layer_key)
         records.append({"layer_in": layer_in, **rec})
-    stacked = {k: jnp.stack([r[k] for r in records]) for k in records[0]}
-    return x, stacked
+    return x, _stack_records(records)
+
+
+def _stack_records(records: list[Record]) -> Record:
+    """Per-layer records -> [num_layers, ...] arrays; NaN for layers without that record.
+
+    Layers differ in their records only under a per-layer placement (e.g. "post*3,pre*9").
+    """
+    keys = dict.fromkeys(k for r in records for k in r)
+    out = {}
+    for k in keys:
+        like = next(r[k] for r in records if k in r)
+        out[k] = jnp.stack([r.get(k, jnp.full_like(like, jnp.nan)) for r in records])
+    return out
+
+
+class DynamicCombination(nnx.Module):
+    """DLCL (Wang et al. 2019) for Pre-LN: layer l's input is sum_k<=l W[l, k] LN_k(y_k).
+
+    y_0 is the embedding output and y_k the output of layer k-1; each y_k gets its own norm.
+    W [num_layers, num_layers] is lower triangular (entries above the diagonal are masked out),
+    initialised to averages, W[l, k] = 1/(l+1). The last layer's output goes to the final norm.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        n = cfg.num_layers
+        rows = jnp.tril(jnp.ones((n, n)))
+        self.weights = nnx.Param(
+            rows / rows.sum(1, keepdims=True), out_sharding=("dlcl_to", "dlcl_from")
+        )
+        self.norms = nnx.List([make_norm(cfg) for _ in range(n)])
+
+    def __call__(self, history: list[Array], index: int) -> Array:
+        """history: the normalised y_0..y_index, each [batch, length, embed] -> layer input."""
+        w = self.weights[...][index, : index + 1].astype(history[0].dtype)
+        return sum(w[k] * h for k, h in enumerate(history))
+
+
+def _dlcl_layers(
+    fn: Any, layers: Any, combine: DynamicCombination, x: Array, key: Array | None
+) -> tuple[Array, Record]:
+    records, history = [], []
+    for i, (layer, layer_key) in enumerate(zip(layers, split_key(key, len(layers)), strict=True)):
+        history.append(combine.norms[i](x))
+        layer_in = combine(history, i)
+        x, rec = fn(layer, layer_in, layer_key)
+        records.append({"layer_in": layer_in, **rec})
+    return x, _stack_records(records)
 
 
 def _scan_layers(
@@ -197,7 +279,7 @@ def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> EncoderLayer:
     @nnx.split_rngs(splits=cfg.num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
     def create(layer_rngs: nnx.Rngs) -> EncoderLayer:
-        return EncoderLayer(cfg, rngs=layer_rngs)
+        return EncoderLayer(cfg, cfg.rule, rngs=layer_rngs)
 
     return create(rngs)
 

@@ -47,10 +47,53 @@ class PlacementRule:
 PLACEMENTS: dict[str, PlacementRule] = {
     "post": PlacementRule(post_norm=True),
     "pre": PlacementRule(pre_norm=True, final_norm=True),
+    # Liu et al. 2020 (Admin): LN(x * omega + F(x)), omega profiled or closed form.
+    "admin": PlacementRule(post_norm=True, skip="omega"),
+    # Wang et al. 2022 (DeepNet): LN(alpha x + F(x)), alpha = (2N)^(1/4); beta-scaled init.
+    "deepnorm": PlacementRule(post_norm=True, skip="alpha"),
+    # Peri-LN: x + LN(F(LN(x))), then a final LN.
+    "sandwich": PlacementRule(pre_norm=True, branch_norm=True, final_norm=True),
+    # Bachlechner et al. 2020 (ReZero): x + alpha F(x), alpha learned from 0, no norm at all.
+    "rezero": PlacementRule(branch_gate=True),
 }
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
-INITS = ("bert", "xavier")
+INITS = ("bert", "xavier", "admin")
+NORMS = ("layernorm", "rmsnorm")
+ADMIN_OMEGAS = ("profile", "closed_form")
+
+
+def parse_placement(placement: str | tuple[str, ...], num_layers: int) -> tuple[str, ...]:
+    """The placement name of each layer, from one name or a per-layer list.
+
+    Args:
+      placement: a name from `PLACEMENTS`, a tuple of names (one per layer), or a string of
+        comma-separated items `name` or `name*count`, e.g. "post*3,pre*9" (Mix-LN). "mixln" is
+        Mix-LN's rule: Post-LN for the first quarter of the layers (rounded down), Pre-LN after.
+      num_layers: layers of the encoder; a list must name exactly that many.
+
+    Returns:
+      A tuple of `num_layers` names from `PLACEMENTS`.
+    """
+    if placement == "mixln":
+        quarter = num_layers // 4
+        return ("post",) * quarter + ("pre",) * (num_layers - quarter)
+    items = placement if isinstance(placement, tuple) else tuple(placement.split(","))
+    names: list[str] = []
+    for item in items:
+        name, _, count = item.strip().partition("*")
+        check_choice("placement", name, (*PLACEMENTS, "mixln"))
+        names.extend([name] * (int(count) if count else 1))
+    if len(names) == 1:
+        return tuple(names) * num_layers
+    if len(names) != num_layers:
+        raise ValueError(
+            f"model.placement={placement!r} names {len(names)} layers but model.num_layers="
+            f"{num_layers}; give one name, or one per layer (e.g. 'post*3,pre*9')."
+        )
+    return tuple(names)
+
+
 ATTENTION_IMPLS = ("xla", "cudnn")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES = ("none", "full", "dots")
@@ -92,14 +135,25 @@ class ModelConfig:
       mlp_dim: feed-forward inner width.
       max_position_embeddings: learned positions (longest sequence).
       type_vocab_size: segment ids (2 for sentence A/B).
-      placement: LayerNorm placement name from `PLACEMENTS`.
-      norm: "layernorm".
+      placement: LayerNorm placement name from `PLACEMENTS`, or a per-layer list (a tuple, or
+        "post*3,pre*9", or "mixln"; see `parse_placement`). The encoder ends with a final norm
+        if its last layer's rule has one; scan_layers needs a single placement.
+      norm: the encoder's normaliser, "layernorm" or "rmsnorm" (scale only, statistics in
+        float32); the embedding and MLM-head LayerNorms stay BERT's LayerNorms.
+      admin_omega: with placement "admin": "profile" (omega from a profiling forward pass, which
+        the trainer runs before step 0; see `ln_jax.admin`) or "closed_form" (every omega set to
+        sqrt((N+1)/ln(N+1) - 1) at construction, N the number of residual sub-layers).
+      dlcl: dynamic linear combination of layers (Wang et al. 2019), Pre-LN only, no scan: each
+        layer's input is a learned weighted sum of the normalised outputs of all earlier layers.
       activation: feed-forward / MLM-transform activation: relu (papers), gelu (BERT), gelu_tanh.
       layer_norm_eps: epsilon inside every LayerNorm.
       embedding_layernorm: LayerNorm after summing the embeddings (BERT has one).
       hidden_dropout: dropout on embeddings and on each residual branch output.
       attention_dropout: dropout on attention probabilities.
-      init: "bert" (truncated normal, std init_std) or "xavier" (Xiong et al. section 3.3).
+      init: weight initialiser, "bert" (truncated normal, std init_std) or "xavier" (Xiong et
+        al. section 3.3). "admin" is accepted as shorthand for Admin initialisation: it needs
+        placement "post" or "admin" and becomes placement="admin" with BERT's initialiser
+        (for Admin on Xavier weights say placement="admin", init="xavier").
       init_std: standard deviation of the "bert" initialiser.
       dtype: compute dtype name; parameters are always float32.
       attention_impl: "xla" or "cudnn" (GPU, bf16/fp16, no attention dropout).
@@ -116,8 +170,10 @@ class ModelConfig:
     mlp_dim: int = 512
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
-    placement: str = "pre"
+    placement: str | tuple[str, ...] = "pre"
     norm: str = "layernorm"
+    admin_omega: str = "profile"
+    dlcl: bool = False
     activation: str = "gelu"
     layer_norm_eps: float = 1e-12
     embedding_layernorm: bool = True
@@ -133,17 +189,47 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_choice("size", self.size, (*SIZES, "custom"))
-        check_choice("placement", self.placement, PLACEMENTS)
-        check_choice("norm", self.norm, ("layernorm",))
+        check_choice("norm", self.norm, NORMS)
+        check_choice("admin_omega", self.admin_omega, ADMIN_OMEGAS)
         check_choice("activation", self.activation, ACTIVATIONS)
         check_choice("init", self.init, INITS)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
         check_choice("remat", self.remat, REMAT_POLICIES)
         self._check_shapes()
+        self._resolve_admin_init()
+        self._check_layouts()
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1).")
+
+    def _resolve_admin_init(self) -> None:
+        """init="admin" -> placement="admin" with BERT's weight initialiser."""
+        if isinstance(self.placement, list):
+            object.__setattr__(self, "placement", tuple(self.placement))
+        if self.init != "admin":
+            return
+        if self.placement not in ("post", "admin"):
+            raise ValueError(
+                f"model.init='admin' is Admin initialisation of Post-LN; it needs "
+                f"model.placement 'post' or 'admin', not {self.placement!r}."
+            )
+        object.__setattr__(self, "placement", "admin")
+        object.__setattr__(self, "init", "bert")
+
+    def _check_layouts(self) -> None:
+        names = self.layer_placements
+        if self.scan_layers and len(set(names)) > 1:
+            raise ValueError(
+                f"model.scan_layers needs one placement for every layer, got "
+                f"{self.placement!r}; set scan_layers=False for a per-layer placement."
+            )
+        if self.dlcl and (set(names) != {"pre"} or self.scan_layers):
+            raise ValueError(
+                "model.dlcl is for Pre-LN without scan_layers (the combination needs every "
+                f"earlier layer's output); got placement={self.placement!r}, "
+                f"scan_layers={self.scan_layers}."
+            )
 
     def _check_shapes(self) -> None:
         for name in (
@@ -168,8 +254,21 @@ class ModelConfig:
         return self.hidden_size // self.num_heads
 
     @property
+    def layer_placements(self) -> tuple[str, ...]:
+        """The placement name of each of the `num_layers` layers."""
+        return parse_placement(self.placement, self.num_layers)
+
+    def layer_rule(self, index: int) -> PlacementRule:
+        return PLACEMENTS[self.layer_placements[index]]
+
+    @property
     def rule(self) -> PlacementRule:
-        return PLACEMENTS[self.placement]
+        """The rule of the last layer (the one that decides the final norm)."""
+        return self.layer_rule(self.num_layers - 1)
+
+    @property
+    def num_sublayers(self) -> int:
+        return 2 * self.num_layers
 
     @property
     def compute_dtype(self) -> Any:

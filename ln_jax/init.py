@@ -6,6 +6,8 @@ contracted with the input and whose trailing `n_out` axes are produced.
 
 from __future__ import annotations
 
+import math
+
 from jax.nn import initializers
 
 from ln_jax.config import ModelConfig
@@ -27,3 +29,19 @@ def embed_init(cfg: ModelConfig) -> initializers.Initializer:
     if cfg.init == "bert":
         return initializers.truncated_normal(cfg.init_std)
     return initializers.normal(cfg.hidden_size**-0.5)
+
+
+def admin_closed_form(num_sublayers: int) -> float:
+    """Admin's omega without profiling: sqrt((N+1)/ln(N+1) - 1), N residual sub-layers."""
+    n1 = num_sublayers + 1
+    return math.sqrt(n1 / math.log(n1) - 1.0)
+
+
+def deepnorm_alpha(num_layers: int) -> float:
+    """DeepNet's skip scale for an encoder of N layers: (2N)^(1/4)."""
+    return (2.0 * num_layers) ** 0.25
+
+
+def deepnorm_beta(num_layers: int) -> float:
+    """DeepNet's init scale of the value, output and FFN weights: (8N)^(-1/4)."""
+    return (8.0 * num_layers) ** -0.25

@@ -98,6 +98,20 @@ class LayerNorm(nnx.Module):
         return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
 
 
+class RMSNorm(nnx.Module):
+    """RMSNorm over the last axis (scale only, no bias), statistics in float32."""
+
+    def __init__(self, dim: int, cfg: ModelConfig, *, name: str = "embed"):
+        self.scale = nnx.Param(jnp.ones((dim,)), out_sharding=(name,))
+        self.eps = cfg.layer_norm_eps
+        self.dtype = cfg.compute_dtype
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps)
+        return (y * self.scale[...]).astype(self.dtype)
+
+
 def attention_mask(mask: Array | None) -> Array | None:
     """[batch, length] 1/0 padding mask -> [batch, 1, 1, length] boolean key mask."""
     return None if mask is None else (mask > 0)[:, None, None, :]

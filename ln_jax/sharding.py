@@ -36,6 +36,8 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("segment", None),
     ("classes", None),
     ("layers", None),
+    ("dlcl_to", None),
+    ("dlcl_from", None),
     # activations
     ("act_batch", ("data", "fsdp")),
     ("act_length", None),

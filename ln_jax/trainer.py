@@ -332,6 +332,52 @@ def _due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
 
 
+ADMIN_PROFILE = "admin_profile.json"
+
+
+def _admin_omegas(run: Run, workdir: str) -> list[float]:
+    """Admin's profiled omegas: read from WORKDIR/admin_profile.json, else profiled and saved.
+
+    The profile is one training-mode forward pass per sub-layer on the first training batch
+    (peeked: the data iterator is rewound) with step 0's dropout key.
+    """
+    from ln_jax import admin
+
+    path = os.path.join(workdir, ADMIN_PROFILE)
+    if os.path.exists(path):
+        with open(path) as f:
+            omegas = json.load(f)["omega"]
+        log.info("admin: reusing the profile in %s: omega = %s", path, omegas)
+        return omegas
+    data_state = run.train_iter.get_state()
+    batch = next(run.train_iter)
+    run.train_iter.set_state(data_state)
+    model = nnx.merge(run.graphdef, run.state["params"], run.rest)
+    with sharding.use_mesh(run.mesh):
+        omegas = admin.admin_profile(
+            model, batch, jax.random.fold_in(jax.random.key(run.cfg.seed), 0)
+        )
+    omegas = [float(w) for w in omegas]
+    if jax.process_index() == 0:
+        with open(path, "w") as f:
+            json.dump({"omega": omegas, "num_sublayers": len(omegas)}, f, indent=1)
+    log.info("admin: profiled omega per sub-layer = %s (saved to %s)", omegas, path)
+    return omegas
+
+
+def _apply_admin(run: Run, workdir: str) -> None:
+    """Sets the profiled omegas in the run's parameters (placement "admin", omega "profile")."""
+    from ln_jax import admin
+
+    model_cfg = run.cfg.model
+    if set(model_cfg.layer_placements) != {"admin"} or model_cfg.admin_omega != "profile":
+        return
+    omegas = _admin_omegas(run, workdir)
+    model = nnx.merge(run.graphdef, run.state["params"], run.rest)
+    admin.set_admin_omega(model, omegas)
+    _, run.state["params"], _ = nnx.split(model, nnx.Param, ...)
+
+
 def train_and_evaluate(
     cfg: TrainConfig, workdir: str, hooks: Sequence[Callable[[int, Run], None]] = ()
 ) -> dict[str, Any]:
@@ -346,6 +392,7 @@ def train_and_evaluate(
     os.makedirs(workdir, exist_ok=True)
     run = setup(cfg)
     config_dict = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    _apply_admin(run, workdir)  # before a restore, which then overwrites omega anyway
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.checkpoint)
     restored = ckpt.restore(run.state)
     if restored is not None:

@@ -52,17 +52,64 @@ def ln(p, prefix, x, eps):
     return layer_norm(x, p[prefix + ".scale"], p[prefix + ".bias"], eps)
 
 
+def rms_norm(x, scale, eps):
+    """Zhang & Sennrich 2019: x / RMS(x) * g (no centring, no bias)."""
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * scale
+
+
+def norm(p, prefix, x, cfg):
+    """The encoder's normaliser: LayerNorm, or RMSNorm with model.norm="rmsnorm"."""
+    if getattr(cfg, "norm", "layernorm") == "rmsnorm":
+        return rms_norm(x, p[prefix + ".scale"], cfg.layer_norm_eps)
+    return ln(p, prefix, x, cfg.layer_norm_eps)
+
+
+def layer_names(cfg):
+    names = getattr(cfg, "layer_placements", None)
+    return names if names is not None else (cfg.placement,) * cfg.num_layers
+
+
+def sublayer(x, branch, p, pre, placement, cfg):
+    """One residual sub-layer, as the papers write it; `pre` is the sub-layer's path prefix."""
+    nrm = lambda name, z: norm(p, pre + name, z, cfg)
+    if placement == "post":  # Xiong et al. Table 1: LN(x + F(x))
+        return nrm("post_norm", x + branch(x))
+    if placement == "pre":  # x + F(LN(x))
+        return x + branch(nrm("pre_norm", x))
+    if placement == "admin":  # Liu et al. eq. (5): LN(x * omega + F(x))
+        return nrm("post_norm", x * p[pre + "omega"] + branch(x))
+    if placement == "deepnorm":  # Wang et al. 2022: LN(alpha x + G(x)), alpha = (2N)^(1/4)
+        return nrm("post_norm", (2 * cfg.num_layers) ** 0.25 * x + branch(x))
+    if placement == "sandwich":  # Peri-LN: x + LN(F(LN(x)))
+        return x + nrm("branch_norm", branch(nrm("pre_norm", x)))
+    if placement == "rezero":  # Bachlechner et al.: x + alpha F(x)
+        return x + p[pre + "gate"] * branch(x)
+    raise ValueError(placement)
+
+
 def encoder_layer(x, mask, p, i, cfg):
-    """Table 1: Post-LN (left) or Pre-LN (right) for layer i."""
+    """Table 1 (Post-LN, Pre-LN) and the later placements, for layer i."""
     pre = f"bert.encoder.layers.{i}."
     att = lambda z: attention(z, mask, p, pre + "attention.branch.", cfg.num_heads)
     ff = lambda z: ffn(z, p, pre + "ffn.branch.", cfg.activation)
-    eps = cfg.layer_norm_eps
-    if cfg.placement == "post":
-        x3 = ln(p, pre + "attention.post_norm", x + att(x), eps)  # x^{post,3}
-        return ln(p, pre + "ffn.post_norm", x3 + ff(x3), eps)  # LN(x^{post,5})
-    x3 = x + att(ln(p, pre + "attention.pre_norm", x, eps))  # x^{pre,3}
-    return x3 + ff(ln(p, pre + "ffn.pre_norm", x3, eps))
+    placement = layer_names(cfg)[i]
+    x3 = sublayer(x, att, p, pre + "attention.", placement, cfg)
+    return sublayer(x3, ff, p, pre + "ffn.", placement, cfg)
+
+
+def encoder(x, mask, p, cfg):
+    """All layers; with DLCL (Wang et al. 2019) layer l reads sum_{k<=l} W[l,k] LN_k(y_k)."""
+    if not getattr(cfg, "dlcl", False):
+        for i in range(cfg.num_layers):
+            x = encoder_layer(x, mask, p, i, cfg)
+        return x
+    outputs = [x]  # y_0 = the embedding output
+    w = p["bert.encoder.dlcl.weights"]
+    for i in range(cfg.num_layers):
+        normed = [norm(p, f"bert.encoder.dlcl.norms.{k}", y, cfg) for k, y in enumerate(outputs)]
+        layer_in = sum(w[i, k] * h for k, h in enumerate(normed))
+        outputs.append(encoder_layer(layer_in, mask, p, i, cfg))
+    return outputs[-1]
 
 
 def bert_forward(p, cfg, ids, segments, mask, positions):
@@ -74,10 +121,9 @@ def bert_forward(p, cfg, ids, segments, mask, positions):
         x = p["bert.embeddings.word"][ids[b]] + p["bert.embeddings.position"][:t]
         x = x + p["bert.embeddings.segment"][segments[b]]
         x = ln(p, "bert.embeddings.norm", x, eps)
-        for i in range(cfg.num_layers):
-            x = encoder_layer(x, mask[b], p, i, cfg)
-        if cfg.placement == "pre":
-            x = ln(p, "bert.encoder.final_norm", x, eps)
+        x = encoder(x, mask[b], p, cfg)
+        if layer_names(cfg)[-1] in ("pre", "sandwich"):  # an unnormalised residual stream
+            x = norm(p, "bert.encoder.final_norm", x, cfg)
         seqs.append(x)
         h = act(
             cfg.activation, x[positions[b]] @ p["mlm.transform.kernel"] + p["mlm.transform.bias"]

@@ -1,0 +1,227 @@
+"""Placements beyond Table 1: Admin, DeepNorm, sandwich, ReZero, RMSNorm, DLCL, per-layer lists."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import ln_jax
+from ln_jax import admin
+from ln_jax.layers import RMSNorm
+from tests import reference
+from tests.test_models import ODD, batch, flat_params, randomize
+
+pytest_plugins = ("tests.data_fixtures",)
+
+
+def inputs(seed=0):
+    ids, seg, mask, pos = batch(np.random.default_rng(seed))
+    return ids, seg, mask, pos
+
+
+@pytest.mark.parametrize(
+    "placement, extra",
+    [
+        ("admin", {}),
+        ("deepnorm", {}),
+        ("sandwich", {}),
+        ("rezero", {}),
+        ("post,pre,pre", {}),
+        ("pre", {"norm": "rmsnorm"}),
+        ("deepnorm", {"norm": "rmsnorm"}),
+        ("pre", {"dlcl": True}),
+    ],
+)
+def test_matches_numpy_reference(placement, extra):
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement=placement, activation="relu", **extra)
+    model = randomize(ln_jax.create_model(cfg, seed=2))  # omega, gates, W: all non-trivial
+    ids, seg, mask, pos = inputs()
+    out = model(ids, seg, mask, pos)
+    hidden, _ = model.bert(ids, seg, mask)
+    ref_seq, ref_mlm, ref_nsp = reference.bert_forward(flat_params(model), cfg, ids, seg, mask, pos)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(np.asarray(hidden)[real], ref_seq[real], atol=5e-5, rtol=1e-4)
+    np.testing.assert_allclose(out["mlm_logits"], ref_mlm, atol=5e-5, rtol=1e-4)
+    np.testing.assert_allclose(out["nsp_logits"], ref_nsp, atol=5e-5, rtol=1e-4)
+
+
+def test_rmsnorm_matches_numpy():
+    cfg = ln_jax.ModelConfig(**ODD, norm="rmsnorm")
+    with nnx.use_eager_sharding(False):
+        layer = RMSNorm(12, cfg)
+    layer.scale[...] = jax.random.normal(jax.random.key(0), (12,))
+    x = np.random.default_rng(0).normal(2.0, 3.0, (4, 12)).astype(np.float32)
+    expected = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(layer(x), expected * np.asarray(layer.scale[...]), rtol=1e-5)
+    assert not hasattr(layer, "bias")
+
+
+# --------------------------------------------------------------------------- Admin
+
+
+def admin_model(num_layers=6, **extra):
+    cfg = ln_jax.ModelConfig(
+        **{**ODD, "hidden_size": 24, "num_heads": 3},
+        num_layers=num_layers,
+        placement="admin",
+        init="xavier",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        **extra,
+    )
+    return ln_jax.create_model(cfg, seed=3)
+
+
+def as_batch(ids, seg, mask, pos):
+    return dict(input_ids=ids, segment_ids=seg, attention_mask=mask, masked_positions=pos)
+
+
+def test_admin_profile_grows_with_depth_and_matches_branch_variances():
+    model = admin_model()
+    ids, seg, mask, pos = inputs()
+    omegas = admin.admin_profile(model, as_batch(ids, seg, mask, pos), None)
+    assert omegas.shape == (12,) and omegas[0] == 1.0
+    assert np.all(np.diff(omegas) > 0), omegas
+    np.testing.assert_allclose(admin.get_admin_omega(model), np.repeat(omegas[:, None], 24, 1))
+    # Measured independently on the profiled model: omega_i^2 = 1 + sum_{j<i} Var F_j.
+    rec = model(ids, seg, mask, pos, record=True)["intermediates"]
+    branch = np.stack(
+        [np.asarray(rec["attention/branch_out"]), np.asarray(rec["ffn/branch_out"])], 1
+    )
+    var = branch.reshape(12, -1).var(-1)
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(var)[:-1]])
+    np.testing.assert_allclose(omegas**2, expected, rtol=2e-3)
+
+
+def test_admin_closed_form_and_config_alias():
+    # sqrt((N+1)/ln(N+1) - 1) for N = 12: sqrt(13/2.564949 - 1) = 2.01701
+    assert admin.admin_closed_form(12) == pytest.approx(2.01701, abs=1e-4)
+    model = admin_model(num_layers=2, admin_omega="closed_form")
+    np.testing.assert_allclose(admin.get_admin_omega(model), admin.admin_closed_form(4), rtol=1e-6)
+    cfg = ln_jax.ModelConfig(placement="post", init="admin")
+    assert (cfg.placement, cfg.init) == ("admin", "bert")
+    with pytest.raises(ValueError, match="needs model.placement 'post' or 'admin'"):
+        ln_jax.ModelConfig(placement="pre", init="admin")
+
+
+def test_fold_admin_is_exact():
+    model = randomize(admin_model(num_layers=3), seed=4)  # per-channel omegas
+    folded = admin.fold_admin(model)
+    assert folded.cfg.placement == "post"
+    assert not any(path[-1] == "omega" for path, _ in nnx.to_flat_state(nnx.state(folded)))
+    ids, seg, mask, pos = inputs(1)
+    a, b = model(ids, seg, mask, pos), folded(ids, seg, mask, pos)
+    np.testing.assert_allclose(a["mlm_logits"], b["mlm_logits"], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(a["nsp_logits"], b["nsp_logits"], atol=2e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- the others
+
+
+def test_deepnorm_alpha_and_beta():
+    base = dict(**{**ODD, "hidden_size": 48, "mlp_dim": 60}, num_layers=4, init="xavier")
+    deep = ln_jax.create_model(ln_jax.ModelConfig(**base, placement="deepnorm"), seed=5)
+    post = ln_jax.create_model(ln_jax.ModelConfig(**base, placement="post"), seed=5)
+    alpha, beta = 8**0.25, 32**-0.25  # (2N)^(1/4), (8N)^(-1/4) for N = 4
+    layer_d, layer_p = deep.bert.encoder.layers[2], post.bert.encoder.layers[2]
+    assert layer_d.attention.alpha == pytest.approx(alpha)
+    std = lambda m, sub, name: np.asarray(getattr(getattr(m, sub).branch, name).kernel[...]).std()
+    for sub, name in [("attention", "value"), ("attention", "out"), ("ffn", "wi"), ("ffn", "wo")]:
+        assert std(layer_d, sub, name) / std(layer_p, sub, name) == pytest.approx(beta, rel=1e-5)
+    for name in ("query", "key"):
+        assert std(layer_d, "attention", name) == pytest.approx(std(layer_p, "attention", name))
+
+
+def test_rezero_is_the_identity_at_initialisation():
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement="rezero")
+    model = ln_jax.create_model(cfg)
+    ids, seg, mask, _ = inputs()
+    hidden, rec = model.bert(ids, seg, mask, record=True)
+    np.testing.assert_array_equal(hidden, rec["embeddings"])
+    assert model.bert.encoder.final_norm is None
+    assert not any("norm" in ".".join(map(str, k)) for k, _ in flat_encoder(model))
+
+
+def flat_encoder(model):
+    return nnx.to_flat_state(nnx.state(model.bert.encoder, nnx.Param))
+
+
+def test_dlcl_starts_at_averages_and_learns():
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement="pre", dlcl=True)
+    model = ln_jax.create_model(cfg)
+    w = np.asarray(model.bert.encoder.dlcl.weights[...])
+    np.testing.assert_allclose(w, [[1, 0, 0], [1 / 2, 1 / 2, 0], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-6)
+    ids, seg, mask, pos = inputs()
+
+    def loss(m):
+        return (m(ids, seg, mask, pos)["mlm_logits"] ** 2).mean()
+
+    grads = nnx.grad(loss)(model)
+    g = np.asarray(grads["bert"]["encoder"]["dlcl"]["weights"][...])
+    assert np.all(np.abs(g[np.tril_indices(3)]) > 0) and np.all(g[np.triu_indices(3, 1)] == 0)
+
+
+def test_per_layer_placements_build_the_right_norms():
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement="post*1,pre*2")
+    assert cfg.layer_placements == ("post", "post", "pre")[:1] + ("pre", "pre")
+    layers = ln_jax.create_model(cfg).bert.encoder.layers
+    assert layers[0].ffn.post_norm is not None and layers[0].ffn.pre_norm is None
+    assert all(layer.attention.pre_norm is not None for layer in layers[1:])
+    assert all(layer.attention.post_norm is None for layer in layers[1:])
+    assert ln_jax.model_config("tiny", num_layers=8, placement="mixln").layer_placements == (
+        ("post",) * 2 + ("pre",) * 6
+    )
+    assert ln_jax.model_config("tiny", placement=("pre", "post")).rule.final_norm is False
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(placement="post,pre", scan_layers=True), "scan_layers needs one placement"),
+        (dict(placement="post*3"), "names 3 layers but model.num_layers=2"),
+        (dict(placement="post,sandwhich"), "valid names: admin, deepnorm, mixln"),
+        (dict(placement="post", dlcl=True), "dlcl is for Pre-LN"),
+        (dict(placement="pre", dlcl=True, scan_layers=True), "dlcl is for Pre-LN"),
+        (dict(norm="batchnorm"), "valid names: layernorm, rmsnorm"),
+    ],
+)
+def test_layout_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        ln_jax.model_config("tiny", **overrides)
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+def read_omegas(path):
+    with open(path) as f:
+        return json.load(f)["omega"]
+
+
+def test_trainer_profiles_once_and_reuses_on_resume(data_dir, tmp_path, monkeypatch):
+    from ln_jax import trainer
+    from tests.test_trainer import tiny_config
+
+    cfg = tiny_config(
+        data_dir,
+        **{"model.placement": "post", "model.init": "admin", "total_steps": 3, "eval_every": 0},
+    )
+    assert cfg.model.placement == "admin"
+    trainer.train_and_evaluate(cfg, str(tmp_path))
+    path = os.path.join(tmp_path, "admin_profile.json")
+    omegas = read_omegas(path)
+    assert len(omegas) == 2 * cfg.model.num_layers and omegas[0] == 1.0
+    assert all(math.isfinite(w) and w >= 1.0 for w in omegas)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("re-profiled on resume")
+
+    monkeypatch.setattr(admin, "admin_profile", fail)
+    result = trainer.train_and_evaluate(cfg, str(tmp_path))
+    assert result["step"] == 3 and read_omegas(path) == omegas
