@@ -23,6 +23,7 @@ exceeds B GiB per device.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -237,35 +238,72 @@ def _platform(mesh: jax.sharding.Mesh) -> str:
 
 
 def compile_report(
-    cfg: TrainConfig, mesh: Any = None, compiler_options: dict[str, Any] | None = None
+    cfg: TrainConfig,
+    mesh: Any = None,
+    compiler_options: dict[str, Any] | None = None,
+    device_memory_gib: float | None = None,
 ) -> dict[str, Any]:
     """Compiles the train step for `mesh` without running it; per-device memory and FLOPs.
 
     Args:
-      cfg: the run's config (only model, optim, data batch shapes, seed and mesh are read).
+      cfg: the run's config (only model, optim, data batch shapes, seed, accumulation and mesh
+        are read).
       mesh: a `jax.sharding.Mesh`, a (data, fsdp, tensor) tuple (one entry may be -1), or
         None for `cfg.mesh`; it must use all of `jax.devices()` unless a Mesh is given.
       compiler_options: XLA options for the compile; None = backend optimisation level 0 on
         CPU (same memory and FLOP figures, half the compile time), the defaults elsewhere.
+      device_memory_gib: the target's memory per device. Only used when
+        `cfg.grad_accum_steps` is 0 ("auto"): the accumulation is then chosen as the trainer
+        would choose it on such a device (`ln_jax.memory.choose_accumulation`); without a
+        budget, auto is reported at one micro-batch.
 
     Returns:
       A dict of per-device bytes ("params_bytes", "opt_state_bytes", "batch_bytes",
       "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
       "total_bytes" = arguments + outputs - aliased + temp + code), "flops_per_device" (XLA's
       cost analysis of the per-device program), "flops_per_step" (x devices), "num_params",
-      "mesh", "num_devices", "platform", "device_kind", shape fields, and the lowering and
-      compile seconds.
+      "grad_accum_steps" (the one compiled), "mesh", "num_devices", "platform",
+      "device_kind", shape fields, and the lowering and compile seconds.
     """
     mesh = resolve_mesh(mesh, cfg)
+    if compiler_options is None:
+        compiler_options = _default_compiler_options(mesh)
+    if cfg.grad_accum_steps:
+        return _compile_report(cfg, mesh, compiler_options)
+    report = _compile_report(dataclasses.replace(cfg, grad_accum_steps=1), mesh, compiler_options)
+    accum = _auto_accumulation(report, cfg, mesh, device_memory_gib)
+    if accum > 1:
+        report = _compile_report(
+            dataclasses.replace(cfg, grad_accum_steps=accum), mesh, compiler_options
+        )
+    report["grad_accum_auto"] = True
+    return report
+
+
+def _auto_accumulation(
+    report: dict[str, Any], cfg: TrainConfig, mesh: jax.sharding.Mesh, gib: float | None
+) -> int:
+    """The micro-batch count the trainer's auto mode would pick on a device of `gib` GiB."""
+    if gib is None or "temp_bytes" not in report:
+        return 1
+    from ln_jax import memory
+
+    fixed = report["total_bytes"] - report["temp_bytes"]
+    budget = int(memory.HEADROOM * gib * GIB)
+    divisor = sharding.batch_divisor(mesh)
+    batch = cfg.data.global_batch_size
+    return memory.choose_accumulation(batch, divisor, fixed, report["temp_bytes"], budget)
+
+
+def _compile_report(
+    cfg: TrainConfig, mesh: jax.sharding.Mesh, compiler_options: dict[str, Any] | None
+) -> dict[str, Any]:
     start = time.perf_counter()
     lowered, pieces = lower_train_step(cfg, mesh)
     lowered_at = time.perf_counter()
-    if compiler_options is None:
-        compiler_options = _default_compiler_options(mesh)
     compiled = lowered.compile(compiler_options=compiler_options)
     compiled_at = time.perf_counter()
     state = pieces["state"]
-    device = mesh.devices.flat[0]
     flops = _flops(compiled)
     return {
         "name": cfg.name,
@@ -280,7 +318,7 @@ def compile_report(
         "mesh": dict(mesh.shape),
         "num_devices": mesh.size,
         "platform": _platform(mesh),
-        "device_kind": device.device_kind,
+        "device_kind": mesh.devices.flat[0].device_kind,
         "params_bytes": tree_bytes_per_device(state["params"]),
         "opt_state_bytes": tree_bytes_per_device(state["opt_state"]),
         "batch_bytes": tree_bytes_per_device(pieces["batch"]),
@@ -302,7 +340,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['name']}: {report['placement']}-LN {report['model_size']} "
         f"({report['num_params'] / 1e6:.1f}M params, {report['dtype']}, remat "
         f"{report['remat']}), global batch {report['global_batch_size']} x seq "
-        f"{report['seq_length']}, grad accumulation {report['grad_accum_steps']}",
+        f"{report['seq_length']}, grad accumulation {report['grad_accum_steps']}"
+        + (" (auto)" if report.get("grad_accum_auto") else ""),
         f"mesh {mesh} on {report['num_devices']} x {report['device_kind']} ({report['platform']})",
         f"{'per-device memory':<34s}{'MiB':>12s}",
     ]
@@ -322,6 +361,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"FLOPs per step: {report['flops_per_step'] / 1e12:.3f} TFLOP "
         f"({report['flops_per_device'] / 1e12:.3f} per device)"
     )
+    if report["grad_accum_steps"] > 1:
+        lines.append(
+            "  (with accumulation XLA counts the scanned micro-batch loop's body once: FLOPs "
+            "are a lower bound)"
+        )
     lines.append(
         f"lowered in {report['lower_seconds']:.1f} s, compiled in {report['compile_seconds']:.1f} s"
     )
@@ -399,13 +443,14 @@ def _define_flags() -> Any:
 
 
 def _main(config_holder: Any) -> int:
-    from absl import flags
+    from absl import flags, logging
 
+    logging.set_verbosity(logging.WARNING)  # not JAX's "Unable to initialize backend" lines
     values = flags.FLAGS
     try:
         cfg = TrainConfig.from_mapping(config_holder.value.to_dict())
         mesh = parse_mesh(values.mesh) if values.mesh else None
-        report = compile_report(cfg, mesh)
+        report = compile_report(cfg, mesh, device_memory_gib=values.device_memory_gib)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,114 @@
+"""Ahead-of-time compile check: per-device memory from abstract, sharded state (8 CPU devices)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import bert_preln
+from ln_jax import compile_check
+from ln_jax.config import TrainConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# One layer, short sequences, no dropout: every compile in this file takes a few seconds.
+SMALL = {
+    "num_layers": 1,
+    "vocab_size": 512,
+    "max_position_embeddings": 32,
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+}
+
+
+def small_config(batch: int = 16) -> TrainConfig:
+    c = bert_preln.get_config("tiny")
+    c.model.update(SMALL)
+    c.data.vocab_size = SMALL["vocab_size"]
+    c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 4
+    c.data.global_batch_size = batch
+    return TrainConfig.from_mapping(c.to_dict())
+
+
+@pytest.fixture(scope="module")
+def report_222():
+    return compile_check.compile_report(small_config(), (2, 2, 2))
+
+
+def test_report_on_a_2x2x2_mesh_has_positive_bytes(report_222):
+    r = report_222
+    assert r["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2} and r["num_devices"] == 8
+    for key in ("params_bytes", "opt_state_bytes", "batch_bytes", "temp_bytes", "total_bytes"):
+        assert r[key] > 0, key
+    assert r["flops_per_step"] > 0
+    # Adam's two moments mirror the parameters, sharded alike.
+    assert r["opt_state_bytes"] == pytest.approx(2 * r["params_bytes"], rel=0.01)
+    # XLA's argument bytes are the state and the batch we built (plus two scalars).
+    state_and_batch = r["params_bytes"] + r["opt_state_bytes"] + r["batch_bytes"]
+    assert r["argument_bytes"] == pytest.approx(state_and_batch, rel=0.01)
+    assert r["total_bytes"] >= r["argument_bytes"]
+
+
+def test_verdict_and_table(report_222):
+    ok, line = compile_check.fits(report_222, 80.0)
+    assert ok and line.startswith("fits")
+    ok, line = compile_check.fits(report_222, 1e-6)
+    assert not ok and "WILL NOT FIT" in line
+    table = compile_check.format_report(report_222)
+    assert "optimizer state" in table and "FLOPs per step" in table
+
+
+def test_fsdp_divides_the_parameters_per_device():
+    cfg = small_config()
+    replicated = compile_check.abstract_train_state(cfg, compile_check.resolve_mesh((8, 1, 1), cfg))
+    full = compile_check.tree_bytes_per_device(replicated["state"]["params"])
+    assert full == 4 * replicated["num_params"]  # fsdp=1: every device holds every parameter
+    fsdp = compile_check.compile_report(cfg, (1, 8, 1))
+    assert 1 / 8 <= fsdp["params_bytes"] / full <= 1 / 8 * 1.05 + 0.01
+    # XLA's own figure for the compiled step's inputs agrees.
+    state = fsdp["params_bytes"] + fsdp["opt_state_bytes"] + fsdp["batch_bytes"]
+    assert fsdp["argument_bytes"] == pytest.approx(state, rel=0.01)
+
+
+def test_mesh_not_matching_the_devices_is_a_clear_error():
+    with pytest.raises(ValueError, match="needs 4 devices"):
+        compile_check.compile_report(small_config(), (2, 2, 1))
+
+
+def test_cli_reports_will_not_fit_and_exits_1():
+    cmd = [
+        sys.executable,
+        "-m",
+        "ln_jax.compile_check",
+        "--config=configs/bert_preln.py:tiny",
+        "--config.model.num_layers=1",
+        "--config.model.hidden_dropout=0",
+        "--config.model.attention_dropout=0",
+        "--mesh=1,1,1",
+        "--device_memory_gib=0.0001",
+    ]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "WILL NOT FIT" in out.stdout
+    assert "optimizer state" in out.stdout
+
+
+def test_device_count_comes_from_the_flags():
+    assert compile_check.requested_devices(["--num_devices=4", "--mesh=8,1,1"]) == 4
+    assert compile_check.requested_devices(["--mesh", "4,2,1"]) == 8
+    assert compile_check.requested_devices(["--mesh=-1,2,1"]) is None
+    assert compile_check.parse_mesh("4x2x1") == (4, 2, 1)
+    with pytest.raises(ValueError, match="three sizes"):
+        compile_check.parse_mesh("4,2")
+
+
+def test_auto_accumulation_picks_what_fits_the_budget():
+    cfg = small_config()
+    mesh = compile_check.resolve_mesh((2, 2, 2), cfg)
+    gib = compile_check.GIB
+    report = {"total_bytes": 9 * gib, "temp_bytes": 8 * gib}  # 1 GiB state + 8 GiB temp
+    # 80% of 4 GiB: 1 + 8/k <= 3.2 -> k = 4 (batch 16 over data x fsdp = 4 devices).
+    assert compile_check._auto_accumulation(report, cfg, mesh, 4.0) == 4
+    assert compile_check._auto_accumulation(report, cfg, mesh, 80.0) == 1
+    assert compile_check._auto_accumulation(report, cfg, mesh, None) == 1
