@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import optim, sharding
+from ln_jax import memory, optim, sharding
 from ln_jax.bert import BertForPreTraining
 from ln_jax.config import TrainConfig
 from ln_jax.trainer import make_train_step
@@ -132,25 +132,14 @@ def abstract_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> dict[str, jax.S
     Raises:
       ValueError: if the global batch does not divide over the data x fsdp devices.
     """
-    b, t = cfg.data.global_batch_size, cfg.data.max_seq_length
-    p = cfg.data.max_predictions_per_seq
+    b = cfg.data.global_batch_size
     divisor = sharding.batch_divisor(mesh)
     if b % divisor:
         raise ValueError(
             f"data.global_batch_size={b} is not divisible by the data x fsdp device count "
             f"{divisor} of mesh {dict(mesh.shape)}."
         )
-    sh = sharding.batch_sharding(mesh)
-    spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
-    return {
-        "input_ids": spec((b, t)),
-        "segment_ids": spec((b, t)),
-        "attention_mask": spec((b, t)),
-        "masked_positions": spec((b, p)),
-        "masked_ids": spec((b, p)),
-        "masked_weights": spec((b, p), jnp.float32),
-        "nsp_label": spec((b,)),
-    }
+    return memory.abstract_batch(cfg.data, mesh)
 
 
 # --------------------------------------------------------------------------- compile
