@@ -17,8 +17,9 @@ alternating (A B C A B C ...), so that machine noise hits them alike:
 * `hf_flax`: `transformers.FlaxBertForPreTraining` + optax (clip + AdamW) in one `jax.jit`
   step with `train=True` and a `dropout_rng`, parameters and optimizer state donated.
 
-Two experiments can join them (`--impls=...`): `ln_jax_custom_ln`, the same ln_jax step with
-LayerNorm's backward written by hand (monkeypatched here, see `layernorm_custom_vjp`), and
+Two experiments can join them (`--impls=...`): `ln_jax_autodiff_ln`, the same ln_jax step with
+LayerNorm's closed-form backward replaced by autodiff (monkeypatched here, see
+`layernorm_autodiff`), and
 `ln_jax_post`, ln_jax as Post-LN like the HuggingFace models.
 
 All of them: the same sizes and vocabulary, float32, dropout 0.1 (hidden and attention), MLM on
@@ -70,8 +71,8 @@ import numpy as np  # noqa: E402
 from ln_jax.config import SIZES  # noqa: E402
 
 IMPLS = ("ln_jax", "hf_flax", "hf_torch")
-# Experiments: ln_jax with a hand-written LayerNorm backward, and ln_jax as Post-LN (like HF).
-EXTRA_IMPLS = ("ln_jax_custom_ln", "ln_jax_post")
+# Experiments: ln_jax with LayerNorm's backward left to autodiff, and ln_jax as Post-LN (like HF).
+EXTRA_IMPLS = ("ln_jax_autodiff_ln", "ln_jax_post")
 Step = Callable[[], Any]
 
 
@@ -188,49 +189,27 @@ def ln_jax_config(args: argparse.Namespace, s: dict[str, int], placement: str = 
     return TrainConfig.from_mapping(c.to_dict())
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _normalize(x: jax.Array, eps: float) -> jax.Array:
-    return _normalize_fwd(x, eps)[0]
-
-
-def _normalize_fwd(x: jax.Array, eps: float) -> tuple[jax.Array, tuple]:
+def _plain_normalize(x: jax.Array, eps: float) -> jax.Array:
+    """LayerNorm's normalisation left to autodiff (what ln_jax used before its custom VJP)."""
     centred = x - x.mean(-1, keepdims=True)
-    rstd = jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True) + eps)
-    xhat = centred * rstd
-    return xhat, (xhat, rstd)
-
-
-def _normalize_bwd(eps: float, res: tuple, g: jax.Array) -> tuple[jax.Array]:
-    del eps
-    xhat, rstd = res
-    mean_g = g.mean(-1, keepdims=True)
-    return (rstd * (g - mean_g - xhat * (g * xhat).mean(-1, keepdims=True)),)
-
-
-_normalize.defvjp(_normalize_fwd, _normalize_bwd)
-
-
-def _layernorm_custom_vjp(self: Any, x: jax.Array) -> jax.Array:
-    """`ln_jax.layers.LayerNorm.__call__` with a hand-written backward (same values)."""
-    y = _normalize(x.astype(jnp.float32), self.eps)
-    return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
+    return centred * jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True) + eps)
 
 
 @contextlib.contextmanager
-def layernorm_custom_vjp() -> Iterator[None]:
-    """Monkeypatches ln_jax's LayerNorm with `_layernorm_custom_vjp` (an experiment).
+def layernorm_autodiff() -> Iterator[None]:
+    """Swaps ln_jax's closed-form LayerNorm backward for autodiff (an experiment).
 
-    XLA:CPU otherwise duplicates the autodiff'd LayerNorm backward of every later layer into
-    the fusions of each earlier one on Pre-LN's residual stream (quadratic in depth).
+    XLA:CPU then duplicates the autodiff'd LayerNorm backward of every later layer into the
+    fusions of each earlier one on Pre-LN's residual stream (quadratic in depth).
     """
     from ln_jax import layers
 
-    original = layers.LayerNorm.__call__
-    layers.LayerNorm.__call__ = _layernorm_custom_vjp
+    original = layers.normalize
+    layers.normalize = _plain_normalize
     try:
         yield
     finally:
-        layers.LayerNorm.__call__ = original
+        layers.normalize = original
 
 
 def build_ln_jax(
@@ -238,12 +217,12 @@ def build_ln_jax(
     s: dict[str, int],
     batch: dict,
     placement: str = "pre",
-    custom_ln: bool = False,
+    autodiff_ln: bool = False,
 ) -> dict[str, Any]:
     """ln_jax's real train step (init_state + _jit_steps) on a one-device mesh.
 
     The step is traced and compiled here (first call), so that an experimental patch
-    (`custom_ln`) applies to it and to nothing else.
+    (`autodiff_ln`) applies to it and to nothing else.
     """
     from ln_jax import optim, sharding
     from ln_jax.compile_check import compile_report
@@ -260,7 +239,7 @@ def build_ln_jax(
         box["state"], metrics = train(box["state"], rest, device_batch)
         return jax.block_until_ready((box["state"], metrics))
 
-    with layernorm_custom_vjp() if custom_ln else contextlib.nullcontext():
+    with layernorm_autodiff() if autodiff_ln else contextlib.nullcontext():
         step()
         # The same step compiled ahead of time from abstract state, for XLA's FLOP count.
         flops = compile_report(cfg, mesh)["flops_per_step"] if not args.skip_xla_flops else None
@@ -369,7 +348,7 @@ def build_hf_torch(args: argparse.Namespace, s: dict[str, int], batch: dict) -> 
 
 BUILDERS = {
     "ln_jax": build_ln_jax,
-    "ln_jax_custom_ln": functools.partial(build_ln_jax, custom_ln=True),
+    "ln_jax_autodiff_ln": functools.partial(build_ln_jax, autodiff_ln=True),
     "ln_jax_post": functools.partial(build_ln_jax, placement="post"),
     "hf_flax": build_hf_flax,
     "hf_torch": build_hf_torch,

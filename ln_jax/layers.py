@@ -8,6 +8,7 @@ step's randomness is a pure function of its key.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -81,6 +82,59 @@ class Dense(nnx.Module):
         return y
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def normalize(x: Array, eps: float) -> Array:
+    """(x - mean) / sqrt(var + eps) over the last axis of float32 `x` [..., d].
+
+    Its backward is written in closed form, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+    from the saved xhat and rstd. Autodiff of the forward gives the same values, but on Pre-LN's
+    residual stream XLA:CPU then re-derives the statistics of every later LayerNorm inside the
+    fusions of each earlier layer's backward (work quadratic in depth); see bench/README.md.
+    """
+    return _normalize_fwd(x, eps)[0]
+
+
+def _normalize_fwd(x: Array, eps: float) -> tuple[Array, tuple[Array, Array]]:
+    centred = x - x.mean(-1, keepdims=True)
+    rstd = jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True) + eps)
+    xhat = centred * rstd
+    return xhat, (xhat, rstd)
+
+
+def _normalize_bwd(eps: float, res: tuple[Array, Array], g: Array) -> tuple[Array]:
+    del eps
+    xhat, rstd = res
+    mean_g = g.mean(-1, keepdims=True)
+    return (rstd * (g - mean_g - xhat * (g * xhat).mean(-1, keepdims=True)),)
+
+
+normalize.defvjp(_normalize_fwd, _normalize_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def rms_normalize(x: Array, eps: float) -> Array:
+    """x / sqrt(mean(x^2) + eps) over the last axis of float32 `x` [..., d].
+
+    Closed-form backward: dx = rstd * (g - xhat * mean(g * xhat)).
+    """
+    return _rms_normalize_fwd(x, eps)[0]
+
+
+def _rms_normalize_fwd(x: Array, eps: float) -> tuple[Array, tuple[Array, Array]]:
+    rstd = jax.lax.rsqrt(jnp.square(x).mean(-1, keepdims=True) + eps)
+    xhat = x * rstd
+    return xhat, (xhat, rstd)
+
+
+def _rms_normalize_bwd(eps: float, res: tuple[Array, Array], g: Array) -> tuple[Array]:
+    del eps
+    xhat, rstd = res
+    return (rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True)),)
+
+
+rms_normalize.defvjp(_rms_normalize_fwd, _rms_normalize_bwd)
+
+
 class LayerNorm(nnx.Module):
     """LayerNorm over the last axis, statistics in float32, output in the compute dtype."""
 
@@ -91,10 +145,8 @@ class LayerNorm(nnx.Module):
         self.dtype = cfg.compute_dtype
 
     def __call__(self, x: Array) -> Array:
-        x32 = x.astype(jnp.float32)
-        mean = x32.mean(-1, keepdims=True)
-        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
-        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        """x [..., dim] -> [..., dim] in the compute dtype."""
+        y = normalize(x.astype(jnp.float32), self.eps)
         return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
 
 
@@ -107,8 +159,8 @@ class RMSNorm(nnx.Module):
         self.dtype = cfg.compute_dtype
 
     def __call__(self, x: Array) -> Array:
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps)
+        """x [..., dim] -> [..., dim] in the compute dtype."""
+        y = rms_normalize(x.astype(jnp.float32), self.eps)
         return (y * self.scale[...]).astype(self.dtype)
 
 

@@ -42,11 +42,12 @@ class MetricsWriter:
 
     def write(self, step: int, split: str, scalars: dict[str, Any]) -> dict[str, Any]:
         record = {"step": int(step), "split": split, **{k: _plain(v) for k, v in scalars.items()}}
+        record["time"] = time.time()  # wall clock (unix seconds) when the record was written
         if self.enabled:
             self._file.write(json.dumps(record) + "\n")
             if self._tb is not None:
                 for key, val in record.items():
-                    if key not in ("step", "split") and isinstance(val, (int, float)):
+                    if key not in ("step", "split", "time") and isinstance(val, (int, float)):
                         self._tb.add_scalar(f"{split}/{key}", val, step)
         return record
 

@@ -1,0 +1,321 @@
+"""Grids of training runs: specs, resumable execution, per-run summaries.
+
+A study is a list of `RunSpec`s, each a name plus dotted config overrides applied to one base
+config. `run_grid` trains every run that has no result yet in `OUT/runs/NAME/result.json`
+(a run cut off midway resumes from its own orbax checkpoint), optionally several at once in
+subprocesses, and `collect` gathers the per-run results into `OUT/results.json`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+RESULT = "result.json"
+# A run whose last train losses sit above its first one has diverged (Xiong et al.'s "fails").
+TAIL = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One training run of a study.
+
+    Attributes:
+      name: unique within the study; names the run's directory OUT/runs/NAME.
+      arm: the compared setting ("post", "post_warmup", "pre", ...), for tables and colours.
+      overrides: dotted config fields -> values, applied on top of the study's base config.
+      tags: extra labels for grouping (e.g. {"num_layers": 12, "seed": 1}).
+    """
+
+    name: str
+    arm: str
+    overrides: Mapping[str, Any]
+    tags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "arm": self.arm,
+            "overrides": dict(self.overrides),
+            "tags": dict(self.tags),
+        }
+
+
+def apply_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the nested config mapping `base` with dotted `overrides` set.
+
+    A dotted field that does not exist is an error naming it (the typed config then checks
+    values and suggests the closest valid name for misspelt leaves).
+    """
+    out = copy.deepcopy(dict(base))
+    for dotted, value in overrides.items():
+        node, *path = out, *dotted.split(".")
+        for key in path[:-1]:
+            if not isinstance(node.get(key), dict):
+                raise ValueError(f"override {dotted!r}: {key!r} is not a config section.")
+            node = node[key]
+        node[path[-1]] = value
+    return out
+
+
+def build_config(base: Mapping[str, Any], spec: RunSpec) -> Any:
+    """The typed `TrainConfig` of one run (its name set to the run's name)."""
+    from ln_jax.config import TrainConfig
+
+    mapping = apply_overrides(base, {"name": spec.name, **spec.overrides})
+    return TrainConfig.from_mapping(mapping)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a run's metrics
+# --------------------------------------------------------------------------------------------
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+    """The records of WORKDIR/metrics.jsonl; a resumed run's repeated steps keep the last."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    by_key: dict[tuple[str, int], dict[str, Any]] = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                record = json.loads(line)
+                by_key[(record["split"], record["step"])] = record
+    return sorted(by_key.values(), key=lambda r: (r["step"], r["split"]))
+
+
+def training_seconds(records: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """step -> wall-clock seconds of training up to that record.
+
+    Sums the gaps between consecutive records; a gap over 10x the median (the run was stopped
+    and resumed later) counts as one median gap instead.
+    """
+    timed = [(r["step"], r["time"]) for r in records if "time" in r]
+    if not timed:
+        return {}
+    gaps = np.diff([t for _, t in timed])
+    cap = 10 * float(np.median(gaps)) if len(gaps) else 0.0
+    elapsed, out = 0.0, {timed[0][0]: 0.0}
+    for (step, _), gap in zip(timed[1:], gaps, strict=True):
+        elapsed += gap if gap <= cap else float(np.median(gaps))
+        out[step] = elapsed
+    return out
+
+
+def curve(records: Sequence[Mapping[str, Any]], split: str, key: str) -> list[list[float]]:
+    """[[step, value, seconds], ...] of one metric of one split."""
+    seconds = training_seconds(records)
+    return [
+        [r["step"], float(r[key]), seconds.get(r["step"], math.nan)]
+        for r in records
+        if r["split"] == split and key in r
+    ]
+
+
+def _finite(x: float) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def diverged(train: Sequence[Sequence[float]], error: str | None) -> tuple[bool, str]:
+    """Whether a run diverged: a non-finite loss, or its last train losses above its first."""
+    if error:
+        return True, error
+    losses = [v for _, v, _ in train]
+    if not losses:
+        return False, ""
+    if not all(_finite(v) for v in losses):
+        return True, "non-finite training loss"
+    tail = float(np.mean(losses[-TAIL:]))
+    if tail > losses[0]:
+        return True, f"final train loss {tail:.3f} above the first {losses[0]:.3f}"
+    return False, ""
+
+
+def summarize(
+    spec: RunSpec, workdir: str, error: str | None, plateau: float | None
+) -> dict[str, Any]:
+    """A run's result: final/best validation MLM loss, curves, divergence, wall time."""
+    records = read_metrics(workdir)
+    train = curve(records, "train", "loss")
+    evals = curve(records, "eval", "mlm_loss")
+    finite_evals = [v for _, v, _ in evals if _finite(v)]
+    is_diverged, reason = diverged(train, error)
+    final = evals[-1][1] if evals else math.nan
+    return {
+        **spec.to_dict(),
+        "final_eval_mlm_loss": final,
+        "best_eval_mlm_loss": min(finite_evals) if finite_evals else math.nan,
+        "first_train_loss": train[0][1] if train else math.nan,
+        "diverged": is_diverged,
+        "diverged_reason": reason,
+        "below_plateau": bool(plateau is not None and _finite(final) and final < plateau),
+        "steps": train[-1][0] if train else 0,
+        "wall_s": train[-1][2] if train else 0.0,
+        "eval_curve": evals,
+        "train_curve": train,
+    }
+
+
+def steps_to_target(evals: Sequence[Sequence[float]], target: float) -> float | None:
+    """The first step at which the validation loss reaches `target`.
+
+    Linear interpolation between the two evaluations that bracket the first crossing (the loss
+    is only known at evaluations); None if it never gets there.
+    """
+    prev = None
+    for step, loss, _ in evals:
+        if _finite(loss) and loss <= target:
+            if prev is None or prev[1] == loss:
+                return float(step)
+            s0, l0 = prev
+            return float(s0 + (l0 - target) / (l0 - loss) * (step - s0))
+        prev = (step, loss) if _finite(loss) else None
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+
+def result_path(out: str, name: str) -> str:
+    return os.path.join(out, "runs", name, RESULT)
+
+
+def load_result(out: str, spec: RunSpec) -> dict[str, Any] | None:
+    """The stored result of `spec`, or None if it has none (or one for other overrides)."""
+    path = result_path(out, spec.name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        result = json.load(f)
+    if result.get("overrides") != json.loads(json.dumps(dict(spec.overrides))):
+        raise ValueError(
+            f"{path} holds run {spec.name!r} with other overrides than this grid's "
+            f"({result.get('overrides')} vs {dict(spec.overrides)}); use another --out or "
+            "delete that run's directory."
+        )
+    return result
+
+
+def run_one(base: Mapping[str, Any], spec: RunSpec, out: str, plateau: float | None) -> dict:
+    """Trains one run (resuming its checkpoint if any) and stores its result."""
+    from ln_jax.trainer import NonFiniteError, train_and_evaluate
+
+    cfg = build_config(base, spec)
+    workdir = os.path.join(out, "runs", spec.name)
+    error = None
+    start = time.time()
+    try:
+        outcome = train_and_evaluate(cfg, workdir)
+    except NonFiniteError as err:
+        error, outcome = f"non-finite loss or gradient: {err}", {"preempted": False}
+    if outcome.get("preempted"):
+        raise SystemExit(0)  # SIGTERM: the checkpoint is saved; no result, rerun to resume
+    result = summarize(spec, workdir, error, plateau)
+    result["process_wall_s"] = time.time() - start
+    write_json(result_path(out, spec.name), result)
+    return result
+
+
+def write_json(path: str, value: Any) -> None:
+    """Writes JSON atomically (write to a temporary file, then rename)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1, allow_nan=True)
+    os.replace(tmp, path)
+
+
+def _child_command(argv: Sequence[str], name: str) -> list[str]:
+    kept = [a for a in argv if not a.startswith(("--jobs", "--only"))]
+    return [sys.executable, "-m", "ln_jax.experiments", *kept, f"--only={name}", "--jobs=1"]
+
+
+def _pin(slot: int, jobs: int) -> Any:
+    """A preexec_fn pinning a child to its share of this process's CPUs (Linux), or None."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < jobs:
+        return None
+    share = cpus[slot::jobs]
+    return lambda: os.sched_setaffinity(0, share)
+
+
+def run_parallel(pending: Sequence[RunSpec], argv: Sequence[str], jobs: int, out: str) -> None:
+    """Runs each pending spec as `python -m ln_jax.experiments ... --only=NAME`, `jobs` at once.
+
+    Each child is pinned to its share of the CPUs; its log is OUT/runs/NAME/log.txt.
+    """
+    queue, running = list(pending), {}
+    while queue or running:
+        free = [s for s in range(jobs) if s not in running]
+        while queue and free:
+            spec, slot = queue.pop(0), free.pop(0)
+            os.makedirs(os.path.join(out, "runs", spec.name), exist_ok=True)
+            logfile = open(os.path.join(out, "runs", spec.name, "log.txt"), "a")  # noqa: SIM115
+            cmd = _child_command(argv, spec.name)
+            proc = subprocess.Popen(
+                cmd, stdout=logfile, stderr=subprocess.STDOUT, preexec_fn=_pin(slot, jobs)
+            )
+            running[slot] = (spec, proc, logfile)
+            print(f"started {spec.name} (slot {slot}): {' '.join(cmd)}", flush=True)
+        time.sleep(1.0)
+        for slot, (spec, proc, logfile) in list(running.items()):
+            if proc.poll() is not None:
+                logfile.close()
+                del running[slot]
+                status = "done" if proc.returncode == 0 else f"FAILED rc={proc.returncode}"
+                print(f"{status}: {spec.name}", flush=True)
+
+
+def run_grid(
+    base: Mapping[str, Any],
+    specs: Sequence[RunSpec],
+    out: str,
+    *,
+    plateau: float | None = None,
+    jobs: int = 1,
+    argv: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Trains every run of `specs` without a stored result; returns all stored results.
+
+    With `jobs` > 1 the runs go to subprocesses (`argv` is this command line, re-run per run
+    with --only=NAME); otherwise they run here one after another.
+    """
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate run names in the grid: {names}")
+    for spec in specs:  # every config is checked before anything trains
+        build_config(base, spec)
+    pending = [s for s in specs if load_result(out, s) is None]
+    done = len(specs) - len(pending)
+    print(f"{len(specs)} runs: {done} done, {len(pending)} to run, in {out}", flush=True)
+    if jobs > 1 and len(pending) > 1:
+        run_parallel(pending, argv, jobs, out)
+    else:
+        for i, spec in enumerate(pending):
+            print(f"[{done + i + 1}/{len(specs)}] {spec.name}", flush=True)
+            run_one(base, spec, out, plateau)
+    return collect(specs, out)
+
+
+def collect(specs: Sequence[RunSpec], out: str) -> list[dict[str, Any]]:
+    """The stored results of `specs` (runs without one are left out)."""
+    return [r for r in (load_result(out, s) for s in specs) if r is not None]
