@@ -105,7 +105,7 @@ def training_seconds(records: Sequence[Mapping[str, Any]]) -> dict[int, float]:
     Sums the gaps between consecutive records; a gap over 10x the median (the run was stopped
     and resumed later) counts as one median gap instead.
     """
-    timed = [(r["step"], r["time"]) for r in records if "time" in r]
+    timed = sorted(((r["step"], r["time"]) for r in records if "time" in r), key=lambda x: x[1])
     if not timed:
         return {}
     gaps = np.diff([t for _, t in timed])
@@ -228,6 +228,7 @@ def run_one(base: Mapping[str, Any], spec: RunSpec, out: str, plateau: float | N
     if outcome.get("preempted"):
         raise SystemExit(0)  # SIGTERM: the checkpoint is saved; no result, rerun to resume
     result = summarize(spec, workdir, error, plateau)
+    result["error"] = error
     result["process_wall_s"] = time.time() - start
     write_json(result_path(out, spec.name), result)
     return result
@@ -313,9 +314,21 @@ def run_grid(
         for i, spec in enumerate(pending):
             print(f"[{done + i + 1}/{len(specs)}] {spec.name}", flush=True)
             run_one(base, spec, out, plateau)
-    return collect(specs, out)
+    return collect(specs, out, plateau)
 
 
-def collect(specs: Sequence[RunSpec], out: str) -> list[dict[str, Any]]:
-    """The stored results of `specs` (runs without one are left out)."""
-    return [r for r in (load_result(out, s) for s in specs) if r is not None]
+def collect(
+    specs: Sequence[RunSpec], out: str, plateau: float | None = None
+) -> list[dict[str, Any]]:
+    """The results of the finished runs of `specs`, summarised afresh from their metrics
+    (so that a changed summary rule applies to old runs too); unfinished runs are left out."""
+    results = []
+    for spec in specs:
+        stored = load_result(out, spec)
+        if stored is not None:
+            error = stored.get("error")
+            if error is None and stored.get("diverged_reason", "").startswith("non-finite loss"):
+                error = stored["diverged_reason"]
+            fresh = summarize(spec, os.path.join(out, "runs", spec.name), error, plateau)
+            results.append({**stored, **fresh, "error": error})
+    return results

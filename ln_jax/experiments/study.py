@@ -51,7 +51,7 @@ def run(
     if train:
         results = runner.run_grid(base, specs, out, plateau=plateau, jobs=jobs, argv=argv)
     else:
-        results = runner.collect(specs, out)
+        results = runner.collect(specs, out, plateau)
     if not results:
         raise ValueError(f"no finished runs in {out}; run the study without --report first.")
     summary, table = _report(study, results, plateau, out, target, arms)

@@ -1,0 +1,197 @@
+"""The studies of ln_jax.experiments: grids, steps to target, divergence, plateau, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from configs import study as study_config
+from ln_jax.experiments import grids, plateau, report, runner, study
+from ln_jax.experiments.runner import RunSpec
+
+pytest_plugins = ("tests.data_fixtures",)
+
+
+def base_config(data_dir: str, **overrides) -> dict:
+    """configs/study.py:depth shrunk to seconds, on the 2x2x2 mesh of 8 fake devices."""
+    c = study_config.get_config("depth")
+    c.data.data_dir = data_dir
+    c.data.vocab_size = 8000  # the tests' shared tokenizer
+    c.data.global_batch_size = 8
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
+    c.model.num_layers, c.model.hidden_size, c.model.mlp_dim = 1, 32, 64
+    c.total_steps, c.eval_every, c.checkpoint_every, c.log_every, c.eval_batches = 4, 2, 2, 1, 1
+    return runner.apply_overrides(c.to_dict(), overrides)
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+def test_steps_to_target_interpolates_between_evaluations():
+    evals = [[100, 7.0, 1.0], [200, 6.0, 2.0], [300, 5.0, 3.0]]
+    assert runner.steps_to_target(evals, 6.5) == pytest.approx(150.0)
+    assert runner.steps_to_target(evals, 5.0) == pytest.approx(300.0)
+    assert runner.steps_to_target(evals, 7.5) == pytest.approx(100.0)  # already at the first
+    assert runner.steps_to_target(evals, 4.9) is None
+    # A NaN evaluation breaks the bracket: no interpolation across it.
+    assert runner.steps_to_target([[1, 7.0, 0], [2, math.nan, 0], [3, 5.0, 0]], 6.0) == 3.0
+
+
+def test_divergence_rule():
+    ok = [[1, 9.0, 0], [2, 8.0, 0], [3, 7.0, 0]]
+    assert runner.diverged(ok, None) == (False, "")
+    up = [[1, 7.0, 0], [2, 8.0, 0], [3, 9.0, 0]]
+    bad, reason = runner.diverged(up, None)
+    assert bad and "above the first 7.000" in reason
+    assert runner.diverged([[1, 7.0, 0], [2, math.nan, 0]], None)[0]
+    assert runner.diverged(ok, "non-finite loss at step 3") == (True, "non-finite loss at step 3")
+
+
+def test_unigram_cross_entropy_matches_hand_computation():
+    train = np.array([0, 0, 0, 1])  # counts 3, 1, 0 -> add-one: 4/7, 2/7, 1/7
+    evals = np.array([0, 2])
+    expected = -(math.log(4 / 7) + math.log(1 / 7)) / 2
+    assert plateau.unigram_cross_entropy(train, evals, 3) == pytest.approx(expected)
+
+
+def test_corpus_plateau_is_below_uniform(data_dir):
+    from ln_jax.config import TrainConfig
+
+    value = plateau.corpus_plateau(TrainConfig.from_mapping(base_config(data_dir)).data)
+    assert value["vocab_size"] == 8000 and value["eval_tokens"] > 500
+    # Frequencies carry information: well below the uniform log(V), well above zero.
+    assert 4.0 < value["unigram_xent"] < math.log(8000) - 1.0
+
+
+def test_grids_name_arms_and_scale_warmup():
+    specs = grids.depth_grid([6, 12], ["post", "post_warmup", "pre"], [0, 1], 1e-3, 60)
+    assert len(specs) == 12 and len({s.name for s in specs}) == 12
+    warm = next(s for s in specs if s.name == "L12-post_warmup-s1")
+    assert warm.overrides["model.placement"] == "post"
+    assert warm.overrides["optim.warmup_steps"] == 60
+    assert warm.overrides["model.num_layers"] == 12 and warm.overrides["seed"] == 1
+    pre = next(s for s in specs if s.arm == "pre")
+    assert pre.overrides["optim.warmup_steps"] == 0
+    assert pre.overrides["optim.schedule"] == "linear_decay"
+
+    w = grids.warmup_grid(1000, lrs=[5e-4, 1e-3], lengths=[1, 500, 4000])
+    by_name = {s.name: s for s in w}
+    assert by_name["post_warmup4000-lr1e-3-s0"].overrides["optim.warmup_steps"] == 80
+    assert by_name["post_warmup500-lr5e-4-s0"].overrides["optim.warmup_steps"] == 10
+    assert by_name["post_nowarmup-lr1e-3-s0"].overrides["optim.warmup_steps"] == 0
+    assert by_name["post_radam-s0"].overrides["optim.optimizer"] == "radam"
+    assert by_name["post_smalllr-s0"].overrides["optim.peak_lr"] == 1e-4
+    assert {"pre-lr5e-4-s0", "admin-lr1e-3-s0"} <= set(by_name)
+    assert all(s.overrides.get("optim.b2", 0.98) == 0.98 for s in w)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: grids.depth_grid([6], ["postln"], [0], 1e-3, 1), "unknown depth-study arm"),
+        (lambda: grids.depth_grid([], ["post"], [0], 1e-3, 1), "--depths is empty"),
+        (lambda: grids.warmup_grid(100, lrs=[]), "--lrs is empty"),
+    ],
+)
+def test_bad_grid_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_misspelt_override_is_caught_before_training(data_dir, tmp_path):
+    spec = RunSpec("r", "pre", {"model.placment": "pre"})
+    with pytest.raises(ValueError, match="placement"):
+        runner.run_grid(base_config(data_dir), [spec], str(tmp_path))
+    assert not (tmp_path / "runs").exists()
+
+
+def _lines(out, name: str) -> int:
+    return len((out / "runs" / name / "metrics.jsonl").read_text().splitlines())
+
+
+def _result(name, arm, evals, lr=1e-3, diverged=False):
+    return {
+        "name": name,
+        "arm": arm,
+        "tags": {"lr": lr},
+        "diverged": diverged,
+        "eval_curve": evals,
+        "final_eval_mlm_loss": evals[-1][1],
+        "best_eval_mlm_loss": min(e[1] for e in evals),
+        "wall_s": evals[-1][2],
+    }
+
+
+def test_warmup_summary_ratio_on_synthetic_curves():
+    post = _result("post_warmup500", "post_warmup500", [[100, 7, 10], [200, 6, 20], [400, 5, 40]])
+    pre = _result("pre", "pre", [[100, 6.5, 10], [200, 5.0, 20], [400, 4.5, 40]])
+    nowarm = _result("post_nowarmup", "post_nowarmup", [[100, 7, 10], [400, 8, 40]], diverged=True)
+    summary = report.warmup_summary([post, pre, nowarm])
+    assert summary["target"] == 5.0 and summary["target_from"] == "post_warmup500"
+    # Post-LN reaches 5.0 at step 400; Pre-LN at step 200: ratio 0.5.
+    assert summary["steps_ratio_pre_over_post_warmup"] == pytest.approx(0.5)
+    rows = {r["name"]: r for r in summary["runs"]}
+    assert rows["post_nowarmup"]["steps_to_target"] is None
+    assert rows["pre"]["seconds_to_target"] == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="--target"):
+        report.warmup_summary([pre, nowarm])
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def test_tiny_grid_end_to_end_writes_results_and_plot(data_dir, tmp_path):
+    base = base_config(data_dir)
+    specs = grids.depth_grid([1], ["post", "pre"], [0], 1e-3, 1)
+    out = str(tmp_path)
+    result = study.run("depth", base, specs, out, plateau=6.7, arms=["post", "pre"])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["complete"] and [r["name"] for r in saved["runs"]] == ["L1-post-s0", "L1-pre-s0"]
+    for r in saved["runs"]:
+        assert r["steps"] == 4 and [e[0] for e in r["eval_curve"]] == [2, 4]
+        assert all(math.isfinite(e[1]) and e[1] > 0 for e in r["eval_curve"])
+        assert r["wall_s"] > 0 and not r["diverged"]
+    # Two placements, same data and seed: different losses (the arms really differ).
+    a, b = (r["final_eval_mlm_loss"] for r in saved["runs"])
+    assert a != b
+    assert os.path.getsize(tmp_path / "curves.png") > 10_000
+    assert "| post | 0/1 |" in result["table"] and "6.700 nats" in result["table"]
+
+    # Rerun: nothing is retrained (no new metrics lines), the same results come back.
+    lines = {s.name: _lines(tmp_path, s.name) for s in specs}
+    again = study.run("depth", base, specs, out, plateau=6.7, arms=["post", "pre"])
+    assert [r["final_eval_mlm_loss"] for r in again["results"]] == [a, b]
+    for s in specs:
+        assert _lines(tmp_path, s.name) == lines[s.name]
+
+
+def test_interrupted_grid_resumes_without_redoing_finished_runs(data_dir, tmp_path):
+    base = base_config(data_dir)
+    specs = grids.depth_grid([1], ["pre", "post"], [0], 1e-3, 1)
+    out = str(tmp_path)
+    # "Interrupted" after its first run: only that one finished.
+    study.run_only(base, specs, out, specs[0].name, plateau=6.7)
+    first = tmp_path / "runs" / specs[0].name / "result.json"
+    stamp = first.stat().st_mtime_ns
+    results = runner.run_grid(base, specs, out, plateau=6.7)
+    assert [r["name"] for r in results] == [s.name for s in specs]
+    assert first.stat().st_mtime_ns == stamp  # not redone
+    # A stored result of other overrides is not silently reused.
+    changed = [RunSpec(specs[0].name, "pre", {**specs[0].overrides, "optim.peak_lr": 5e-4})]
+    with pytest.raises(ValueError, match="other overrides"):
+        runner.run_grid(base, changed, out)
+
+
+def test_forced_nan_run_is_recorded_as_diverged(data_dir, tmp_path):
+    base = base_config(data_dir, **{"optim.clip_norm": 0.0})
+    spec = RunSpec("nan", "post", {"model.placement": "post", "optim.peak_lr": 1e6})
+    (result,) = runner.run_grid(base, [spec], str(tmp_path), plateau=6.7)
+    assert result["diverged"]
+    assert (
+        "non-finite" in result["diverged_reason"] or "above the first" in result["diverged_reason"]
+    )
+    assert not result["below_plateau"]
