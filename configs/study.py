@@ -4,11 +4,12 @@ arm of a study sets its placement, optimizer and schedule on top of this).
   python -m ln_jax.experiments depth --out=results/depth     # uses configs/study.py:depth
   python -m ln_jax.experiments warmup --out=results/warmup   # uses configs/study.py:warmup
 
-Variants: "depth" (Liu et al.'s 6/12/18-layer comparison; `num_layers` set per run) and
-"warmup" (Xiong et al.'s warm-up grid). Both are sized so that the good arms leave the unigram
-plateau within a few hundred steps on a 2-core CPU: 128 wide, Xavier initialisation (the
-setting of Xiong et al.'s theory; BERT's sigma = 0.02 leaves the residual branches nearly
-silent at this width), a 2000-piece vocabulary, sequences of 64, batch 32, no dropout.
+Variants: "depth" (Liu et al.'s 6/12/18-layer comparison; `num_layers` set per run, 128 wide)
+and "warmup" (Xiong et al.'s warm-up grid on BERT-mini: 4 layers, 256 wide). Both are sized so
+that the good arms leave the unigram plateau within a few hundred steps on a 2-core CPU: Xavier
+initialisation (the setting of Xiong et al.'s theory; BERT's sigma = 0.02 leaves the residual
+branches nearly silent at this width), a 2000-piece vocabulary, sequences of 64, batch 32, no
+dropout.
 """
 
 from configs import common
@@ -49,4 +50,7 @@ def get_config(variant: str | None = None):
     c.optim.peak_lr = 1e-3  # each arm sets its own
     c.optim.schedule = "linear_decay"
     c.optim.warmup_steps = 0
+    if variant == "warmup":  # BERT-mini's shape
+        c.model.size, c.model.num_layers, c.model.hidden_size = "mini", 4, 256
+        c.model.mlp_dim = 1024
     return c

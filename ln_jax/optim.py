@@ -13,13 +13,14 @@ the optimizer's own step counter starts at 0 on the first update, so update ``k`
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from ln_jax.config import reject_unknown_keys
 
 OPTIMIZERS = ("adam", "adamw", "radam", "sgd")
 SCHEDULES = ("linear_decay", "warmup_linear_decay", "warmup_rsqrt", "decay_rsqrt", "constant")
@@ -111,12 +112,7 @@ class OptimConfig:
             ValueError: On an unknown key (the message names the closest valid key)
                 or on an invalid value.
         """
-        valid = [f.name for f in dataclasses.fields(cls)]
-        for key in mapping:
-            if key not in valid:
-                close = difflib.get_close_matches(str(key), valid, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {valid}"
-                raise ValueError(f"Unknown OptimConfig key '{key}'; {hint}")
+        reject_unknown_keys("optim", mapping, [f.name for f in dataclasses.fields(cls)])
         return cls(**dict(mapping))
 
 

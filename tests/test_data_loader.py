@@ -196,7 +196,7 @@ def test_data_config():
         128,
         True,
     )
-    with pytest.raises(ValueError, match="did you mean 'vocab_size'"):
+    with pytest.raises(ValueError, match="Did you mean 'vocab_size'"):
         DataConfig.from_mapping({"vocab_sise": 100})
     assert DataConfig.from_mapping({"max_seq_length": 512}).max_seq_length == 512
     with pytest.raises(TypeError, match="max_seq_length must be int"):

@@ -215,11 +215,11 @@ def test_bad_names_list_valid_options():
 
 
 def test_misspelt_key_names_closest():
-    with pytest.raises(ValueError, match="did you mean 'warmup_steps'"):
+    with pytest.raises(ValueError, match="Did you mean 'warmup_steps'"):
         OptimConfig.from_mapping({"warmup_step": 10})
-    with pytest.raises(ValueError, match="did you mean 'peak_lr'"):
+    with pytest.raises(ValueError, match="Did you mean 'peak_lr'"):
         OptimConfig.from_mapping({"peak_lrr": 1e-3})
-    with pytest.raises(ValueError, match="valid keys"):
+    with pytest.raises(ValueError, match="Valid: optimizer, peak_lr"):
         OptimConfig.from_mapping({"zzzzzz": 1})
     cfg = OptimConfig.from_mapping({"optimizer": "adam", "b2": 0.98, "peak_lr": 5e-4})
     assert (cfg.optimizer, cfg.b2, cfg.peak_lr) == ("adam", 0.98, 5e-4)

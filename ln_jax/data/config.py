@@ -20,12 +20,13 @@ slicing: Wikipedia has only `train`, so hold out its documents with
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any
+
+from ln_jax.config import reject_unknown_keys
 
 DEFAULT_DATASET = "ln_jax_pydocs"
 TOKENIZER_TYPES = ("unigram", "bpe")
@@ -98,14 +99,7 @@ class DataConfig:
         Raises:
           ValueError: for an unknown key, naming the closest valid one.
         """
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in mapping:
-            if key not in names:
-                close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(
-                    f"unknown DataConfig key {key!r}{hint} Valid keys: {', '.join(names)}."
-                )
+        reject_unknown_keys("data", mapping, [f.name for f in dataclasses.fields(cls)])
         return cls(**dict(mapping))
 
     def to_dict(self) -> dict[str, Any]:
