@@ -159,7 +159,7 @@ def test_tiny_grid_end_to_end_writes_results_and_plot(data_dir, tmp_path):
     a, b = (r["final_eval_mlm_loss"] for r in saved["runs"])
     assert a != b
     assert os.path.getsize(tmp_path / "curves.png") > 10_000
-    assert "| post | 0/1 |" in result["table"] and "6.700 nats" in result["table"]
+    assert "| post | 0/1 | 0/1 |" in result["table"] and "6.700 nats" in result["table"]
 
     # Rerun: nothing is retrained (no new metrics lines), the same results come back.
     lines = {s.name: _lines(tmp_path, s.name) for s in specs}

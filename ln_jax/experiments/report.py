@@ -40,19 +40,28 @@ def group(results: Sequence[Result], key: Callable[[Result], Any]) -> dict[Any, 
 
 
 def depth_table(results: Sequence[Result], arms: Sequence[str], plateau: float) -> str:
-    """Markdown: one row per arm, per depth "diverged/seeds" and final validation MLM loss
-    (mean ± std over seeds with a finite one; "NaN" when none has)."""
+    """Markdown: a row per arm; per depth, runs diverged / runs, runs ending below the unigram
+    plateau / runs, and the final validation MLM loss (mean ± std over the seeds)."""
     depths = sorted({r["tags"]["num_layers"] for r in results})
     cells = group(results, lambda r: (r["arm"], r["tags"]["num_layers"]))
-    head = "| arm | " + " | ".join(f"{d} layers: diverged | final val MLM" for d in depths) + " |"
-    lines = [head, "|---|" + "---|---|" * len(depths)]
+    head = (
+        "| arm | "
+        + " | ".join(f"L={d}: diverged | below plateau | final val MLM" for d in depths)
+        + " |"
+    )
+    lines = [head, "|---|" + "---|---|---|" * len(depths)]
     for arm in arms:
         row = [arm]
         for d in depths:
             runs = cells.get((arm, d), [])
             bad = sum(r["diverged"] for r in runs)
+            below = sum(r["below_plateau"] for r in runs)
             finals = [r["final_eval_mlm_loss"] for r in runs]
-            row += [f"{bad}/{len(runs)}", _mean_std(finals) if runs else "–"]
+            row += [
+                f"{bad}/{len(runs)}",
+                f"{below}/{len(runs)}",
+                _mean_std(finals) if runs else "–",
+            ]
         lines.append("| " + " | ".join(row) + " |")
     lines.append(
         f"\nunigram plateau (validation cross-entropy of train token frequencies): "
