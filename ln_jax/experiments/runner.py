@@ -230,8 +230,26 @@ def run_one(base: Mapping[str, Any], spec: RunSpec, out: str, plateau: float | N
     result = summarize(spec, workdir, error, plateau)
     result["error"] = error
     result["process_wall_s"] = time.time() - start
+    result["code_version"] = _code_version()
     write_json(result_path(out, spec.name), result)
     return result
+
+
+def _code_version() -> str | None:
+    """`git describe` of the checkout ln_jax runs from (with "-dirty" for local edits)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def write_json(path: str, value: Any) -> None:
