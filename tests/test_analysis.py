@@ -1,0 +1,265 @@
+"""ln_jax.analysis: the papers' measurements at initialisation, their plots, the CLI, errors.
+
+Small widths and few seeds keep the file within a couple of minutes on two CPU cores; the
+thresholds were set from measurements at these sizes with a margin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import ln_jax
+from ln_jax import admin, analysis, optim
+from ln_jax.analysis import cli, models
+from ln_jax.analysis.settings import Arm, Settings, analysis_config, arm_model
+from ln_jax.blocks import layer_state
+from ln_jax.checkpoint import Checkpointer
+from ln_jax.config import CheckpointConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs" / "bert_preln.py") + ":tiny"
+
+# Theory setting: d = 32 (one head, 32 x 32 matrices), 8 sequences of 16 Gaussian vectors.
+THEORY = {
+    "model.hidden_size": 32,
+    "model.scan_layers": True,
+    "data.global_batch_size": 8,
+    "data.max_seq_length": 16,
+}
+# A small BERT on random tokens: d = 32, 2 heads, vocabulary 256.
+SMALL_BERT = {
+    "model.hidden_size": 32,
+    "model.num_heads": 2,
+    "model.mlp_dim": 64,
+    "data.vocab_size": 256,
+    "data.global_batch_size": 4,
+    "data.max_seq_length": 16,
+    "data.max_predictions_per_seq": 3,
+}
+
+
+def theory_settings(seeds=8, batches=1) -> Settings:
+    return Settings(analysis_config(overrides=THEORY), range(seeds), batches, "theory")
+
+
+def bert_settings(seeds=3, batches=1, **kwargs) -> Settings:
+    cfg = analysis_config(overrides=SMALL_BERT)
+    return Settings(cfg, range(seeds), batches, "bert", "random", **kwargs)
+
+
+def mean(result, *keys):
+    node = result["results"]
+    for key in keys:
+        node = node[key]
+    return np.asarray(node["mean"], float)
+
+
+def assert_png(path):
+    assert os.path.getsize(path) > 5_000
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- Xiong et al.
+
+
+@pytest.fixture(scope="module")
+def lemma2_theory():
+    return analysis.lemma2(theory_settings(seeds=6), num_layers=6, setting_names=("theory",))
+
+
+def test_lemma2_post_ln_is_one_and_a_half_d(lemma2_theory):
+    d = 32
+    post = lemma2_theory["results"]["theory"]["post"]["post5"]
+    m, s = np.asarray(post["mean"]), np.asarray(post["std"])
+    standard_error = s / np.sqrt(6)
+    # Lemma 2: E||x^{post,5}_l||^2 = 1.5 d for every layer, within sampling error.
+    assert np.all(np.abs(m - 1.5 * d) <= 4 * standard_error + 0.03 * d), (m / d, s / d)
+    assert abs(m.mean() / d - 1.5) < 0.06
+
+
+def test_lemma2_pre_ln_lies_in_its_interval(lemma2_theory):
+    res = lemma2_theory["results"]["theory"]
+    stream = np.asarray(res["pre"]["stream"]["mean"])
+    lower = np.asarray(res["prediction"]["stream_lower"])
+    upper = np.asarray(res["prediction"]["stream_upper"])
+    assert stream[0] == pytest.approx(32, rel=0.05)  # the N(0, I) input
+    assert np.all((stream[1:] >= lower[1:]) & (stream[1:] <= upper[1:])), stream / 32
+    assert np.all(np.diff(stream) > 0)
+
+
+def test_depth_post_ln_flat_pre_ln_shrinks(tmp_path):
+    result = analysis.grad_norm_by_depth(theory_settings(), num_layers=(6, 14))
+    post, pre = result["results"]["post"], result["results"]["pre"]
+    post_ratio = post["14"]["mean"] / post["6"]["mean"]
+    pre_ratio = pre["14"]["mean"] / pre["6"]["mean"]
+    # Theorem 1: Post-LN independent of L; Pre-LN ~ 1/sqrt(L) (sqrt(6/14) = 0.65).
+    assert 0.7 <= post_ratio <= 1.4, post_ratio
+    assert pre_ratio < 0.85, pre_ratio
+    assert result["config"]["setting"] == "theory" and result["config"]["seeds"] == list(range(8))
+    assert_png(analysis.plot_depth(result, str(tmp_path / "depth.png")))
+
+
+def test_layers_and_plot(tmp_path):
+    settings = theory_settings(seeds=2, batches=2)
+    result = analysis.grad_norm_by_layer(settings, ("post",), num_layers=3, train_steps=3)
+    for placement in ("post",):
+        for stage in ("init", "after_warmup"):
+            for matrix in ("W1", "W2"):
+                values = mean(result, placement, stage, matrix)
+                assert values.shape == (3,) and np.all(values > 0)
+    assert result["config"]["optimizer"]["warmup_steps"] == 3
+    assert_png(analysis.plot_layers(result, str(tmp_path / "layers.png")))
+
+
+def test_lemma2_plot(lemma2_theory, tmp_path):
+    assert_png(analysis.plot_lemma2(lemma2_theory, str(tmp_path / "lemma2.png")))
+
+
+# --------------------------------------------------------------------------- Liu et al.
+
+
+def test_output_change_post_ln_largest(tmp_path):
+    result = analysis.output_change(bert_settings(seeds=3, batches=2), num_layers=(8,))
+    post, pre, admin = (mean(result, p, "8") for p in ("post", "pre", "admin"))
+    assert post > 1.3 * pre and post > 1.3 * admin, (post, pre, admin)
+    assert result["config"]["init"] == "xavier"
+    assert_png(analysis.plot_output_change(result, str(tmp_path / "oc.png")))
+
+
+@pytest.fixture(scope="module")
+def checkpoint_run(tmp_path_factory):
+    """A saved run (parameters shifted from their initialisation, as training would)."""
+    workdir = tmp_path_factory.mktemp("run")
+    cfg = analysis_config(overrides={**SMALL_BERT, "model.placement": "post"})
+    model = models.fresh_model(cfg.model, False, 0, batch={})  # what trainer.init_state builds
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    params = jax.tree.unflatten(
+        tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    )
+    opt_state = optim.make_optimizer(cfg.optim, params).init(params)
+    state = {"params": params, "opt_state": opt_state, "step": 7, "halted": False}
+    state = jax.tree.map(jnp.asarray, state)
+    ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig(async_save=False))
+    config = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    ckpt.save(7, state, {}, config)
+    ckpt.close()
+    return str(workdir), nnx.merge(graphdef, params, rest)
+
+
+def test_dependency_at_init_and_for_a_checkpoint(checkpoint_run, tmp_path):
+    workdir, saved = checkpoint_run
+    settings = bert_settings(seeds=2, batches=2, checkpoint=workdir)
+    result = analysis.layer_dependency(settings, ("post", "pre"), num_layers=3)
+    for label, n_sub in (("post", 6), ("pre", 6), ("checkpoint", 4)):
+        arm = result["results"][label]
+        share = np.asarray(arm["share"]["mean"])
+        assert share.shape == (n_sub, n_sub + 1)
+        assert arm["reconstruction_error"] < 1e-4  # the decomposition is exact
+        assert np.all(share >= 0) and np.all(share.sum(1) < 1.5)  # 1 if uncorrelated
+        assert np.all(np.triu(share, 2) == 0)
+    assert result["results"]["checkpoint"]["share"]["std_over"] == "batches"
+    info = result["config"]["checkpoint_arm"]
+    assert (info["step"], info["placement"], info["num_layers"]) == (7, "post", 2)
+    loaded = analysis.load_checkpoint(workdir)[1]
+    kernel = lambda m: np.asarray(layer_state(m.bert.encoder, 1)["ffn"]["branch"]["wo"]["kernel"])
+    np.testing.assert_array_equal(kernel(loaded), kernel(saved))
+    assert_png(analysis.plot_dependency(result, str(tmp_path / "dependency.png")))
+
+
+def test_stacked_fresh_models_and_admin_profile_match_ln_jax():
+    settings = bert_settings()
+    cfg = arm_model(settings, "admin", 3)
+    assert cfg.scan_layers  # the analysis stacks the layers of a list-initialised model
+    batch = models.take_batches(settings, Arm("admin", cfg, settings.config.data), 1)[0]
+    model = models.fresh_model(cfg, False, 4, batch)
+    with nnx.use_eager_sharding(False):  # what create_model(cfg, seed=4) builds, uncompiled
+        reference = ln_jax.BertForPreTraining(cfg.replace(scan_layers=False), rngs=nnx.Rngs(4))
+    omegas = admin.admin_profile(reference, batch, None)
+    np.testing.assert_allclose(admin.get_admin_omega(model)[:, 0], omegas, rtol=1e-5)
+    ours, theirs = models.encode(model, batch)[0], models.encode(reference, batch)[0]
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- CLI, errors
+
+
+def run_cli(args, capsys):
+    code = cli.main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_writes_json_and_png(tmp_path, capsys):
+    overrides = [f"--config.{k}={v}" for k, v in SMALL_BERT.items()]
+    args = ["depth", f"--out={tmp_path}", f"--config={CONFIG}", "--num_layers=3"]
+    args += ["--placements=pre,post+pre*2"]  # "+" joins a per-layer list inside one arm
+    args += ["--seeds=2", "--batches=1", "--data=random", *overrides]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    result = json.loads((tmp_path / "depth.json").read_text())
+    assert set(result["results"]) == {"pre", "post,pre*2"}
+    assert set(result["results"]["post,pre*2"]) == {"3"}
+    assert result["config"]["model"]["init"] == "xavier"
+    assert result["config"]["hidden_size"] == 32
+    assert_png(tmp_path / "depth.png")
+    assert "wrote" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["depth", "--placements=post,postln"], "unknown placement 'postln'"),
+        (["depth", "--num_layers="], "layer list is empty"),
+        (["depth", "--num_layers=6,x"], "give integers"),
+        (["layers", "--num_layers=4,6"], "takes one depth"),
+        (["lemma2", "--setting=theory,gpt"], "unknown setting 'gpt'"),
+        (["dependency", "--checkpoint=/nonexistent/run"], "does not exist"),
+        (["depth", "--seeds=ten"], "give a count"),
+        (["depth", "--config.model.hidden_sise=64"], "Did you mean 'hidden_size'"),
+        (["depth", "--bogus=1"], "unrecognised argument '--bogus=1'"),
+        (["depth", "--setting=theory", "--checkpoint=/tmp"], "--setting=bert"),
+        (["depth", "--config=configs/nothere.py"], "no file"),
+        (["output-change", "--epsilon=0"], "must be > 0"),
+    ],
+)
+def test_cli_errors_are_clear(args, message, tmp_path, capsys):
+    args = [args[0], f"--out={tmp_path}", f"--config={CONFIG}", "--data=random", *args[1:]]
+    code, _, err = run_cli(args, capsys)
+    assert code == 2
+    assert message in err and "Traceback" not in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_api_errors():
+    with pytest.raises(ValueError, match="no placement given"):
+        analysis.grad_norm_by_depth(theory_settings(), placements=(), num_layers=(2,))
+    with pytest.raises(ValueError, match="names 3 layers but model.num_layers=2"):
+        analysis.grad_norm_by_depth(theory_settings(), ("post*3",), num_layers=(2,))
+    with pytest.raises(ValueError, match="admin_omega=closed_form"):
+        analysis.output_change(theory_settings(), ("admin",), num_layers=(2,))
+    with pytest.raises(ValueError, match="no seeds"):
+        Settings(seeds=())
+
+
+def test_summarize_reports_the_spread_it_has():
+    two_models = analysis.summarize([[1.0, 3.0], [5.0, 7.0]])
+    assert two_models == {
+        "mean": 4.0,
+        "std": pytest.approx(np.std([2, 6], ddof=1)),
+        "std_over": "seeds",
+    }
+    one_model = analysis.summarize([[[1.0, 2.0], [3.0, 6.0]]])
+    assert one_model["mean"] == [2.0, 4.0] and one_model["std_over"] == "batches"
+    assert analysis.summarize([[2.0]])["std_over"] == "none"
