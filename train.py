@@ -66,7 +66,11 @@ def main(argv: list[str]) -> int:
     if result["eval"]:
         print(
             f"final eval at step {result['step']}: "
-            + ", ".join(f"{k}={v:.4f}" for k, v in result["eval"].items() if isinstance(v, float))
+            + ", ".join(
+                f"{k}={v:.4f}"
+                for k, v in result["eval"].items()
+                if isinstance(v, float) and k != "time"
+            )
         )
     return 0
 

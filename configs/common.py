@@ -46,7 +46,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.attention_impl = "xla"  # xla | cudnn (GPU, bf16, needs attention_dropout=0)
     c.model.remat = "none"  # none | full | dots: recompute activations in the backward pass
     c.model.scan_layers = False  # lax.scan over stacked layers (fast compiles for deep stacks)
-    c.model.nsp_head = True  # next-sentence-prediction head (off when data.nsp is False)
+    c.model.nsp_head = True  # build the NSP head (its loss counts only when data.nsp is True)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.optimizer = "adamw"  # adam | adamw | radam | sgd

@@ -83,6 +83,11 @@ def parse_placement(placement: str | tuple[str, ...], num_layers: int) -> tuple[
     for item in items:
         name, _, count = item.strip().partition("*")
         check_choice("placement", name, (*PLACEMENTS, "mixln"))
+        if count and not (count.strip().isdigit() and int(count) > 0):
+            raise ValueError(
+                f"placement item {item.strip()!r}: the count after '*' must be a positive "
+                f"integer (e.g. 'post*3,pre*9')."
+            )
         names.extend([name] * (int(count) if count else 1))
     if len(names) == 1:
         return tuple(names) * num_layers

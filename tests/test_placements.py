@@ -189,6 +189,8 @@ def test_per_layer_placements_build_the_right_norms():
         (dict(placement="post", dlcl=True), "dlcl is for Pre-LN"),
         (dict(placement="pre", dlcl=True, scan_layers=True), "dlcl is for Pre-LN"),
         (dict(norm="batchnorm"), "valid names: layernorm, rmsnorm"),
+        (dict(placement="post*x,pre"), "count after '\\*' must be a positive integer"),
+        (dict(placement="post*0,pre*2"), "count after '\\*' must be a positive integer"),
     ],
 )
 def test_layout_errors(overrides, message):
