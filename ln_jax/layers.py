@@ -82,57 +82,46 @@ class Dense(nnx.Module):
         return y
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def normalize(x: Array, eps: float) -> Array:
-    """(x - mean) / sqrt(var + eps) over the last axis of float32 `x` [..., d].
-
-    Its backward is written in closed form, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
-    from the saved xhat and rstd. Autodiff of the forward gives the same values, but on Pre-LN's
-    residual stream XLA:CPU then re-derives the statistics of every later LayerNorm inside the
-    fusions of each earlier layer's backward (work quadratic in depth); see bench/README.md.
-    """
-    return _normalize_fwd(x, eps)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _standardize(x: Array, eps: float, center: bool) -> Array:
+    """xhat = (x - [mean if center]) * rstd over the last axis of float32 `x` [..., d], with
+    rstd = 1 / sqrt(mean(centred^2) + eps); the backward is written in closed form."""
+    return _standardize_fwd(x, eps, center)[0]
 
 
-def _normalize_fwd(x: Array, eps: float) -> tuple[Array, tuple[Array, Array]]:
-    centred = x - x.mean(-1, keepdims=True)
+def _standardize_fwd(x: Array, eps: float, center: bool) -> tuple[Array, tuple[Array, Array]]:
+    centred = x - x.mean(-1, keepdims=True) if center else x
     rstd = jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True) + eps)
     xhat = centred * rstd
     return xhat, (xhat, rstd)
 
 
-def _normalize_bwd(eps: float, res: tuple[Array, Array], g: Array) -> tuple[Array]:
+def _standardize_bwd(eps: float, center: bool, res: tuple[Array, Array], g: Array):
+    """dx = rstd * (g - [mean(g) if center] - xhat * mean(g * xhat))."""
     del eps
     xhat, rstd = res
-    mean_g = g.mean(-1, keepdims=True)
-    return (rstd * (g - mean_g - xhat * (g * xhat).mean(-1, keepdims=True)),)
+    g_centred = g - g.mean(-1, keepdims=True) if center else g
+    return (rstd * (g_centred - xhat * (g * xhat).mean(-1, keepdims=True)),)
 
 
-normalize.defvjp(_normalize_fwd, _normalize_bwd)
+_standardize.defvjp(_standardize_fwd, _standardize_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def rms_normalize(x: Array, eps: float) -> Array:
-    """x / sqrt(mean(x^2) + eps) over the last axis of float32 `x` [..., d].
+def normalize(x: Array, eps: float) -> Array:
+    """LayerNorm's (x - mean) / sqrt(var + eps) over the last axis of float32 `x` [..., d].
 
-    Closed-form backward: dx = rstd * (g - xhat * mean(g * xhat)).
+    Its backward is written in closed form, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+    from the saved xhat and rstd. Autodiff of the forward gives the same values, but on Pre-LN's
+    residual stream XLA:CPU can re-derive the statistics of every later LayerNorm inside the
+    fusions of each earlier layer's backward (work quadratic in depth); see bench/README.md.
     """
-    return _rms_normalize_fwd(x, eps)[0]
+    return _standardize(x, eps, True)
 
 
-def _rms_normalize_fwd(x: Array, eps: float) -> tuple[Array, tuple[Array, Array]]:
-    rstd = jax.lax.rsqrt(jnp.square(x).mean(-1, keepdims=True) + eps)
-    xhat = x * rstd
-    return xhat, (xhat, rstd)
-
-
-def _rms_normalize_bwd(eps: float, res: tuple[Array, Array], g: Array) -> tuple[Array]:
-    del eps
-    xhat, rstd = res
-    return (rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True)),)
-
-
-rms_normalize.defvjp(_rms_normalize_fwd, _rms_normalize_bwd)
+def rms_normalize(x: Array, eps: float) -> Array:
+    """RMSNorm's x / sqrt(mean(x^2) + eps) over the last axis of float32 `x` [..., d], with the
+    closed-form backward dx = rstd * (g - xhat * mean(g * xhat))."""
+    return _standardize(x, eps, False)
 
 
 class LayerNorm(nnx.Module):
