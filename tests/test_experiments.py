@@ -87,6 +87,8 @@ def test_grids_name_arms_and_scale_warmup():
     assert by_name["post_smalllr-s0"].overrides["optim.peak_lr"] == 1e-4
     assert {"pre-lr5e-4-s0", "admin-lr1e-3-s0"} <= set(by_name)
     assert all(s.overrides.get("optim.b2", 0.98) == 0.98 for s in w)
+    two = grids.warmup_grid(1000, seeds=[0, 1])
+    assert [s.tags["seed"] for s in two] == [0] * len(w) + [1] * len(w)  # seed-major
 
 
 @pytest.mark.parametrize(

@@ -160,10 +160,11 @@ def warmup_grid(
                 {"lr": sgd_lr, "warmup": steps},
             )
         )
+    # Seed-major: a study cut off part-way has whole grids of the first seeds.
     return [
         RunSpec(f"{name}-s{seed}", arm, {**o, "seed": seed, "data.seed": seed}, {**t, "seed": seed})
-        for name, arm, o, t in arms
         for seed in seeds
+        for name, arm, o, t in arms
     ]
 
 
