@@ -12,8 +12,9 @@ Sub-layers are numbered layer by layer: 2l is layer l's attention, 2l + 1 its fe
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -29,7 +30,9 @@ __all__ = [
     "admin_profile",
     "fold_admin",
     "get_admin_omega",
+    "profile_omegas",
     "set_admin_omega",
+    "sublayer_variances",
 ]
 
 SUBLAYERS = ("attention", "ffn")
@@ -91,15 +94,47 @@ def set_admin_omega(model: BertForPreTraining, omegas: Any) -> None:
         var[...] = jax.device_put(jnp.asarray(new), old.sharding)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _variances(graphdef, state, batch: Mapping[str, Any], key) -> tuple[jax.Array, jax.Array]:
-    """Var(x_i) and Var(F_i(x_i)) over all elements, each [num_layers, 2] (attention, ffn)."""
+    """Var(x_i) and Var(F_i(x_i)) over all elements, each [num_layers, 2] (attention, ffn).
+
+    Compiled once per model structure (`graphdef` is static): profiling costs one compilation,
+    not one per call.
+    """
     model = nnx.merge(graphdef, state)
     out = model(*(batch[k] for k in BATCH_KEYS), dropout_key=key, record=True)
-    rec = out["intermediates"]
+    return sublayer_variances(out["intermediates"])
+
+
+def sublayer_variances(rec: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """(Var(x_i), Var(F_i(x_i))), each [num_layers, 2], from a forward pass's `record=True`
+    intermediates ("layer_in", "attention/output", "attention/branch_out", "ffn/branch_out",
+    each [num_layers, ...])."""
     var = lambda a: jnp.var(a.astype(jnp.float32), axis=tuple(range(1, a.ndim)))
     inputs = jnp.stack([var(rec["layer_in"]), var(rec["attention/output"])], axis=1)
     branches = jnp.stack([var(rec["attention/branch_out"]), var(rec["ffn/branch_out"])], axis=1)
     return inputs, branches
+
+
+def profile_omegas(model: Any, statistics: Callable[[], tuple[jax.Array, jax.Array]]) -> np.ndarray:
+    """Admin's profiling walk; leaves the model's omegas set to the result.
+
+    omega_i = r, then r <- sqrt(r^2 Var(x_i) + Var(F_i(x_i))) (Var(x_i * omega_i) with a scalar
+    omega_i), with `statistics()` the (inputs, branches) variances [num_layers, 2] of one forward
+    pass of `model` as it is now.
+
+    Returns:
+      omega per sub-layer, [num_sublayers] float64 (omega_1 = 1).
+    """
+    omegas = np.ones(model.cfg.num_sublayers)
+    r = 1.0
+    for i in range(len(omegas)):
+        omegas[i:] = r  # later sub-layers do not affect sub-layer i; keep them tidy
+        set_admin_omega(model, omegas)
+        inputs, branches = jax.device_get(statistics())
+        layer, kind = divmod(i, 2)
+        r = math.sqrt(r * r * float(inputs[layer, kind]) + float(branches[layer, kind]))
+    return omegas
 
 
 def admin_profile(
@@ -119,20 +154,9 @@ def admin_profile(
     Returns:
       omega per sub-layer, [num_sublayers] float64 (omega_1 = 1).
     """
-    cfg = model.cfg
     batch = {k: batch[k] for k in BATCH_KEYS}
     graphdef, _ = nnx.split(model)
-    stats = jax.jit(lambda state, b, k: _variances(graphdef, state, b, k))
-    omegas = np.ones(cfg.num_sublayers)
-    r = 1.0
-    for i in range(cfg.num_sublayers):
-        omegas[i] = r
-        omegas[i + 1 :] = r  # later sub-layers do not affect sub-layer i; keep them tidy
-        set_admin_omega(model, omegas)
-        inputs, branches = jax.device_get(stats(nnx.state(model), batch, key))
-        layer, kind = divmod(i, 2)
-        r = math.sqrt(r * r * float(inputs[layer, kind]) + float(branches[layer, kind]))
-    return omegas
+    return profile_omegas(model, lambda: _variances(graphdef, nnx.state(model), batch, key))
 
 
 def _fold_sublayer(model: BertForPreTraining, index: int, omega: np.ndarray) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -174,31 +173,17 @@ def fresh_model(cfg: ModelConfig, theory: bool, seed: int, batch: Batch) -> AnyM
 
 def _admin_variances(model: BertForPreTraining, batch: Batch) -> tuple[Array, Array]:
     """Var(x_i) and Var(F_i(x_i)) over all elements, each [num_layers, 2] (attention, ffn)."""
-    _, rec = encode(model, batch, record=True)
-    var = lambda a: jnp.var(a.astype(jnp.float32), axis=tuple(range(1, a.ndim)))
-    inputs = jnp.stack([var(rec["layer_in"]), var(rec["attention/output"])], axis=1)
-    branches = jnp.stack([var(rec["attention/branch_out"]), var(rec["ffn/branch_out"])], axis=1)
-    return inputs, branches
+    return admin.sublayer_variances(encode(model, batch, record=True)[1])
 
 
 _admin_statistics = jit_model_fn(_admin_variances)
 
 
 def profile_admin(model: BertForPreTraining, batch: Batch) -> np.ndarray:
-    """Sets Admin's profiled omega [num_sublayers] in `model` and returns it.
-
-    The algorithm and statistics of `ln_jax.admin.admin_profile` (omega_i = r, then
-    r <- sqrt(r^2 Var(x_i) + Var(F_i(x_i))), no dropout), with the forward pass compiled once
-    per model structure rather than once per call: seeds then cost no compilation.
-    """
-    omegas, r = np.ones(model.cfg.num_sublayers), 1.0
-    for i in range(len(omegas)):
-        omegas[i:] = r
-        admin.set_admin_omega(model, omegas)
-        inputs, branches = jax.device_get(_admin_statistics(model, batch))
-        layer, kind = divmod(i, 2)
-        r = math.sqrt(r * r * float(inputs[layer, kind]) + float(branches[layer, kind]))
-    return omegas
+    """Sets Admin's profiled omega [num_sublayers] in `model` and returns it: the walk of
+    `ln_jax.admin.profile_omegas` on this setting's forward pass (no dropout), compiled once
+    per model structure."""
+    return admin.profile_omegas(model, lambda: _admin_statistics(model, batch))
 
 
 def instances(settings: Settings, arm: Arm, batch: Batch) -> Iterator[tuple[str, AnyModel]]:
