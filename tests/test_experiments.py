@@ -197,3 +197,28 @@ def test_forced_nan_run_is_recorded_as_diverged(data_dir, tmp_path):
         "non-finite" in result["diverged_reason"] or "above the first" in result["diverged_reason"]
     )
     assert not result["below_plateau"]
+
+
+def test_tiny_warmup_grid_end_to_end_reports_the_key_ratio(data_dir, tmp_path):
+    base = base_config(data_dir, total_steps=6, eval_every=2)
+    grid = grids.warmup_grid(6, lrs=[1e-3], lengths=[4000])
+    specs = [s for s in grid if s.arm in ("post_warmup4000", "pre")]
+    assert [s.name for s in specs] == ["post_warmup4000-lr1e-3-s0", "pre-lr1e-3-s0"]
+    result = study.run("warmup", base, specs, str(tmp_path), plateau=6.7)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    summary = saved["summary"]
+    post = next(r for r in saved["runs"] if r["arm"] == "post_warmup4000")
+    # The target is Post-LN-with-warm-up's final loss; it reaches it by its last evaluation.
+    assert summary["target"] == post["final_eval_mlm_loss"]
+    assert summary["post_warmup_run"] == post["name"]
+    rows = {r["name"]: r for r in summary["runs"]}
+    post_steps = rows[post["name"]]["steps_to_target"]
+    assert 0 < post_steps <= 6
+    pre_steps = rows["pre-lr1e-3-s0"]["steps_to_target"]
+    ratio = summary["steps_ratio_pre_over_post_warmup"]
+    if pre_steps is None:
+        assert ratio is None
+    else:
+        assert ratio == pytest.approx(pre_steps / post_steps)
+    assert "Post-LN with warm-up (post_warmup4000-lr1e-3-s0)" in result["table"]
+    assert os.path.getsize(tmp_path / "curves.png") > 10_000  # loss vs steps and vs seconds
