@@ -143,6 +143,36 @@ def test_warmup_summary_ratio_on_synthetic_curves():
         report.warmup_summary([pre, nowarm])
 
 
+def test_warmup_summary_pools_seeds_on_the_mean_curve():
+    def seeded(name, arm, seed, evals):
+        r = _result(f"{name}-s{seed}", arm, evals)
+        r["tags"]["seed"] = seed
+        return r
+
+    runs = [
+        seeded(
+            "post_warmup500", "post_warmup500", 0, [[100, 7.0, 10], [200, 6.0, 20], [400, 5.0, 40]]
+        ),
+        seeded(
+            "post_warmup500", "post_warmup500", 1, [[100, 7.2, 12], [200, 6.2, 22], [400, 5.4, 44]]
+        ),
+        seeded("pre", "pre", 0, [[100, 6.4, 10], [200, 5.0, 20], [400, 4.5, 40]]),
+        seeded("pre", "pre", 1, [[100, 6.6, 10], [200, 5.4, 20], [400, 4.7, 40]]),
+    ]
+    summary = report.warmup_summary(runs)
+    cells = {c["cell"]: c for c in summary["cells"]}
+    assert set(cells) == {"post_warmup500", "pre"}
+    assert cells["post_warmup500"]["curve"] == [[100, 7.1, 11], [200, 6.1, 21], [400, 5.2, 42]]
+    assert summary["target"] == pytest.approx(5.2) and summary["target_from"] == "post_warmup500"
+    # Pre-LN's mean curve (6.5, 5.2, 4.6) reaches 5.2 at step 200; Post-LN's at step 400.
+    assert cells["pre"]["steps_to_target"] == pytest.approx(200)
+    assert summary["steps_ratio_pre_over_post_warmup"] == pytest.approx(0.5)
+    by_run = {r["name"]: r["steps_to_target"] for r in summary["runs"]}
+    assert by_run["post_warmup500-s1"] is None  # one seed alone ends above the mean
+    table = report.warmup_table(summary, plateau=6.7)
+    assert "| post_warmup500 | 0.001 | 0 | 2 | 5.200 ± 0.200 | 400 |" in table
+
+
 # --------------------------------------------------------------------------- real runs
 
 
@@ -210,7 +240,7 @@ def test_tiny_warmup_grid_end_to_end_reports_the_key_ratio(data_dir, tmp_path):
     post = next(r for r in saved["runs"] if r["arm"] == "post_warmup4000")
     # The target is Post-LN-with-warm-up's final loss; it reaches it by its last evaluation.
     assert summary["target"] == post["final_eval_mlm_loss"]
-    assert summary["post_warmup_run"] == post["name"]
+    assert summary["post_warmup_run"] == "post_warmup4000-lr1e-3"  # its cell (one seed)
     rows = {r["name"]: r for r in summary["runs"]}
     post_steps = rows[post["name"]]["steps_to_target"]
     assert 0 < post_steps <= 6
@@ -220,5 +250,5 @@ def test_tiny_warmup_grid_end_to_end_reports_the_key_ratio(data_dir, tmp_path):
         assert ratio is None
     else:
         assert ratio == pytest.approx(pre_steps / post_steps)
-    assert "Post-LN with warm-up (post_warmup4000-lr1e-3-s0)" in result["table"]
+    assert "Post-LN with warm-up (post_warmup4000-lr1e-3) = " in result["table"]
     assert os.path.getsize(tmp_path / "curves.png") > 10_000  # loss vs steps and vs seconds

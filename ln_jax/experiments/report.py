@@ -75,94 +75,146 @@ def depth_table(results: Sequence[Result], arms: Sequence[str], plateau: float) 
 # --------------------------------------------------------------------------------------------
 
 
-def warmup_target(results: Sequence[Result], target: float | None) -> tuple[float, str]:
-    """The target loss and its source: `target`, else the lowest final validation MLM loss of
-    the Post-LN runs with warm-up (Adam) that did not diverge."""
+def cell_name(r: Result) -> str:
+    """A run's name without its seed suffix: the grid cell it is one seed of."""
+    suffix = f"-s{r['tags'].get('seed')}"
+    return r["name"][: -len(suffix)] if r["name"].endswith(suffix) else r["name"]
+
+
+def mean_curve(runs: Sequence[Result]) -> list[list[float]]:
+    """[[step, loss, seconds], ...]: the runs' validation curves averaged over seeds, at the
+    steps every one of them evaluated (a diverged seed's NaN makes the mean NaN)."""
+    by_step = [{e[0]: e for e in r["eval_curve"]} for r in runs]
+    common = sorted(set.intersection(*(set(b) for b in by_step)))
+    return [
+        [
+            step,
+            float(np.mean([b[step][1] for b in by_step])),
+            float(np.mean([b[step][2] for b in by_step])),
+        ]
+        for step in common
+    ]
+
+
+def warmup_cells(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """One entry per grid cell (arm, lr, warm-up), its seeds pooled: the mean curve, the finals
+    and how many seeds diverged."""
+    cells = []
+    for name, runs in group(results, cell_name).items():
+        curve = mean_curve(runs)
+        cells.append(
+            {
+                "cell": name,
+                "arm": runs[0]["arm"],
+                "lr": runs[0]["tags"].get("lr"),
+                "warmup_steps": runs[0]["tags"].get("warmup_steps", 0),
+                "runs": [r["name"] for r in runs],
+                "finals": [r["final_eval_mlm_loss"] for r in runs],
+                "mean_final": curve[-1][1] if curve else math.nan,
+                "diverged": sum(bool(r["diverged"]) for r in runs),
+                "curve": curve,
+            }
+        )
+    return cells
+
+
+def warmup_target(cells: Sequence[dict[str, Any]], target: float | None) -> tuple[float, str]:
+    """The target loss and its source: `target`, else the lowest seed-mean final validation MLM
+    loss of the Post-LN cells with warm-up (Adam) none of whose seeds diverged."""
     if target is not None:
         return target, "given"
     warm = [
-        r
-        for r in results
-        if r["arm"].startswith("post_warmup")
-        and not r["diverged"]
-        and math.isfinite(r["final_eval_mlm_loss"])
+        c
+        for c in cells
+        if c["arm"].startswith("post_warmup")
+        and not c["diverged"]
+        and math.isfinite(c["mean_final"])
     ]
     if not warm:
         raise ValueError(
             "no Post-LN run with warm-up finished without diverging, so there is no default "
             "target loss; pass --target=LOSS."
         )
-    best = min(warm, key=lambda r: r["final_eval_mlm_loss"])
-    return best["final_eval_mlm_loss"], best["name"]
+    best = min(warm, key=lambda c: c["mean_final"])
+    return best["mean_final"], best["cell"]
 
 
 def warmup_summary(results: Sequence[Result], target: float | None = None) -> dict[str, Any]:
-    """Per run: steps and seconds to the target; and the key ratio
-    steps(Pre-LN, no warm-up) / steps(Post-LN with warm-up) to the target, each side the best
-    (fewest steps) of its runs."""
-    tgt, source = warmup_target(results, target)
-    rows = []
+    """Steps and seconds to the target per cell (on its seed-mean curve) and per run; and the
+    key ratio steps(Pre-LN, no warm-up) / steps(Post-LN with warm-up) to the target, each side
+    its cell with the fewest steps.
+
+    With one seed a cell is its run. With several, the default target is the best Post-LN
+    warm-up cell's mean final loss, which its mean curve reaches by its last evaluation.
+    """
+    cells = warmup_cells(results)
+    tgt, source = warmup_target(cells, target)
+    for c in cells:
+        c["steps_to_target"] = steps_to_target(c["curve"], tgt)
+        c["seconds_to_target"] = _seconds_at(c["curve"], c["steps_to_target"])
+    runs = []
     for r in results:
         steps = steps_to_target(r["eval_curve"], tgt)
-        rows.append(
+        runs.append(
             {
                 "name": r["name"],
-                "arm": r["arm"],
-                "lr": r["tags"].get("lr"),
-                "warmup_steps": r["tags"].get("warmup_steps", 0),
+                "cell": cell_name(r),
                 "final": r["final_eval_mlm_loss"],
                 "best": r["best_eval_mlm_loss"],
                 "steps_to_target": steps,
-                "seconds_to_target": _seconds_at(r, steps),
+                "seconds_to_target": _seconds_at(r["eval_curve"], steps),
                 "diverged": r["diverged"],
                 "wall_s": r["wall_s"],
             }
         )
 
     def fewest(prefix: str) -> dict[str, Any] | None:
-        hits = [x for x in rows if x["arm"].startswith(prefix) and x["steps_to_target"]]
-        return min(hits, key=lambda x: x["steps_to_target"]) if hits else None
+        hits = [c for c in cells if c["arm"].startswith(prefix) and c["steps_to_target"]]
+        return min(hits, key=lambda c: c["steps_to_target"]) if hits else None
 
     pre, post = fewest("pre"), fewest("post_warmup")
     ratio = pre["steps_to_target"] / post["steps_to_target"] if pre and post else None
     return {
         "target": tgt,
         "target_from": source,
-        "runs": rows,
-        "pre_run": pre and pre["name"],
-        "post_warmup_run": post and post["name"],
+        "cells": cells,
+        "runs": runs,
+        "pre_run": pre and pre["cell"],
+        "post_warmup_run": post and post["cell"],
         "steps_ratio_pre_over_post_warmup": ratio,
     }
 
 
-def _seconds_at(result: Result, step: float | None) -> float | None:
-    """Training seconds at `step`, interpolated on the eval curve's (step, seconds)."""
+def _seconds_at(curve: Sequence[Sequence[float]], step: float | None) -> float | None:
+    """Training seconds at `step`, interpolated on a [[step, loss, seconds], ...] curve."""
     if step is None:
         return None
-    pts = [(s, t) for s, _, t in result["eval_curve"] if math.isfinite(t)]
+    pts = [(s, t) for s, _, t in curve if math.isfinite(t)]
     if not pts:
         return None
     return float(np.interp(step, [s for s, _ in pts], [t for _, t in pts]))
 
 
 def warmup_table(summary: dict[str, Any], plateau: float) -> str:
+    """Markdown: a row per cell (seeds pooled), then the target and the key ratio."""
     lines = [
-        "| run | lr_max | warm-up steps | final val MLM | best | steps to target | "
+        "| run | lr_max | warm-up steps | seeds | final val MLM | steps to target | "
         "s to target | diverged |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for x in summary["runs"]:
-        steps = x["steps_to_target"]
+    for c in summary["cells"]:
+        steps = c["steps_to_target"]
         lines.append(
-            f"| {x['name']} | {x['lr']:g} | {x['warmup_steps']} | {_fmt(x['final'])} | "
-            f"{_fmt(x['best'])} | {'never' if steps is None else f'{steps:.0f}'} | "
-            f"{_fmt(x['seconds_to_target'], 0)} | {'yes' if x['diverged'] else 'no'} |"
+            f"| {c['cell']} | {c['lr']:g} | {c['warmup_steps']} | {len(c['runs'])} | "
+            f"{_mean_std(c['finals'])} | {'never' if steps is None else f'{steps:.0f}'} | "
+            f"{_fmt(c['seconds_to_target'], 0)} | {c['diverged']}/{len(c['runs'])} |"
         )
     ratio = summary["steps_ratio_pre_over_post_warmup"]
     lines.append(
         f"\ntarget loss {summary['target']:.3f} (from {summary['target_from']}); unigram "
-        f"plateau {plateau:.3f} nats; steps to target, Pre-LN ({summary['pre_run']}) / "
-        f"Post-LN with warm-up ({summary['post_warmup_run']}) = {_fmt(ratio, 2)}"
+        f"plateau {plateau:.3f} nats; steps to target (on the seed-mean curve), Pre-LN "
+        f"({summary['pre_run']}) / Post-LN with warm-up ({summary['post_warmup_run']}) = "
+        f"{_fmt(ratio, 2)}"
     )
     return "\n".join(lines)
 
@@ -233,18 +285,25 @@ def plot_depth(results: Sequence[Result], arms: Sequence[str], plateau: float, p
 def plot_warmup(
     results: Sequence[Result], summary: dict[str, Any], plateau: float, path: str
 ) -> None:
-    """Validation MLM loss against steps and against training seconds, a line per run."""
+    """Validation MLM loss against steps and against training seconds, a line per cell (the
+    mean over its seeds); dashed = the lower learning rate, dotted = a seed diverged."""
     plt = _plt()
+    lrs = sorted({c["lr"] for c in summary["cells"] if c["lr"] is not None})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, x_index, xlabel in ((axes[0], 0, "step"), (axes[1], 2, "training seconds")):
-        for r in results:
-            _plot_curve(ax, r, x_index, r["name"])
+        for c in summary["cells"]:
+            pts = [(p[x_index], p[1]) for p in c["curve"] if math.isfinite(p[1])]
+            if not pts:
+                continue
+            xs, ys = zip(*pts, strict=True)
+            style = ":" if c["diverged"] else ("--" if len(lrs) > 1 and c["lr"] == lrs[0] else "-")
+            ax.plot(xs, ys, style, color=_color(c["arm"]), alpha=0.85, label=c["cell"])
         ax.axhline(plateau, color="black", lw=0.8, ls="--", label="unigram plateau")
         ax.axhline(summary["target"], color="gray", lw=0.8, ls="-.", label="target")
         ax.set(xlabel=xlabel, ylabel="validation MLM loss (nats)")
         ax.set_ylim(summary["target"] - 1.0, plateau + 1.5)
     axes[1].legend(fontsize=6, ncol=2)
-    fig.suptitle("Warm-up study (dotted = diverged)")
+    fig.suptitle("Warm-up study, mean over seeds (dashed = lower lr_max; dotted = diverged)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
