@@ -4,7 +4,7 @@
       [--lr=1e-3] [--warmup_fraction=0.1] [--jobs=2] [--config=FILE[:variant]]
       [--config.FIELD=value ...]
   python -m ln_jax.experiments warmup --out=DIR [--lrs=5e-4,1e-3] [--warmups=1,500,4000]
-      [--seeds=0] [--sgd] [--target=LOSS] [--jobs=2] [--config=...] [--config.FIELD=value ...]
+      [--seeds=0,1] [--sgd] [--target=LOSS] [--jobs=2] [--config=...] [--config.FIELD=value ...]
 
 The default config is `configs/study.py:depth` or `:warmup` (CPU scale, embedded corpus).
 Rerunning the same command resumes: finished runs are kept, a run cut off midway continues
@@ -38,7 +38,7 @@ _OUT = flags.DEFINE_string("out", None, "Study directory (runs/, results.json, p
 _JOBS = flags.DEFINE_integer("jobs", 1, "Runs trained at once, each in its own process.")
 _ONLY = flags.DEFINE_string("only", None, "Train only this run (by name).")
 _REPORT = flags.DEFINE_bool("report", False, "Only rewrite the report from stored results.")
-_SEEDS = flags.DEFINE_list("seeds", None, "Seeds (depth default 0,1; warmup default 0).")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds (the warm-up grid runs seed-major).")
 _DEPTHS = flags.DEFINE_list("depths", ["6", "12", "18"], "depth: encoder depths.")
 _ARMS = flags.DEFINE_list(
     "arms", ["post", "post_warmup", "pre", "admin", "deepnorm"], "depth: arms."
@@ -74,7 +74,7 @@ def _specs(command: str, base: dict) -> list:
     from ln_jax.experiments import grids
 
     if command == "depth":
-        seeds = _ints(_SEEDS.value or ["0", "1"], "seeds")
+        seeds = _ints(_SEEDS.value, "seeds")
         warmup = max(1, round(_WARMUP_FRACTION.value * base["total_steps"]))
         return grids.depth_grid(
             _ints(_DEPTHS.value, "depths"), _ARMS.value, seeds, _LR.value, warmup
@@ -83,7 +83,7 @@ def _specs(command: str, base: dict) -> list:
         base["total_steps"],
         lrs=_floats(_LRS.value, "lrs"),
         lengths=_ints(_WARMUPS.value, "warmups"),
-        seeds=_ints(_SEEDS.value or ["0"], "seeds"),
+        seeds=_ints(_SEEDS.value, "seeds"),
         sgd=_SGD.value,
     )
 
