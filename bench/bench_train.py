@@ -189,27 +189,17 @@ def ln_jax_config(args: argparse.Namespace, s: dict[str, int], placement: str = 
     return TrainConfig.from_mapping(c.to_dict())
 
 
-def _plain_normalize(x: jax.Array, eps: float) -> jax.Array:
-    """LayerNorm's normalisation left to autodiff (what ln_jax used before its custom VJP)."""
-    centred = x - x.mean(-1, keepdims=True)
-    return centred * jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True) + eps)
-
-
 @contextlib.contextmanager
 def layernorm_autodiff() -> Iterator[None]:
-    """Swaps ln_jax's closed-form LayerNorm backward for autodiff (an experiment).
+    """ln_jax's LayerNorm left to autodiff (`layers.autodiff_normalization`), an experiment.
 
     XLA:CPU then duplicates the autodiff'd LayerNorm backward of every later layer into the
     fusions of each earlier one on Pre-LN's residual stream (quadratic in depth).
     """
     from ln_jax import layers
 
-    original = layers.normalize
-    layers.normalize = _plain_normalize
-    try:
+    with layers.autodiff_normalization():
         yield
-    finally:
-        layers.normalize = original
 
 
 def build_ln_jax(

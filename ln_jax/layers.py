@@ -8,8 +8,9 @@ step's randomness is a pure function of its key.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -106,6 +107,36 @@ def _standardize_bwd(eps: float, center: bool, res: tuple[Array, Array], g: Arra
 
 _standardize.defvjp(_standardize_fwd, _standardize_bwd)
 
+_CLOSED_FORM = [True]  # flipped by `autodiff_normalization` while a function is traced
+
+
+@contextlib.contextmanager
+def autodiff_normalization() -> Iterator[None]:
+    """Traces LayerNorm/RMSNorm as plain jnp ops inside the block, for forward mode.
+
+    Outside it the normalisation is a `jax.custom_vjp` (closed-form backward, faster on CPU):
+    reverse mode and forward-over-reverse (`jax.hessian`, Hessian-vector products) work, pure
+    forward mode (`jax.jvp`, `jax.jacfwd`) raises. Inside it autodiff sees the plain formula, so
+    every mode works (same values). It acts when a function is traced, so trace (or first call
+    a jitted function) inside it:
+
+        with layers.autodiff_normalization():
+            y, ty = jax.jvp(lambda x: model(x, ...), (x,), (t,))
+    """
+    _CLOSED_FORM.append(False)
+    try:
+        yield
+    finally:
+        _CLOSED_FORM.pop()
+
+
+def _plain_standardize(x: Array, eps: float, center: bool) -> Array:
+    return _standardize_fwd(x, eps, center)[0]
+
+
+def _normalizer():
+    return _standardize if _CLOSED_FORM[-1] else _plain_standardize
+
 
 def normalize(x: Array, eps: float) -> Array:
     """LayerNorm's (x - mean) / sqrt(var + eps) over the last axis of float32 `x` [..., d].
@@ -114,14 +145,15 @@ def normalize(x: Array, eps: float) -> Array:
     from the saved xhat and rstd. Autodiff of the forward gives the same values, but on Pre-LN's
     residual stream XLA:CPU can re-derive the statistics of every later LayerNorm inside the
     fusions of each earlier layer's backward (work quadratic in depth); see bench/README.md.
+    No pure forward mode (jax.jvp) unless traced inside `autodiff_normalization()`.
     """
-    return _standardize(x, eps, True)
+    return _normalizer()(x, eps, True)
 
 
 def rms_normalize(x: Array, eps: float) -> Array:
     """RMSNorm's x / sqrt(mean(x^2) + eps) over the last axis of float32 `x` [..., d], with the
     closed-form backward dx = rstd * (g - xhat * mean(g * xhat))."""
-    return _standardize(x, eps, False)
+    return _normalizer()(x, eps, False)
 
 
 class LayerNorm(nnx.Module):

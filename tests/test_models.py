@@ -264,3 +264,42 @@ def test_closed_form_norm_backward_matches_autodiff(which):
     np.testing.assert_allclose(vjp(g)[0], vjp_ref(g)[0], rtol=1e-4, atol=1e-5)
     # Not trivially zero: a nonzero cotangent gives a nonzero input gradient.
     assert float(jnp.abs(vjp(g)[0]).max()) > 0.1
+    # Forward mode: refused by the custom VJP, available inside autodiff_normalization().
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(lambda v: fn(v, eps), (x,), (g,))
+    with layers.autodiff_normalization():
+        _, tangent = jax.jvp(lambda v: fn(v, eps), (x,), (g,))
+        closed_form_inside = jax.vjp(lambda v: fn(v, eps), x)[1](g)[0]
+    _, tangent_ref = jax.jvp(plain, (x,), (g,))
+    np.testing.assert_allclose(tangent, tangent_ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(closed_form_inside, vjp_ref(g)[0], rtol=1e-4, atol=1e-5)
+    y_again, vjp_again = jax.vjp(lambda v: fn(v, eps), x)  # outside again: the custom VJP
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(lambda v: fn(v, eps), (x,), (g,))
+
+
+def test_hessian_through_closed_form_norms_equals_autodiff():
+    """jax.hessian (forward over reverse) differentiates the closed-form backward itself; it
+    equals the Hessian of the plain formula (`autodiff_normalization`) through a whole model."""
+    from ln_jax import layers
+
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement="pre")
+    model = ln_jax.create_model(cfg, seed=0)
+    ids, seg, mask, pos = batch(np.random.default_rng(0))
+    graphdef, state = nnx.split(model)
+    is_target = lambda path: (
+        "'embeddings'" in str(path) and "'norm'" in str(path) and "'scale'" in str(path)
+    )
+
+    def loss(s):  # the model with its embedding LayerNorm's scale replaced by `s` [embed]
+        swap = lambda path, x: s if is_target(path) else x
+        m = nnx.merge(graphdef, jax.tree_util.tree_map_with_path(swap, state))
+        return m(ids, seg, mask, pos)["mlm_logits"].astype(jnp.float32).std()
+
+    s0 = model.bert.embeddings.norm.scale[...] * 1.3
+    h = jax.hessian(loss)(s0)  # every later LayerNorm's input depends on s
+    with layers.autodiff_normalization():
+        h_ref = jax.hessian(loss)(s0)
+    assert h.shape == (s0.size, s0.size) and float(jnp.abs(h_ref).max()) > 1e-4
+    np.testing.assert_allclose(h, h_ref, rtol=1e-3, atol=1e-6 * float(jnp.abs(h_ref).max()))
+    np.testing.assert_allclose(h, h.T, rtol=1e-3, atol=1e-6)
