@@ -143,6 +143,21 @@ def test_warmup_summary_ratio_on_synthetic_curves():
         report.warmup_summary([pre, nowarm])
 
 
+def test_escape_table_reads_the_step_below_the_plateau_per_seed():
+    def run(arm, seed, evals):
+        r = _result(f"L6-{arm}-s{seed}", arm, evals)
+        r["tags"].update(num_layers=6, seed=seed)
+        return r
+
+    results = [
+        run("pre", 1, [[100, 6.5, 1], [200, 6.3, 2], [300, 6.0, 3]]),  # 6.1 crossed at 267
+        run("pre", 0, [[100, 6.5, 1], [200, 6.0, 2]]),  # crossed at 180
+        run("post", 0, [[100, 6.5, 1], [200, 6.15, 2]]),  # below 6.2 but never below 6.1
+    ]
+    table = report.escape_table(results, ["post", "pre"], plateau=6.2)
+    assert "| pre | 180, 267 |" in table and "| post | never |" in table
+
+
 def test_warmup_summary_pools_seeds_on_the_mean_curve():
     def seeded(name, arm, seed, evals):
         r = _result(f"{name}-s{seed}", arm, evals)

@@ -67,6 +67,34 @@ def depth_table(results: Sequence[Result], arms: Sequence[str], plateau: float) 
         f"\nunigram plateau (validation cross-entropy of train token frequencies): "
         f"{plateau:.3f} nats"
     )
+    lines += ["", escape_table(results, arms, plateau)]
+    return "\n".join(lines)
+
+
+ESCAPE_MARGIN = 0.1  # nats below the unigram plateau that count as having left it
+
+
+def escape_table(results: Sequence[Result], arms: Sequence[str], plateau: float) -> str:
+    """Markdown: per arm and depth, the step at which each seed's validation loss first falls
+    ESCAPE_MARGIN below the plateau (interpolated between evaluations; "never")."""
+    depths = sorted({r["tags"]["num_layers"] for r in results})
+    cells = group(results, lambda r: (r["arm"], r["tags"]["num_layers"]))
+    lines = [
+        f"Step at which the validation loss first falls {ESCAPE_MARGIN} nats below the plateau "
+        "(per seed):",
+        "",
+        "| arm | " + " | ".join(f"L={d}" for d in depths) + " |",
+        "|---|" + "---|" * len(depths),
+    ]
+    for arm in arms:
+        row = [arm]
+        for d in depths:
+            steps = [
+                steps_to_target(r["eval_curve"], plateau - ESCAPE_MARGIN)
+                for r in sorted(cells.get((arm, d), []), key=lambda r: r["tags"].get("seed", 0))
+            ]
+            row.append(", ".join("never" if x is None else f"{x:.0f}" for x in steps) or "–")
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
