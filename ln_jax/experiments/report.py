@@ -302,7 +302,7 @@ def plot_depth(results: Sequence[Result], arms: Sequence[str], plateau: float, p
                 seen.add(r["arm"])
         ax.axhline(plateau, color="black", lw=0.8, ls="--", label="unigram plateau")
         ax.set(title=f"{d} layers", xlabel="step", ylabel="validation MLM loss (nats)")
-        ax.set_ylim(plateau - 1.5, plateau + 1.5)
+        ax.set_ylim(plateau - 0.8, plateau + 0.5)
         ax.legend(fontsize=7)
     fig.suptitle("Depth study: same large learning rate (dotted = diverged)")
     fig.tight_layout()
