@@ -143,6 +143,13 @@ def test_warmup_summary_ratio_on_synthetic_curves():
         report.warmup_summary([pre, nowarm])
 
 
+def test_largest_spike_is_the_rise_above_the_running_minimum():
+    assert report.largest_spike([[1, 7.0], [2, 6.5], [3, 6.2]]) == 0.0
+    # 6.2 -> 9.3 (recovered to 6.1 later) is a 3.1-nat spike; the earlier 6.5 -> 6.6 is smaller.
+    curve = [[1, 7.0], [2, 6.5], [3, 6.6], [4, 6.2], [5, 9.3], [6, math.nan], [7, 6.1]]
+    assert report.largest_spike(curve) == pytest.approx(3.1)
+
+
 def test_escape_table_reads_the_step_below_the_plateau_per_seed():
     def run(arm, seed, evals):
         r = _result(f"L6-{arm}-s{seed}", arm, evals)

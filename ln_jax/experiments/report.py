@@ -124,6 +124,19 @@ def mean_curve(runs: Sequence[Result]) -> list[list[float]]:
     ]
 
 
+def largest_spike(curve: Sequence[Sequence[float]]) -> float:
+    """The largest rise of a [[step, loss, ...], ...] curve above its running minimum, in nats
+    (0 for a curve that never goes back up; non-finite points are skipped): a loss spike that
+    the run recovered from still shows here, though it is not a divergence."""
+    best, spike = math.inf, 0.0
+    for point in curve:
+        loss = point[1]
+        if math.isfinite(loss):
+            spike = max(spike, loss - best)
+            best = min(best, loss)
+    return spike
+
+
 def warmup_cells(results: Sequence[Result]) -> list[dict[str, Any]]:
     """One entry per grid cell (arm, lr, warm-up), its seeds pooled: the mean curve, the finals
     and how many seeds diverged."""
@@ -140,6 +153,7 @@ def warmup_cells(results: Sequence[Result]) -> list[dict[str, Any]]:
                 "finals": [r["final_eval_mlm_loss"] for r in runs],
                 "mean_final": curve[-1][1] if curve else math.nan,
                 "diverged": sum(bool(r["diverged"]) for r in runs),
+                "spike": max(largest_spike(r["eval_curve"]) for r in runs),
                 "curve": curve,
             }
         )
@@ -227,15 +241,16 @@ def warmup_table(summary: dict[str, Any], plateau: float) -> str:
     """Markdown: a row per cell (seeds pooled), then the target and the key ratio."""
     lines = [
         "| run | lr_max | warm-up steps | seeds | final val MLM | steps to target | "
-        "s to target | diverged |",
-        "|---|---|---|---|---|---|---|---|",
+        "s to target | largest spike | diverged |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in summary["cells"]:
         steps = c["steps_to_target"]
         lines.append(
             f"| {c['cell']} | {c['lr']:g} | {c['warmup_steps']} | {len(c['runs'])} | "
             f"{_mean_std(c['finals'])} | {'never' if steps is None else f'{steps:.0f}'} | "
-            f"{_fmt(c['seconds_to_target'], 0)} | {c['diverged']}/{len(c['runs'])} |"
+            f"{_fmt(c['seconds_to_target'], 0)} | {c['spike']:.2f} | "
+            f"{c['diverged']}/{len(c['runs'])} |"
         )
     ratio = summary["steps_ratio_pre_over_post_warmup"]
     lines.append(
@@ -313,25 +328,37 @@ def plot_depth(results: Sequence[Result], arms: Sequence[str], plateau: float, p
 def plot_warmup(
     results: Sequence[Result], summary: dict[str, Any], plateau: float, path: str
 ) -> None:
-    """Validation MLM loss against steps and against training seconds, a line per cell (the
-    mean over its seeds); dashed = the lower learning rate, dotted = a seed diverged."""
+    """Validation MLM loss against steps (top row) and against training seconds (bottom row),
+    a column per peak learning rate and a line per cell (the mean over its seeds); dotted = a
+    seed diverged. Every panel shares the y range, the plateau and the target."""
     plt = _plt()
-    lrs = sorted({c["lr"] for c in summary["cells"] if c["lr"] is not None})
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, x_index, xlabel in ((axes[0], 0, "step"), (axes[1], 2, "training seconds")):
-        for c in summary["cells"]:
-            pts = [(p[x_index], p[1]) for p in c["curve"] if math.isfinite(p[1])]
-            if not pts:
-                continue
-            xs, ys = zip(*pts, strict=True)
-            style = ":" if c["diverged"] else ("--" if len(lrs) > 1 and c["lr"] == lrs[0] else "-")
-            ax.plot(xs, ys, style, color=_color(c["arm"]), alpha=0.85, label=c["cell"])
-        ax.axhline(plateau, color="black", lw=0.8, ls="--", label="unigram plateau")
-        ax.axhline(summary["target"], color="gray", lw=0.8, ls="-.", label="target")
-        ax.set(xlabel=xlabel, ylabel="validation MLM loss (nats)")
-        ax.set_ylim(summary["target"] - 1.0, plateau + 1.5)
-    axes[1].legend(fontsize=6, ncol=2)
-    fig.suptitle("Warm-up study, mean over seeds (dashed = lower lr_max; dotted = diverged)")
+    lrs = sorted({c["lr"] for c in summary["cells"] if c["lr"] is not None}) or [None]
+    fig, axes = plt.subplots(
+        2, len(lrs), figsize=(3.6 * len(lrs) + 1, 7.5), sharey=True, squeeze=False
+    )
+    for col, lr in enumerate(lrs):
+        cells = [c for c in summary["cells"] if c["lr"] == lr]
+        for row, (x_index, xlabel) in enumerate(((0, "step"), (2, "training seconds"))):
+            ax = axes[row, col]
+            for c in cells:
+                _plot_cell(ax, c, x_index)
+            ax.axhline(plateau, color="black", lw=0.8, ls="--", label="unigram plateau")
+            ax.axhline(summary["target"], color="gray", lw=0.8, ls="-.", label="target")
+            ax.set(xlabel=xlabel, ylim=(summary["target"] - 1.0, plateau + 1.5))
+            ax.set_title(f"lr_max = {lr:g}" if lr is not None else "", fontsize=9)
+        axes[0, col].legend(fontsize=6)
+    for row in range(2):
+        axes[row, 0].set_ylabel("validation MLM loss (nats)")
+    fig.suptitle("Warm-up study: validation MLM loss, mean over seeds (dotted = a seed diverged)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_cell(ax: Any, cell: dict[str, Any], x_index: int) -> None:
+    """One cell's seed-mean curve against curve column `x_index` (0 step, 2 seconds)."""
+    pts = [(p[x_index], p[1]) for p in cell["curve"] if math.isfinite(p[1])]
+    if pts:
+        xs, ys = zip(*pts, strict=True)
+        style = ":" if cell["diverged"] else "-"
+        ax.plot(xs, ys, style, color=_color(cell["arm"]), alpha=0.85, label=cell["arm"])
