@@ -8,6 +8,7 @@ different mesh.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import jax
@@ -42,6 +43,8 @@ class Checkpointer:
                 ocp.type_handlers.ArrayHandler(use_replica_parallel=False),
                 override=True,
             )
+        if "://" not in str(directory):  # orbax refuses relative paths (at the first save)
+            directory = os.path.abspath(directory)
         self.directory = epath.Path(directory)
         self.cfg = cfg
         options = ocp.CheckpointManagerOptions(
