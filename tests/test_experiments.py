@@ -181,7 +181,7 @@ def test_warmup_summary_pools_seeds_on_the_mean_curve():
         seeded("pre", "pre", 0, [[100, 6.4, 10], [200, 5.0, 20], [400, 4.5, 40]]),
         seeded("pre", "pre", 1, [[100, 6.6, 10], [200, 5.4, 20], [400, 4.7, 40]]),
     ]
-    summary = report.warmup_summary(runs)
+    summary = report.warmup_summary(runs, plateau=6.7)
     cells = {c["cell"]: c for c in summary["cells"]}
     assert set(cells) == {"post_warmup500", "pre"}
     assert cells["post_warmup500"]["curve"] == [[100, 7.1, 11], [200, 6.1, 21], [400, 5.2, 42]]
@@ -191,8 +191,11 @@ def test_warmup_summary_pools_seeds_on_the_mean_curve():
     assert summary["steps_ratio_pre_over_post_warmup"] == pytest.approx(0.5)
     by_run = {r["name"]: r["steps_to_target"] for r in summary["runs"]}
     assert by_run["post_warmup500-s1"] is None  # one seed alone ends above the mean
+    # 0.1 nats below the plateau (6.6): Post-LN's mean 7.1 -> 6.1 crosses it at step 150.
+    assert cells["post_warmup500"]["steps_below_plateau"] == pytest.approx(150)
+    assert cells["pre"]["steps_below_plateau"] == pytest.approx(100)
     table = report.warmup_table(summary, plateau=6.7)
-    assert "| post_warmup500 | 0.001 | 0 | 2 | 5.200 ± 0.200 | 400 |" in table
+    assert "| post_warmup500 | 0.001 | 0 | 2 | 5.200 ± 0.200 | 400 | 42 | 150 |" in table
 
 
 # --------------------------------------------------------------------------- real runs

@@ -18,6 +18,11 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "–" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
 
 
+def _step(step: float | None) -> str:
+    """A (possibly interpolated) step count, or "never" for a level not reached."""
+    return "never" if step is None else f"{step:.0f}"
+
+
 def _mean_std(values: Sequence[float]) -> str:
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
@@ -93,7 +98,7 @@ def escape_table(results: Sequence[Result], arms: Sequence[str], plateau: float)
                 steps_to_target(r["eval_curve"], plateau - ESCAPE_MARGIN)
                 for r in sorted(cells.get((arm, d), []), key=lambda r: r["tags"].get("seed", 0))
             ]
-            row.append(", ".join("never" if x is None else f"{x:.0f}" for x in steps) or "–")
+            row.append(", ".join(_step(x) for x in steps) or "–")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -181,10 +186,14 @@ def warmup_target(cells: Sequence[dict[str, Any]], target: float | None) -> tupl
     return best["mean_final"], best["cell"]
 
 
-def warmup_summary(results: Sequence[Result], target: float | None = None) -> dict[str, Any]:
+def warmup_summary(
+    results: Sequence[Result], target: float | None = None, plateau: float | None = None
+) -> dict[str, Any]:
     """Steps and seconds to the target per cell (on its seed-mean curve) and per run; and the
     key ratio steps(Pre-LN, no warm-up) / steps(Post-LN with warm-up) to the target, each side
-    its cell with the fewest steps.
+    its cell with the fewest steps. With `plateau`, each cell also gets the step at which its
+    mean curve first falls ESCAPE_MARGIN below the unigram plateau ("steps_below_plateau"):
+    the one figure that still separates the arms when the target sits on the plateau.
 
     With one seed a cell is its run. With several, the default target is the best Post-LN
     warm-up cell's mean final loss, which its mean curve reaches by its last evaluation.
@@ -194,6 +203,8 @@ def warmup_summary(results: Sequence[Result], target: float | None = None) -> di
     for c in cells:
         c["steps_to_target"] = steps_to_target(c["curve"], tgt)
         c["seconds_to_target"] = _seconds_at(c["curve"], c["steps_to_target"])
+        if plateau is not None:
+            c["steps_below_plateau"] = steps_to_target(c["curve"], plateau - ESCAPE_MARGIN)
     runs = []
     for r in results:
         steps = steps_to_target(r["eval_curve"], tgt)
@@ -241,16 +252,15 @@ def warmup_table(summary: dict[str, Any], plateau: float) -> str:
     """Markdown: a row per cell (seeds pooled), then the target and the key ratio."""
     lines = [
         "| run | lr_max | warm-up steps | seeds | final val MLM | steps to target | "
-        "s to target | largest spike | diverged |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"s to target | {ESCAPE_MARGIN} below plateau at | largest spike | diverged |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in summary["cells"]:
-        steps = c["steps_to_target"]
         lines.append(
             f"| {c['cell']} | {c['lr']:g} | {c['warmup_steps']} | {len(c['runs'])} | "
-            f"{_mean_std(c['finals'])} | {'never' if steps is None else f'{steps:.0f}'} | "
-            f"{_fmt(c['seconds_to_target'], 0)} | {c['spike']:.2f} | "
-            f"{c['diverged']}/{len(c['runs'])} |"
+            f"{_mean_std(c['finals'])} | {_step(c['steps_to_target'])} | "
+            f"{_fmt(c['seconds_to_target'], 0)} | {_step(c.get('steps_below_plateau'))} | "
+            f"{c['spike']:.2f} | {c['diverged']}/{len(c['runs'])} |"
         )
     ratio = summary["steps_ratio_pre_over_post_warmup"]
     lines.append(

@@ -78,7 +78,7 @@ def _report(study, results, plateau, out, target, arms):
         arms = [a for a in arms if any(r["arm"] == a for r in results)]
         report.plot_depth(results, arms, plateau, plot)
         return _depth_summary(results), report.depth_table(results, arms, plateau)
-    summary = report.warmup_summary(results, target)
+    summary = report.warmup_summary(results, target, plateau)
     report.plot_warmup(results, summary, plateau, plot)
     return summary, report.warmup_table(summary, plateau)
 
