@@ -3,6 +3,11 @@
   python train.py --config=configs/bert_preln.py:tiny
   python train.py --config=configs/bert_postln.py:mini --config.total_steps=500 --workdir=/tmp/run
 
+--config=FILE[:variant] names the config (resolved from any working directory); every field it
+declares can be overridden with --config.SECTION.FIELD=VALUE (see configs/common.py), exactly as
+in `python -m ln_jax.experiments`, `python -m ln_jax.analysis` and `python -m
+ln_jax.compile_check`.
+
 Multi-host (TPU pods, GPU clusters): add --distributed (JAX finds the coordinator on Cloud TPU
 and SLURM) or pass --coordinator_address, --num_processes and --process_id.
 """
@@ -14,15 +19,12 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:variant].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: workdirs/<name>).")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize().")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-flags.mark_flag_as_required("config")
 
 
 def _init_distributed() -> None:
@@ -39,17 +41,16 @@ def _init_distributed() -> None:
     )
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], values: dict) -> int:
     del argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     _init_distributed()
-    from ln_jax.config import TrainConfig
+    from ln_jax.config import ConfigError, build_config
     from ln_jax.trainer import CheckpointError, NonFiniteError, train_and_evaluate
 
-    config = _CONFIG.value
     try:
-        cfg = TrainConfig.from_mapping(config.to_dict())
-    except ValueError as err:
+        cfg = build_config(values)
+    except ConfigError as err:
         print(f"error in the config: {err}", file=sys.stderr)
         return 2
     workdir = _WORKDIR.value or os.path.join("workdirs", cfg.name)
@@ -75,13 +76,23 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def command_config(argv: list[str]) -> tuple[dict, list[str]]:
+    """(the nested config, the other arguments) of a train.py command line."""
+    from ln_jax.config import config_from_command_line
+
+    values, line = config_from_command_line(argv)
+    return values, line.rest
+
+
 def run() -> None:
+    from ln_jax.config import ConfigError
+
     try:
-        app.run(main)
-    except AttributeError as err:  # ml_collections: an override of a field that does not exist
-        message = str(err).strip("'\"").replace("\\n", " ").replace("\\'", "'")
-        print(f"error: unknown config field in an override: {message}", file=sys.stderr)
+        values, rest = command_config(sys.argv[1:])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    app.run(lambda argv: main(argv, values), argv=[sys.argv[0], *rest])
 
 
 if __name__ == "__main__":

@@ -28,13 +28,21 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.size = "base"  # tiny | mini | base | large: sets the four shape fields below
-    c.model.placement = "pre"  # LayerNorm placement: post | pre
+    # LayerNorm placement: post | pre | admin | deepnorm | sandwich | rezero, a per-layer list
+    # ("post*3,pre*9") or mixln; see the table in ln_jax/config.py
+    c.model.placement = "pre"
+    c.model.norm = "layernorm"  # the encoder's normaliser: layernorm | rmsnorm
+    # placement admin: "profile" (omega from a forward pass before step 0, kept in
+    # WORKDIR/admin_profile.json) | "closed_form" (sqrt((N+1)/ln(N+1) - 1), no profiling)
+    c.model.admin_omega = "profile"
+    c.model.dlcl = False  # Wang et al.'s dynamic linear combination of layers (Pre-LN, no scan)
     c.model.num_layers = placeholder(int)  # None = from size
     c.model.hidden_size = placeholder(int)  # None = from size
     c.model.num_heads = placeholder(int)  # None = from size
     c.model.mlp_dim = placeholder(int)  # None = from size
     c.model.vocab_size = placeholder(int)  # None = data.vocab_size
     c.model.max_position_embeddings = 512  # learned positions
+    c.model.type_vocab_size = 2  # segment ids (sentence A / B)
     c.model.activation = "gelu"  # gelu (BERT) | relu (the papers' theory) | gelu_tanh
     c.model.init = "bert"  # bert (truncated normal, init_std) | xavier (Xiong et al. 3.3)
     c.model.init_std = 0.02  # std of the "bert" initialiser
@@ -76,6 +84,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.vocab_size = placeholder(int)
     c.data.tokenizer_model = placeholder(str)  # a user .model file (None = train and cache)
     c.data.tokenizer_type = "unigram"  # unigram | bpe
+    c.data.tokenizer_max_documents = 200_000  # documents (evenly strided) the tokenizer sees
     c.data.max_seq_length = 128  # tokens per example (BERT phase 1: 128, phase 2: 512)
     c.data.max_predictions_per_seq = 20  # masked positions per example (20 at 128)
     c.data.masked_lm_prob = 0.15  # fraction of tokens predicted
@@ -84,6 +93,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.nsp = True  # sentence pairs with next-sentence labels (False: packed sentences)
     c.data.global_batch_size = 256  # examples per update over all devices and hosts
     c.data.eval_batch_size = placeholder(int)  # None = global_batch_size
+    # eval batches when `eval_batches` (above) is None; None = one pass over the eval split
+    c.data.eval_num_batches = placeholder(int)
     c.data.seed = 0  # pairs, shuffle and masks
 
     c.mesh = ml_collections.ConfigDict()

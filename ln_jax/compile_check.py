@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ln_jax import memory, optim, sharding
 from ln_jax.bert import BertForPreTraining
-from ln_jax.config import TrainConfig
+from ln_jax.config import TrainConfig, build_config, config_from_command_line
 from ln_jax.trainer import make_train_step
 
 GIB = 1024**3
@@ -419,51 +419,54 @@ def force_host_devices(n: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
-def _define_flags() -> Any:
+def _define_flags() -> None:
     from absl import flags
-    from ml_collections import config_flags
 
-    config = config_flags.DEFINE_config_file("config", None, "Config file[:variant].")
     flags.DEFINE_string("mesh", None, "data,fsdp,tensor, e.g. 4,2,1 (default: the config's).")
     flags.DEFINE_integer("num_devices", None, "Fake CPU devices (default: mesh product).")
     flags.DEFINE_float("device_memory_gib", None, "Per-device budget, e.g. 80 for an H100.")
-    flags.mark_flag_as_required("config")
-    return config
 
 
-def _main(config_holder: Any) -> int:
+def _main(values: dict[str, Any]) -> int:
     from absl import flags, logging
 
     logging.set_verbosity(logging.WARNING)  # not JAX's "Unable to initialize backend" lines
-    values = flags.FLAGS
+    options = flags.FLAGS
     try:
-        cfg = TrainConfig.from_mapping(config_holder.value.to_dict())
-        mesh = parse_mesh(values.mesh) if values.mesh else None
-        report = compile_report(cfg, mesh, device_memory_gib=values.device_memory_gib)
+        cfg = build_config(values)
+        mesh = parse_mesh(options.mesh) if options.mesh else None
+        report = compile_report(cfg, mesh, device_memory_gib=options.device_memory_gib)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(format_report(report), flush=True)
-    if values.device_memory_gib is None:
+    if options.device_memory_gib is None:
         return 0
-    ok, verdict = fits(report, values.device_memory_gib)
+    ok, verdict = fits(report, options.device_memory_gib)
     print(verdict, flush=True)
     return 0 if ok else 1
+
+
+def command_config(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """(the nested config, the other arguments) of this command line."""
+    values, line = config_from_command_line(argv)
+    return values, line.rest
 
 
 def run() -> None:
     """Command-line entry point (see the module docstring)."""
     from absl import app
 
-    n = requested_devices(sys.argv[1:])
+    try:
+        values, rest = command_config(sys.argv[1:])
+        n = requested_devices(rest)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     if n is not None:
         force_host_devices(n)
-    holder = _define_flags()
-    try:
-        app.run(lambda argv: _main(holder))
-    except AttributeError as err:  # ml_collections: an override of a field that does not exist
-        print(f"error: unknown config field in an override: {err}", file=sys.stderr)
-        sys.exit(2)
+    _define_flags()
+    app.run(lambda argv: _main(values), argv=[sys.argv[0], *rest])
 
 
 if __name__ == "__main__":

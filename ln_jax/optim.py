@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ln_jax.config import reject_unknown_keys
+from ln_jax.validate import reject_unknown_keys
 
 OPTIMIZERS = ("adam", "adamw", "radam", "sgd")
 SCHEDULES = ("linear_decay", "warmup_linear_decay", "warmup_rsqrt", "decay_rsqrt", "constant")

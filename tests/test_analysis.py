@@ -227,10 +227,10 @@ def test_cli_writes_json_and_png(tmp_path, capsys):
         (["lemma2", "--setting=theory,gpt"], "unknown setting 'gpt'"),
         (["dependency", "--checkpoint=/nonexistent/run"], "does not exist"),
         (["depth", "--seeds=ten"], "give a count"),
-        (["depth", "--config.model.hidden_sise=64"], "Did you mean 'hidden_size'"),
+        (["depth", "--config.model.hidden_sise=64"], "Did you mean 'model.hidden_size'"),
         (["depth", "--bogus=1"], "unrecognised argument '--bogus=1'"),
         (["depth", "--setting=theory", "--checkpoint=/tmp"], "--setting=bert"),
-        (["depth", "--config=configs/nothere.py"], "no file"),
+        (["depth", "--config=configs/nothere.py"], "no such file"),
         (["output-change", "--epsilon=0"], "must be > 0"),
     ],
 )

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from configs import study as study_config
+from ln_jax.config import override
 from ln_jax.experiments import grids, plateau, report, runner, study
 from ln_jax.experiments.runner import RunSpec
 
@@ -25,7 +26,7 @@ def base_config(data_dir: str, **overrides) -> dict:
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
     c.model.num_layers, c.model.hidden_size, c.model.mlp_dim = 1, 32, 64
     c.total_steps, c.eval_every, c.checkpoint_every, c.log_every, c.eval_batches = 4, 2, 2, 1, 1
-    return runner.apply_overrides(c.to_dict(), overrides)
+    return override(c, overrides)
 
 
 # --------------------------------------------------------------------------- pure functions

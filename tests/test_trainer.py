@@ -107,7 +107,7 @@ def test_cli_rejects_a_misspelt_override():
         timeout=120,
     )
     assert proc.returncode == 2
-    assert 'Did you mean "placement"' in proc.stderr
+    assert "Did you mean 'model.placement'" in proc.stderr
 
 
 def test_a_mesh_that_does_not_fit_says_both_numbers(data_dir):

@@ -16,15 +16,12 @@ seeds 0..9; a comma list names seeds ("--seeds=0,4,7").
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-DEFAULT_CONFIG = "configs/bert_preln.py:tiny"
 # Per subcommand: placements, depths, mini-batches per model, setting(s).
 DEFAULTS: dict[str, dict[str, str]] = {
     "depth": {"placements": "post,pre", "num_layers": "6,8,10,12,14", "batches": "4"},
@@ -47,8 +44,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("command", choices=sorted(DEFAULTS), help="the measurement")
+    # --config=FILE[:variant] and --config.SECTION.FIELD=VALUE are taken out of the command
+    # line before this parser (ln_jax.config.parse_command_line), as in every ln_jax command.
     p.add_argument("--out", required=True, help="folder for <command>.json and <command>.png")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:variant]")
     p.add_argument("--placements", help="arms, comma-separated (default per command)")
     p.add_argument("--num_layers", help="depths, comma-separated (default per command)")
     p.add_argument("--seeds", default="10", help="a count (seeds 0..N-1) or a comma list")
@@ -60,39 +58,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--train_lr", type=float, default=5e-4, help="layers: peak learning rate")
     p.add_argument("--epsilon", type=float, default=0.01, help="output-change: |delta|/|W|")
     return p
-
-
-def load_config_file(spec: str) -> dict[str, Any]:
-    """`path.py[:variant]` -> the nested dict of its `get_config(variant)`."""
-    path, _, variant = spec.partition(":")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--config={spec!r}: no file {path!r} (e.g. {DEFAULT_CONFIG}).")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-    if root not in sys.path:
-        sys.path.insert(0, root)  # configs/*.py import their siblings as `configs.common`
-    module_spec = importlib.util.spec_from_file_location("_analysis_config", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    config = module.get_config(variant or None)
-    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
-
-
-def parse_overrides(extra: Sequence[str]) -> dict[str, Any]:
-    """["--config.model.hidden_size=64", ...] -> {"model.hidden_size": 64, ...}."""
-    out = {}
-    for arg in extra:
-        key, eq, raw = arg.partition("=")
-        if not key.startswith("--config.") or not eq:
-            raise ValueError(
-                f"unrecognised argument {arg!r}; config overrides look like "
-                "--config.model.hidden_size=64 (see --help for the other options)."
-            )
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw  # a plain string such as a placement name
-        out[key[len("--config.") :]] = value
-    return out
 
 
 def _split(text: str) -> list[str]:
@@ -123,11 +88,11 @@ def parse_depths(text: str) -> list[int]:
         raise ValueError(f"--num_layers={text!r}: give integers, e.g. 6,8,10,12,14.") from None
 
 
-def _settings(args: argparse.Namespace, overrides: dict[str, Any], setting: str):
-    from ln_jax.analysis.settings import Settings, analysis_config
+def _settings(args: argparse.Namespace, config: Any, setting: str):
+    from ln_jax.analysis.settings import Settings
 
     return Settings(
-        config=analysis_config(load_config_file(args.config), overrides),
+        config=config,
         seeds=parse_seeds(args.seeds),
         batches=_int("batches", _given(args, "batches")),
         setting=setting,
@@ -142,7 +107,7 @@ def _given(args: argparse.Namespace, name: str) -> str:
     return DEFAULTS[args.command][name] if value is None else value
 
 
-def measure(args: argparse.Namespace, overrides: dict[str, Any]) -> dict[str, Any]:
+def measure(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     """Runs the subcommand's measurement and returns its result dict."""
     from ln_jax import analysis
 
@@ -150,11 +115,11 @@ def measure(args: argparse.Namespace, overrides: dict[str, Any]) -> dict[str, An
     depths = parse_depths(_given(args, "num_layers"))
     settings_arg = _split(args.setting or ("theory,bert" if args.command == "lemma2" else "bert"))
     if args.command == "lemma2":
-        settings = _settings(args, overrides, "bert")
+        settings = _settings(args, config, "bert")
         return analysis.lemma2(settings, placements, depths, settings_arg)
     if len(settings_arg) != 1:
         raise ValueError(f"--setting takes one of bert, theory for {args.command}.")
-    settings = _settings(args, overrides, settings_arg[0])
+    settings = _settings(args, config, settings_arg[0])
     if args.command == "depth":
         return analysis.grad_norm_by_depth(settings, placements, depths)
     if args.command == "output-change":
@@ -177,12 +142,34 @@ def _show_progress() -> None:
     logger.propagate = False
 
 
+def command_config(argv: Sequence[str]) -> tuple[Any, list[str]]:
+    """(the typed config, the remaining arguments) of an analysis command line: `--config`
+    (default `DEFAULT_CONFIG`), the analysis defaults, then the `--config.*` overrides."""
+    from ln_jax.analysis.settings import DEFAULT_CONFIG, analysis_defaults
+    from ln_jax.config import build_config, config_from_command_line
+
+    values, line = config_from_command_line(argv, DEFAULT_CONFIG, analysis_defaults())
+    return build_config(values), line.rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args, extra = _parser().parse_known_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        config, rest = command_config(argv)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    args, extra = _parser().parse_known_args(rest)
+    if extra:
+        print(
+            f"error: unrecognised argument {extra[0]!r}; config overrides look like "
+            "--config.model.hidden_size=64 (see --help for the other options).",
+            file=sys.stderr,
+        )
+        return 2
     _show_progress()
     try:
-        overrides = parse_overrides(extra)
-        result = measure(args, overrides)
+        result = measure(args, config)
     except ERRORS as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {message}", file=sys.stderr)

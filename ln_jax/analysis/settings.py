@@ -19,9 +19,20 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ln_jax.config import PLACEMENTS, ModelConfig, TrainConfig, check_choice, parse_placement
+from ln_jax.config import (
+    PLACEMENTS,
+    ModelConfig,
+    TrainConfig,
+    build_config,
+    check_choice,
+    load_config,
+    override,
+    parse_placement,
+)
 from ln_jax.data.config import DataConfig
 
+# The config of every analysis unless --config names another.
+DEFAULT_CONFIG = "configs/bert_preln.py:tiny"
 SETTINGS = ("bert", "theory")
 DATA_SOURCES = ("corpus", "random")
 # Vocabulary of the theory setting's output softmax (its loss only needs some fixed W^emb).
@@ -40,32 +51,31 @@ ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def analysis_defaults() -> dict[str, Any]:
+    """`ANALYSIS_DEFAULTS` as dotted fields ("model.init": "xavier", ...)."""
+    return {
+        f"{section}.{k}": v
+        for section, fields in ANALYSIS_DEFAULTS.items()
+        for k, v in fields.items()
+    }
+
+
 def analysis_config(
     base: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None
 ) -> TrainConfig:
     """The typed run config of an analysis.
 
     Args:
-      base: a nested config dict (e.g. `get_config("tiny").to_dict()`); None = an empty one.
-      overrides: dotted keys to values ("model.hidden_size": 64), applied last.
+      base: a nested config (e.g. `get_config("tiny")`); None = `DEFAULT_CONFIG`'s.
+      overrides: dotted fields to values ("model.hidden_size": 64), applied last (through
+        `ln_jax.config.override`, as on every command line).
 
     Returns:
       `TrainConfig` of `base` with `ANALYSIS_DEFAULTS` and then `overrides` applied.
     """
-    values = _nested_copy(base or {})
-    for section, fields in ANALYSIS_DEFAULTS.items():
-        values.setdefault(section, {}).update(fields)
-    for key, value in (overrides or {}).items():
-        *parents, leaf = key.split(".")
-        node = values
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[leaf] = value
-    return TrainConfig.from_mapping(values)
-
-
-def _nested_copy(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _nested_copy(v) if isinstance(v, Mapping) else v for k, v in values.items()}
+    values = load_config(DEFAULT_CONFIG) if base is None else base
+    values = override(override(values, analysis_defaults()), overrides or {})
+    return build_config(values)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,55 +4,53 @@ Entry points:
   make_pipeline(cfg, split=, seed=, mesh=)  -> (iterator of global jax.Array batches, tokenizer)
   make_host_pipeline(cfg, split=, seed=, process_index=, process_count=) -> (numpy, tokenizer)
 
-Importing this package registers the TFDS builders `ln_jax_pydocs` and `ln_jax_textdir`.
+The names below load their module on first use (PEP 562), so that `ln_jax.data.config` (the
+typed `DataConfig`, imported by `ln_jax.config`) stays cheap to import: TFDS, grain and
+sentencepiece load only when data is really read. Reading a corpus (`open_source`,
+`make_pipeline`) imports `ln_jax.data.corpus`, which registers the TFDS builders
+`ln_jax_pydocs` and `ln_jax_textdir`.
 """
 
-from ln_jax.data.config import DataConfig, parse_dataset
-from ln_jax.data.corpus import LnJaxPydocs, LnJaxTextdir, split_sentences
-from ln_jax.data.loader import (
-    EvalBatches,
-    GlobalBatchIterator,
-    HostBatchIterator,
-    check_global_batch,
-    host_rows,
-    make_host_pipeline,
-    make_pipeline,
-)
-from ln_jax.data.pretraining import PretrainingExamples
-from ln_jax.data.sources import DatasetNotPreparedError, open_source
-from ln_jax.data.tokenizer import (
-    CLS_ID,
-    MASK_ID,
-    PAD_ID,
-    SEP_ID,
-    UNK_ID,
-    Tokenizer,
-    get_tokenizer,
-    train_sentencepiece,
-)
+from __future__ import annotations
 
-__all__ = [
-    "CLS_ID",
-    "MASK_ID",
-    "PAD_ID",
-    "SEP_ID",
-    "UNK_ID",
-    "DataConfig",
-    "DatasetNotPreparedError",
-    "EvalBatches",
-    "GlobalBatchIterator",
-    "HostBatchIterator",
-    "LnJaxPydocs",
-    "LnJaxTextdir",
-    "PretrainingExamples",
-    "Tokenizer",
-    "check_global_batch",
-    "get_tokenizer",
-    "host_rows",
-    "make_host_pipeline",
-    "make_pipeline",
-    "open_source",
-    "parse_dataset",
-    "split_sentences",
-    "train_sentencepiece",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "config": ("DataConfig", "parse_dataset"),
+    "corpus": ("LnJaxPydocs", "LnJaxTextdir", "split_sentences"),
+    "loader": (
+        "EvalBatches",
+        "GlobalBatchIterator",
+        "HostBatchIterator",
+        "check_global_batch",
+        "host_rows",
+        "make_host_pipeline",
+        "make_pipeline",
+    ),
+    "pretraining": ("PretrainingExamples",),
+    "sources": ("DatasetNotPreparedError", "open_source"),
+    "tokenizer": (
+        "CLS_ID",
+        "MASK_ID",
+        "PAD_ID",
+        "SEP_ID",
+        "UNK_ID",
+        "Tokenizer",
+        "get_tokenizer",
+        "train_sentencepiece",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ln_jax.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"ln_jax.data.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -26,7 +26,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from ln_jax.config import reject_unknown_keys
+from ln_jax.validate import reject_unknown_keys
 
 DEFAULT_DATASET = "ln_jax_pydocs"
 TOKENIZER_TYPES = ("unigram", "bpe")

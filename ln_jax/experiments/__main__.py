@@ -19,7 +19,6 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 COMMANDS = ("depth", "warmup")
 
@@ -30,10 +29,6 @@ def _command(argv: list[str]) -> str | None:
 
 
 _ARGV = list(sys.argv[1:])  # as given: absl strips the flags out of sys.argv later
-_CMD = _command(sys.argv)
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", f"configs/study.py:{_CMD if _CMD in COMMANDS else 'depth'}", "Base config."
-)
 _OUT = flags.DEFINE_string("out", None, "Study directory (runs/, results.json, plots).")
 _JOBS = flags.DEFINE_integer("jobs", 1, "Runs trained at once, each in its own process.")
 _ONLY = flags.DEFINE_string("only", None, "Train only this run (by name).")
@@ -103,7 +98,7 @@ def _plateau(out: str, base: dict) -> dict:
     return value
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], base: dict) -> int:
     from ln_jax.experiments import study
 
     logging.getLogger("absl").setLevel(logging.WARNING)
@@ -114,7 +109,6 @@ def main(argv: list[str]) -> int:
         )
         return 2
     out = _OUT.value
-    base = _CONFIG.value.to_dict()
     try:
         specs = _specs(command, base)
         plateau = _plateau(out, base)["unigram_xent"]
@@ -139,12 +133,26 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def command_config(argv: list[str]) -> tuple[dict, list[str]]:
+    """(the nested base config, the other arguments) of a study's command line; the default
+    config is `configs/study.py:<study>`."""
+    from ln_jax.config import config_from_command_line
+
+    study = _command(["", *argv])
+    default = f"configs/study.py:{study if study in COMMANDS else 'depth'}"
+    values, line = config_from_command_line(argv, default)
+    return values, line.rest
+
+
 def run() -> None:
+    from ln_jax.config import ConfigError
+
     try:
-        app.run(main)
-    except AttributeError as err:  # ml_collections: an override of a field that does not exist
-        print(f"error: unknown config field in an override: {err}", file=sys.stderr)
+        base, rest = command_config(_ARGV)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    app.run(lambda argv: main(argv, base), argv=[sys.argv[0], *rest])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ subprocesses, and `collect` gathers the per-run results into `OUT/results.json`.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
@@ -54,29 +53,12 @@ class RunSpec:
         }
 
 
-def apply_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of the nested config mapping `base` with dotted `overrides` set.
+def run_config(base: Mapping[str, Any], spec: RunSpec) -> Any:
+    """The typed `TrainConfig` of one run: `base` with the run's name and overrides set
+    (through `ln_jax.config.override`, the one override function of every command line)."""
+    from ln_jax.config import build_config, override
 
-    A dotted field that does not exist is an error naming it (the typed config then checks
-    values and suggests the closest valid name for misspelt leaves).
-    """
-    out = copy.deepcopy(dict(base))
-    for dotted, value in overrides.items():
-        node, *path = out, *dotted.split(".")
-        for key in path[:-1]:
-            if not isinstance(node.get(key), dict):
-                raise ValueError(f"override {dotted!r}: {key!r} is not a config section.")
-            node = node[key]
-        node[path[-1]] = value
-    return out
-
-
-def build_config(base: Mapping[str, Any], spec: RunSpec) -> Any:
-    """The typed `TrainConfig` of one run (its name set to the run's name)."""
-    from ln_jax.config import TrainConfig
-
-    mapping = apply_overrides(base, {"name": spec.name, **spec.overrides})
-    return TrainConfig.from_mapping(mapping)
+    return build_config(override(base, {"name": spec.name, **spec.overrides}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,7 +199,7 @@ def run_one(base: Mapping[str, Any], spec: RunSpec, out: str, plateau: float | N
     """Trains one run (resuming its checkpoint if any) and stores its result."""
     from ln_jax.trainer import NonFiniteError, train_and_evaluate
 
-    cfg = build_config(base, spec)
+    cfg = run_config(base, spec)
     workdir = os.path.join(out, "runs", spec.name)
     error = None
     start = time.time()
@@ -322,7 +304,7 @@ def run_grid(
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate run names in the grid: {names}")
     for spec in specs:  # every config is checked before anything trains
-        build_config(base, spec)
+        run_config(base, spec)
     pending = [s for s in specs if load_result(out, s) is None]
     done = len(specs) - len(pending)
     print(f"{len(specs)} runs: {done} done, {len(pending)} to run, in {out}", flush=True)

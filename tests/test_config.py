@@ -1,0 +1,183 @@
+"""The one config front: every typed field declared in configs/common.py, one override
+function, and the same `--config` / `--config.SECTION.FIELD=VALUE` handling in every command."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+from configs import common
+from ln_jax import config as config_lib
+from ln_jax.analysis import cli as analysis_cli
+from ln_jax.config import ConfigError, build_config, override
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = {
+    "model": config_lib.ModelConfig,
+    "optim": config_lib.OptimConfig,
+    "data": config_lib.DataConfig,
+    "mesh": config_lib.MeshConfig,
+    "checkpoint": config_lib.CheckpointConfig,
+}
+
+
+def typed_fields() -> list[str]:
+    """Every dotted field of TrainConfig and its sections, from the dataclasses themselves."""
+    names = []
+    for f in dataclasses.fields(config_lib.TrainConfig):
+        if f.name in SECTIONS:
+            names += [f"{f.name}.{g.name}" for g in dataclasses.fields(SECTIONS[f.name])]
+        else:
+            names.append(f.name)
+    return names
+
+
+def test_every_typed_field_is_declared_with_a_comment_in_common():
+    declared = common.base_config().to_dict()
+    source = (ROOT / "configs" / "common.py").read_text().splitlines()
+    for dotted in typed_fields():
+        section, _, leaf = dotted.rpartition(".")
+        node = declared[section] if section else declared
+        assert leaf in node, f"configs/common.py does not declare {dotted}"
+        assignment = f"c.{dotted} = "
+        lines = [i for i, line in enumerate(source) if line.strip().startswith(assignment)]
+        assert lines, f"no `{assignment}...` line for {dotted}"
+        i = lines[0]
+        commented = "#" in source[i] or source[i - 1].strip().startswith("#")
+        assert commented, f"{dotted} has no comment in configs/common.py"
+    assert set(declared) == {f.name for f in dataclasses.fields(config_lib.TrainConfig)}
+
+
+def test_the_section_classes_are_the_real_types():
+    hints = {f.name: f.type for f in dataclasses.fields(config_lib.TrainConfig)}
+    assert hints["optim"] in ("OptimConfig", config_lib.OptimConfig)
+    assert hints["data"] in ("DataConfig", config_lib.DataConfig)
+    cfg = config_lib.TrainConfig()
+    assert isinstance(cfg.optim, config_lib.OptimConfig)
+    assert isinstance(cfg.data, config_lib.DataConfig)
+
+
+def test_no_import_cycle_between_the_typed_configs():
+    for name in ("ln_jax.optim", "ln_jax.data.config"):
+        source = Path(importlib.import_module(name).__file__).read_text()
+        assert "from ln_jax.config import" not in source and "import ln_jax.config" not in source
+
+
+def test_override_parses_text_as_the_field_type():
+    base = common.base_config()
+    values = override(
+        base,
+        {
+            "model.norm": "rmsnorm",
+            "model.dlcl": "false",
+            "model.num_layers": "3",  # a placeholder(int): read as a literal
+            "optim.peak_lr": "1e-3",
+            "optim.warmup_steps": "7",
+            "checkpoint.async_save": "False",
+            "eval_batches": "None",
+            "model.placement": "post*1,pre*2",
+        },
+    )
+    cfg = build_config(values)
+    assert cfg.model.norm == "rmsnorm" and cfg.model.num_layers == 3
+    assert cfg.optim.peak_lr == 1e-3 and isinstance(cfg.optim.peak_lr, float)
+    assert cfg.optim.warmup_steps == 7 and cfg.checkpoint.async_save is False
+    assert cfg.eval_batches is None
+    assert cfg.model.layer_placements == ("post", "pre", "pre")
+    assert base.model.norm == "layernorm"  # the input is not modified
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model.placment": "post"}, "Did you mean 'model.placement'"),
+        ({"optim.peak_lrr": "1"}, "Did you mean 'optim.peak_lr'"),
+        ({"totl_steps": "3"}, "Did you mean 'total_steps'"),
+        ({"model": "x"}, "model is a section, not a field"),
+        ({"seed.x": "1"}, "config.seed is a field, not a section"),
+        ({"total_steps": "many"}, r"total_steps='many': give a int"),
+        ({"optim.peak_lr": "fast"}, r"peak_lr='fast': give a float"),
+        ({"model.scan_layers": "maybe"}, "give True or False"),
+    ],
+)
+def test_override_names_the_bad_field(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        override(common.base_config(), overrides)
+
+
+def test_parse_command_line_takes_only_the_config_arguments():
+    line = config_lib.parse_command_line(
+        ["--out=x", "--config", "a.py:tiny", "--config.seed=3", "--config.model.norm", "rmsnorm"]
+    )
+    assert line.spec == "a.py:tiny"
+    assert line.overrides == {"seed": "3", "model.norm": "rmsnorm"}
+    assert line.rest == ["--out=x"]
+
+
+def test_a_config_resolves_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    values = config_lib.load_config("configs/bert_postln.py:mini")
+    assert values["model"]["placement"] == "post" and values["model"]["size"] == "mini"
+    with pytest.raises(ConfigError, match="no such file"):
+        config_lib.load_config("configs/nope.py")
+    with pytest.raises(ConfigError, match="unknown config variant 'huge'"):
+        config_lib.load_config("configs/bert_preln.py:huge")
+
+
+ARGV = [
+    "--config=configs/bert_preln.py:tiny",
+    "--config.model.norm=rmsnorm",
+    "--config.model.admin_omega=closed_form",
+    "--config.optim.b2=0.98",
+    "--config.data.eval_num_batches=3",
+]
+
+
+def _command_configs(argv):
+    """The typed config each of the four command lines builds from `argv`."""
+    from ln_jax import compile_check
+
+    experiments = importlib.import_module("ln_jax.experiments.__main__")
+    built = {
+        "train.py": build_config(train.command_config(argv)[0]),
+        "compile_check": build_config(compile_check.command_config(argv)[0]),
+        "experiments": build_config(experiments.command_config(["depth", *argv])[0]),
+        "analysis": analysis_cli.command_config(["depth", *argv])[0],
+    }
+    return built
+
+
+def test_every_command_line_takes_the_same_overrides():
+    for name, cfg in _command_configs(ARGV).items():
+        assert cfg.model.norm == "rmsnorm", name
+        assert cfg.model.admin_omega == "closed_form", name
+        assert cfg.optim.b2 == 0.98, name
+        assert cfg.data.eval_num_batches == 3, name
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["train.py"],
+        ["-m", "ln_jax.compile_check"],
+        ["-m", "ln_jax.experiments", "depth", "--out=/nonexistent"],
+        ["-m", "ln_jax.analysis", "depth", "--out=/nonexistent"],
+    ],
+)
+def test_every_command_line_rejects_a_misspelt_override_alike(command):
+    proc = subprocess.run(
+        [sys.executable, *command, "--config=configs/bert_preln.py:tiny", "--config.model.nrom=x"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: unknown config field 'model.nrom'. Did you mean 'model.norm'?")
