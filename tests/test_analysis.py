@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import matplotlib.image
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from flax import nnx
 
 import ln_jax
 from ln_jax import admin, analysis, optim
-from ln_jax.analysis import cli, models
+from ln_jax.analysis import cli, models, plots
 from ln_jax.analysis.settings import Arm, Settings, analysis_config, arm_model
 from ln_jax.blocks import layer_state
 from ln_jax.checkpoint import Checkpointer
@@ -63,10 +64,67 @@ def mean(result, *keys):
     return np.asarray(node["mean"], float)
 
 
-def assert_png(path):
-    assert os.path.getsize(path) > 5_000
-    with open(path, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")  # the figures the tests draw to read back
+
+
+def halved(result):
+    """A copy of `result` with every measured mean halved: another input to plot."""
+
+    def walk(node):
+        if not isinstance(node, dict):
+            return node
+        return {
+            k: (np.array(v, float) / 2).tolist() if k == "mean" else walk(v)
+            for k, v in node.items()
+        }
+
+    return {**result, "results": walk(result["results"])}
+
+
+def assert_png_of(plot, result, tmp_path):
+    """`plot(result, path)` writes a PNG and returns its path; the same result gives the same
+    image, another one (means halved) a different image."""
+    inputs = (result, result, halved(result))
+    images = [
+        Path(plot(r, str(tmp_path / f"plot{i}.png"))).read_bytes() for i, r in enumerate(inputs)
+    ]
+    assert images[0][:8] == b"\x89PNG\r\n\x1a\n"
+    assert images[0] == images[1] and images[0] != images[2]
+
+
+def errorbars(ax):
+    """label -> (x, y, half-height of the error bar) of each errorbar drawn on `ax`."""
+    drawn = {}
+    for bars in ax.containers:
+        line, _, (vertical,) = bars.lines
+        half = [(seg[1][1] - seg[0][1]) / 2 for seg in vertical.get_segments()]
+        drawn[bars.get_label()] = (line.get_xdata(), line.get_ydata(), np.array(half))
+    return drawn
+
+
+def assert_errorbar(drawn, x, mean, std):
+    np.testing.assert_array_equal(drawn[0], x)
+    np.testing.assert_allclose(drawn[1], np.asarray(mean, float), rtol=1e-6)
+    np.testing.assert_allclose(drawn[2], np.asarray(std, float), rtol=1e-6, atol=1e-12)
+
+
+def assert_by_depth(ax, results):
+    """`ax` shows each arm's mean +- std against the depth, and nothing else."""
+    drawn = errorbars(ax)
+    assert set(drawn) == set(results)
+    for label, by_depth in results.items():
+        depths = sorted(by_depth, key=int)
+        mean = [by_depth[n]["mean"] for n in depths]
+        std = [by_depth[n]["std"] for n in depths]
+        assert_errorbar(drawn[label], [int(n) for n in depths], mean, std)
+
+
+def line_labelled(ax, label):
+    (line,) = [x for x in ax.lines if x.get_label() == label]
+    return line
 
 
 # --------------------------------------------------------------------------- Xiong et al.
@@ -106,7 +164,11 @@ def test_depth_post_ln_flat_pre_ln_shrinks(tmp_path):
     assert 0.7 <= post_ratio <= 1.4, post_ratio
     assert pre_ratio < 0.85, pre_ratio
     assert result["config"]["setting"] == "theory" and result["config"]["seeds"] == list(range(8))
-    assert_png(analysis.plot_depth(result, str(tmp_path / "depth.png")))
+    (ax,) = plots.depth_figure(result).axes
+    assert_by_depth(ax, result["results"])
+    guide = line_labelled(ax, r"pre: $\propto 1/\sqrt{L}$")  # 1/sqrt(L) from Pre-LN at L = 6
+    np.testing.assert_allclose(guide.get_ydata(), pre["6"]["mean"] * np.sqrt([1, 6 / 14]))
+    assert_png_of(analysis.plot_depth, result, tmp_path)
 
 
 def test_layers_and_plot(tmp_path):
@@ -118,11 +180,39 @@ def test_layers_and_plot(tmp_path):
                 values = mean(result, placement, stage, matrix)
                 assert values.shape == (3,) and np.all(values > 0)
     assert result["config"]["optimizer"]["warmup_steps"] == 3
-    assert_png(analysis.plot_layers(result, str(tmp_path / "layers.png")))
+    fig = plots.layers_figure(result)
+    labels = {"init": "post, init", "after_warmup": "post, 3 warm-up steps"}
+    for ax, matrix in zip(fig.axes, ("W1", "W2"), strict=True):
+        drawn = errorbars(ax)
+        assert set(drawn) == set(labels.values())
+        for stage, label in labels.items():
+            node = result["results"]["post"][stage][matrix]
+            assert_errorbar(drawn[label], [1, 2, 3], node["mean"], node["std"])
+    assert_png_of(analysis.plot_layers, result, tmp_path)
 
 
 def test_lemma2_plot(lemma2_theory, tmp_path):
-    assert_png(analysis.plot_lemma2(lemma2_theory, str(tmp_path / "lemma2.png")))
+    res, d = lemma2_theory["results"]["theory"], 32
+    (ax,) = plots.lemma2_figure(lemma2_theory).axes
+    drawn = errorbars(ax)
+    post, pre = drawn.pop("post: $x^{post,5}_l$"), drawn.pop("pre: residual stream $x_l$")
+    assert not drawn
+    # Post-LN: x^{post,5}_l for l = 1..6; Pre-LN (no post-norm): the stream for l = 0..6.
+    post5, stream = res["post"]["post5"], res["pre"]["stream"]
+    assert_errorbar(post, range(1, 7), _over(post5["mean"], d), _over(post5["std"], d))
+    assert_errorbar(pre, range(7), _over(stream["mean"], d), _over(stream["std"], d))
+    (band,) = [c for c in ax.collections if c.get_label() == "pre: Lemma 2 interval"]
+    corners = band.get_paths()[0].vertices
+    for layer in range(7):
+        ys = corners[corners[:, 0] == layer, 1]
+        assert ys.min() == pytest.approx(res["prediction"]["stream_lower"][layer] / d)
+        assert ys.max() == pytest.approx(res["prediction"]["stream_upper"][layer] / d)
+    assert list(line_labelled(ax, "post: Lemma 2, 1.5").get_ydata()) == [1.5, 1.5]
+    assert_png_of(analysis.plot_lemma2, lemma2_theory, tmp_path)
+
+
+def _over(values, d):
+    return np.asarray(values, float) / d
 
 
 # --------------------------------------------------------------------------- Liu et al.
@@ -133,7 +223,8 @@ def test_output_change_post_ln_largest(tmp_path):
     post, pre, admin = (mean(result, p, "8") for p in ("post", "pre", "admin"))
     assert post > 1.3 * pre and post > 1.3 * admin, (post, pre, admin)
     assert result["config"]["init"] == "xavier"
-    assert_png(analysis.plot_output_change(result, str(tmp_path / "oc.png")))
+    assert_by_depth(plots.output_change_figure(result).axes[0], result["results"])
+    assert_png_of(analysis.plot_output_change, result, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +266,17 @@ def test_dependency_at_init_and_for_a_checkpoint(checkpoint_run, tmp_path):
     loaded = analysis.load_checkpoint(workdir)[1]
     kernel = lambda m: np.asarray(layer_state(m.bert.encoder, 1)["ffn"]["branch"]["wo"]["kernel"])
     np.testing.assert_array_equal(kernel(loaded), kernel(saved))
-    assert_png(analysis.plot_dependency(result, str(tmp_path / "dependency.png")))
+    fig = plots.dependency_figure(result)
+    assert len(fig.axes) == 4  # three heatmaps and their shared colour bar
+    titles = ["post", "pre", "trained (post)"]
+    for ax, title, arm in zip(fig.axes, titles, result["results"].values(), strict=False):
+        assert ax.get_title() == title
+        share = np.asarray(arm["share"]["mean"])
+        shown = np.ma.filled(ax.images[0].get_array().astype(float), np.nan)
+        drawn = np.tril(np.ones_like(share), k=1) > 0  # output i depends on branches j <= i + 1
+        np.testing.assert_allclose(shown[drawn], share[drawn], rtol=1e-6)
+        assert np.all(np.isnan(shown[~drawn]))
+    assert_png_of(analysis.plot_dependency, result, tmp_path)
 
 
 def test_stacked_fresh_models_and_admin_profile_match_ln_jax():
@@ -213,7 +314,12 @@ def test_cli_writes_json_and_png(tmp_path, capsys):
     assert set(result["results"]["post,pre*2"]) == {"3"}
     assert result["config"]["model"]["init"] == "xavier"
     assert result["config"]["hidden_size"] == 32
-    assert_png(tmp_path / "depth.png")
+    # The PNG shows the JSON's numbers: it looks like their plot, unlike a plot of others.
+    png = matplotlib.image.imread(tmp_path / "depth.png")
+    same = matplotlib.image.imread(analysis.plot_depth(result, str(tmp_path / "same.png")))
+    other = matplotlib.image.imread(analysis.plot_depth(halved(result), str(tmp_path / "o.png")))
+    assert png.shape == same.shape and np.abs(png - same).max() < 0.05
+    assert np.abs(png - other).max() > 0.5
     assert "wrote" in out
 
 
@@ -253,13 +359,13 @@ def test_api_errors():
         Settings(seeds=())
 
 
-def test_summarize_reports_the_spread_it_has():
-    two_models = analysis.summarize([[1.0, 3.0], [5.0, 7.0]])
+def test_seed_mean_std_reports_the_spread_it_has():
+    two_models = analysis.seed_mean_std([[1.0, 3.0], [5.0, 7.0]])
     assert two_models == {
         "mean": 4.0,
         "std": pytest.approx(np.std([2, 6], ddof=1)),
         "std_over": "seeds",
     }
-    one_model = analysis.summarize([[[1.0, 2.0], [3.0, 6.0]]])
+    one_model = analysis.seed_mean_std([[[1.0, 2.0], [3.0, 6.0]]])
     assert one_model["mean"] == [2.0, 4.0] and one_model["std_over"] == "batches"
-    assert analysis.summarize([[2.0]])["std_over"] == "none"
+    assert analysis.seed_mean_std([[2.0]])["std_over"] == "none"

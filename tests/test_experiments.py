@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
+from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.colors import to_hex
 
 from configs import study as study_config
 from ln_jax.config import override
@@ -166,6 +168,87 @@ def test_escape_table_reads_the_step_below_the_plateau_per_seed():
     assert "| pre | 180, 267 |" in table and "| post | never |" in table
 
 
+def _by_gid(ax) -> dict:
+    """The curves drawn on `ax`, by the gid the plot gave each (a run's or a cell's name)."""
+    return {line.get_gid(): line for line in ax.lines if line.get_gid()}
+
+
+def _assert_curve(line, xs, ys, colour, style="-"):
+    np.testing.assert_array_equal(line.get_xdata(), xs)
+    np.testing.assert_allclose(line.get_ydata(), ys)
+    assert to_hex(line.get_color()) == to_hex(colour) and line.get_linestyle() == style
+
+
+def _assert_png_of(plot, tmp_path, one, other):
+    """`plot(input, path)` writes a PNG and returns its path; `one` twice gives the same image,
+    `other` a different one."""
+    inputs = (one, one, other)
+    images = [Path(plot(x, str(tmp_path / f"{i}.png"))).read_bytes() for i, x in enumerate(inputs)]
+    assert images[0][:8] == b"\x89PNG\r\n\x1a\n"
+    assert images[0] == images[1] and images[0] != images[2]
+
+
+def test_depth_figure_draws_each_run_in_its_panel(tmp_path):
+    def run(arm, layers, evals, diverged=False):
+        r = _result(f"L{layers}-{arm}-s0", arm, evals, diverged=diverged)
+        r["tags"]["num_layers"] = layers
+        return r
+
+    results = [
+        run("pre", 6, [[100, 6.5, 1], [200, 6.0, 2]]),
+        run("post", 6, [[100, 6.8, 1], [200, math.nan, 2]], diverged=True),
+        run("post", 12, [[100, 7.0, 1], [200, 6.9, 2]]),
+    ]
+    fig = report.depth_figure(results, ["post", "pre"], plateau=6.7)
+    six, twelve = fig.axes
+    assert (six.get_title(), twelve.get_title()) == ("6 layers", "12 layers")
+    lines = _by_gid(six)
+    assert set(lines) == {"L6-pre-s0", "L6-post-s0"} and set(_by_gid(twelve)) == {"L12-post-s0"}
+    _assert_curve(lines["L6-pre-s0"], [100, 200], [6.5, 6.0], "tab:blue")
+    # A diverged run: dotted, its NaN evaluation left out.
+    _assert_curve(lines["L6-post-s0"], [100], [6.8], "tab:red", ":")
+    _assert_curve(_by_gid(twelve)["L12-post-s0"], [100, 200], [7.0, 6.9], "tab:red")
+    legend = [t.get_text() for t in six.get_legend().get_texts()]
+    assert legend == ["post", "pre", "unigram plateau"]
+    plateau_line = next(x for x in six.lines if x.get_label() == "unigram plateau")
+    assert list(plateau_line.get_ydata()) == [6.7, 6.7]
+    plt.close(fig)
+    changed = [results[0], results[1], run("post", 12, [[100, 7.0, 1], [200, 6.5, 2]])]
+    plot = lambda rs, path: report.plot_depth(rs, ["post", "pre"], 6.7, path)  # noqa: E731
+    _assert_png_of(plot, tmp_path, results, changed)
+
+
+def _two_lr_summary():
+    post = _result("post_warmup500", "post_warmup500", [[100, 7, 10], [200, 6, 20], [400, 5, 40]])
+    pre = _result("pre", "pre", [[100, 6.5, 11], [200, 5.0, 21]], lr=5e-4)
+    return report.warmup_summary([post, pre])
+
+
+def test_warmup_figure_draws_each_cell_against_steps_and_seconds(tmp_path):
+    summary = _two_lr_summary()
+    fig = report.warmup_figure(summary, plateau=6.7)
+    by_step_5e4, by_step_1e3, by_time_5e4, by_time_1e3 = fig.axes  # rows: steps, seconds
+    assert [ax.get_title() for ax in (by_step_5e4, by_step_1e3)] == [
+        "lr_max = 0.0005",
+        "lr_max = 0.001",
+    ]
+    for ax in (by_step_5e4, by_time_5e4):
+        assert set(_by_gid(ax)) == {"pre"}
+    for ax in (by_step_1e3, by_time_1e3):
+        assert set(_by_gid(ax)) == {"post_warmup500"}
+    _assert_curve(_by_gid(by_step_1e3)["post_warmup500"], [100, 200, 400], [7, 6, 5], "gold")
+    _assert_curve(_by_gid(by_time_1e3)["post_warmup500"], [10, 20, 40], [7, 6, 5], "gold")
+    _assert_curve(_by_gid(by_step_5e4)["pre"], [100, 200], [6.5, 5.0], "tab:blue")
+    _assert_curve(_by_gid(by_time_5e4)["pre"], [11, 21], [6.5, 5.0], "tab:blue")
+    target = next(x for x in by_time_5e4.lines if x.get_label() == "target")
+    assert list(target.get_ydata()) == [5.0, 5.0]
+    plt.close(fig)
+    changed = json.loads(json.dumps(summary))
+    changed["cells"][1]["curve"][1][1] = 5.5
+    plot = lambda s, path: report.plot_warmup(s, 6.7, path)  # noqa: E731
+    _assert_png_of(plot, tmp_path, summary, changed)
+
+
 def test_warmup_summary_pools_seeds_on_the_mean_curve():
     def seeded(name, arm, seed, evals):
         r = _result(f"{name}-s{seed}", arm, evals)
@@ -216,7 +299,9 @@ def test_tiny_grid_end_to_end_writes_results_and_plot(data_dir, tmp_path):
     # Two placements, same data and seed: different losses (the arms really differ).
     a, b = (r["final_eval_mlm_loss"] for r in saved["runs"])
     assert a != b
-    assert os.path.getsize(tmp_path / "curves.png") > 10_000
+    # The plot is the depth figure of the saved runs (tested on synthetic runs above).
+    replot = report.plot_depth(saved["runs"], ["post", "pre"], 6.7, str(tmp_path / "re.png"))
+    assert (tmp_path / "curves.png").read_bytes() == Path(replot).read_bytes()
     assert "| post | 0/1 | 0/1 |" in result["table"] and "6.700 nats" in result["table"]
 
     # Rerun: nothing is retrained (no new metrics lines), the same results come back.
@@ -277,4 +362,6 @@ def test_tiny_warmup_grid_end_to_end_reports_the_key_ratio(data_dir, tmp_path):
     else:
         assert ratio == pytest.approx(pre_steps / post_steps)
     assert "Post-LN with warm-up (post_warmup4000-lr1e-3) = " in result["table"]
-    assert os.path.getsize(tmp_path / "curves.png") > 10_000  # loss vs steps and vs seconds
+    # The plot is the warm-up figure of the saved summary (tested on a synthetic one above).
+    replot = report.plot_warmup(summary, 6.7, str(tmp_path / "re.png"))
+    assert (tmp_path / "curves.png").read_bytes() == Path(replot).read_bytes()

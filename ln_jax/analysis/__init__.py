@@ -19,7 +19,8 @@ from ln_jax.analysis.plots import (
 )
 from ln_jax.analysis.residual import layer_dependency, output_change
 from ln_jax.analysis.settings import ANALYSIS_DEFAULTS, Settings, analysis_config
-from ln_jax.analysis.stats import summarize, write_json
+from ln_jax.analysis.stats import seed_mean_std
+from ln_jax.results import write_json
 
 __all__ = [
     "ANALYSIS_DEFAULTS",
@@ -38,6 +39,6 @@ __all__ = [
     "plot_layers",
     "plot_lemma2",
     "plot_output_change",
-    "summarize",
+    "seed_mean_std",
     "write_json",
 ]

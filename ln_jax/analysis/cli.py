@@ -177,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ln_jax.analysis import PLOTS, write_json
 
     name = args.command
-    json_path = write_json(result, os.path.join(args.out, f"{name}.json"))
+    json_path = os.path.join(args.out, f"{name}.json")
+    write_json(json_path, result, digits=6, nan_as_null=True)
     png_path = PLOTS[name](result, os.path.join(args.out, f"{name}.png"))
     print(f"wrote {json_path} and {png_path}")
     return 0

@@ -34,7 +34,7 @@ from ln_jax.analysis.models import (
     take_batches,
 )
 from ln_jax.analysis.settings import Arm, Settings, depth_arms, describe, one_depth
-from ln_jax.analysis.stats import summarize
+from ln_jax.analysis.stats import seed_mean_std
 
 
 def ffn_kernels(tree: Any, model: AnyModel) -> tuple[jax.Array, jax.Array]:
@@ -92,12 +92,14 @@ def grad_norm_by_depth(
     ckpt = checkpoint_arm(settings)  # a bad path fails before anything is measured
     fn = jit_model_fn(_last_w2_norm)
     results = {
-        label: {str(n): summarize(_per_model_per_batch(settings, a, fn)) for n, a in by_n.items()}
+        label: {
+            str(n): seed_mean_std(_per_model_per_batch(settings, a, fn)) for n, a in by_n.items()
+        }
         for label, by_n in arms.items()
     }
     if ckpt is not None:
         values = _per_model_per_batch(settings, ckpt, fn)
-        results["checkpoint"] = {str(ckpt.model.num_layers): summarize(values)}
+        results["checkpoint"] = {str(ckpt.model.num_layers): seed_mean_std(values)}
     return {
         "measurement": "||dL/dW^{2,L}||_F of the last layer's second FFN matrix at init",
         "results": results,
@@ -174,7 +176,7 @@ def _layer_arm(settings: Settings, arm: Arm, grad_fn, train_steps: int, train) -
 def _by_matrix(values: list) -> dict[str, Any]:
     """[models, 1, 2, layers] -> {"W1": summary over models [layers], "W2": ...}."""
     a = np.asarray(values)
-    return {"W1": summarize(a[:, :, 0]), "W2": summarize(a[:, :, 1])}
+    return {"W1": seed_mean_std(a[:, :, 0]), "W2": seed_mean_std(a[:, :, 1])}
 
 
 def grad_norm_by_layer(

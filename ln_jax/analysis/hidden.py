@@ -41,7 +41,7 @@ from ln_jax.analysis.settings import (
     describe,
     one_depth,
 )
-from ln_jax.analysis.stats import summarize
+from ln_jax.analysis.stats import seed_mean_std
 from ln_jax.config import check_choice
 
 
@@ -87,7 +87,7 @@ def _lemma2_arm(settings: Settings, arm: Arm, fn) -> dict[str, Any]:
         for _, model in instances(settings, arm, batches[0])
     ]
     out = {
-        key: summarize([[v[key] for v in per_model] for per_model in values])
+        key: seed_mean_std([[v[key] for v in per_model] for per_model in values])
         for key in ("stream", "post5")
     }
     out["hidden_size"] = arm.model.hidden_size

@@ -1,38 +1,22 @@
-"""One PNG per measurement, drawn from the result dicts (so a saved JSON can be re-plotted)."""
+"""One PNG per measurement, drawn from the result dicts (so a saved JSON can be re-plotted).
+
+Each `plot_NAME(result, path)` saves the figure that `NAME_figure(result)` draws.
+"""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import PowerNorm  # noqa: E402
-
-COLOURS = {"post": "tab:red", "pre": "tab:blue", "admin": "tab:green", "checkpoint": "black"}
-
-
-def _colour(label: str, index: int) -> str:
-    return COLOURS.get(label, f"C{index + 3}")
+from ln_jax.results import arm_colour, new_figure, save_figure
 
 
 def _array(x: Any) -> np.ndarray:
     """JSON numbers or lists (None for NaN) -> float array."""
     return np.array(x, dtype=float)
-
-
-def _figure(ncols: int = 1, width: float = 5.5, **kwargs: Any):
-    return plt.subplots(1, ncols, figsize=(width * ncols, 4), layout="constrained", **kwargs)
-
-
-def _save(fig, path: str) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _by_depth(ax, results: dict[str, Any]) -> None:
@@ -42,14 +26,16 @@ def _by_depth(ax, results: dict[str, Any]) -> None:
         mean = _array([by_depth[n]["mean"] for n in depths])
         std = _array([by_depth[n]["std"] for n in depths])
         x = [int(n) for n in depths]
-        ax.errorbar(x, mean, yerr=std, marker="o", capsize=3, color=_colour(label, i), label=label)
+        ax.errorbar(
+            x, mean, yerr=std, marker="o", capsize=3, color=arm_colour(label, i), label=label
+        )
     ax.set_xlabel("number of layers")
     ax.legend(fontsize=8)
 
 
-def plot_depth(result: dict[str, Any], path: str) -> str:
+def depth_figure(result: dict[str, Any]) -> Figure:
     """Xiong Figure 3(c,d): ||dL/dW^{2,L}||_F against depth, with Pre-LN's 1/sqrt(L) guide."""
-    fig, ax = _figure()
+    fig, ax = new_figure()
     results = result["results"]
     _by_depth(ax, results)
     if "pre" in results:
@@ -62,12 +48,12 @@ def plot_depth(result: dict[str, Any], path: str) -> str:
     ax.set_ylabel(r"$\|\partial L / \partial W^{2,L}\|_F$ at initialisation")
     ax.set_title(f"Last layer's FFN $W^2$ ({result['config']['setting']} setting)")
     ax.set_ylim(bottom=0)
-    return _save(fig, path)
+    return fig
 
 
-def plot_layers(result: dict[str, Any], path: str) -> str:
+def layers_figure(result: dict[str, Any]) -> Figure:
     """Xiong Figure 3(a,b): expected-gradient norm of W1 and W2 by layer, init and trained."""
-    fig, axes = _figure(2, 5, sharey=True)
+    fig, axes = new_figure(2, width=5, sharey=True)
     steps = result["config"]["train_steps"]
     for ax, matrix in zip(axes, ("W1", "W2"), strict=True):
         for i, (label, arm) in enumerate(result["results"].items()):
@@ -83,7 +69,7 @@ def plot_layers(result: dict[str, Any], path: str) -> str:
                     yerr=std,
                     fmt=style,
                     capsize=3,
-                    color=_colour(label, i),
+                    color=arm_colour(label, i),
                     label=name,
                     alpha=1.0 if stage == "init" else 0.6,
                 )
@@ -92,13 +78,13 @@ def plot_layers(result: dict[str, Any], path: str) -> str:
         ax.set_ylim(bottom=0)
     axes[0].set_ylabel(r"$\|E_{batches}[\partial L / \partial W]\|_F$")
     axes[1].legend(fontsize=8)
-    return _save(fig, path)
+    return fig
 
 
-def plot_lemma2(result: dict[str, Any], path: str) -> str:
+def lemma2_figure(result: dict[str, Any]) -> Figure:
     """Lemma 2: measured E||x||^2 / d beside 1.5 (Post-LN) and the Pre-LN interval."""
     settings = list(result["results"])
-    fig, axes = _figure(len(settings), squeeze=False)
+    fig, axes = new_figure(len(settings), squeeze=False)
     for ax, name in zip(axes[0], settings, strict=True):
         res = dict(result["results"][name])
         pred = res.pop("prediction")
@@ -110,12 +96,12 @@ def plot_lemma2(result: dict[str, Any], path: str) -> str:
         )
         ax.axhline(1.5, color="tab:red", ls="--", alpha=0.6, label="post: Lemma 2, 1.5")
         for i, (label, arm) in enumerate(res.items()):
-            _lemma2_curve(ax, label, arm, _colour(label, i))
+            _lemma2_curve(ax, label, arm, arm_colour(label, i))
         ax.set_xlabel("l (layers applied)")
         ax.set_ylabel(r"$E\|x\|^2 / d$")
         ax.set_title(f"{name} setting")
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return fig
 
 
 def _lemma2_curve(ax, label: str, arm: dict[str, Any], colour: str) -> None:
@@ -145,21 +131,21 @@ def _lemma2_curve(ax, label: str, arm: dict[str, Any], colour: str) -> None:
         )
 
 
-def plot_output_change(result: dict[str, Any], path: str) -> str:
+def output_change_figure(result: dict[str, Any]) -> Figure:
     """Liu Figure 2: output change against depth, one line per arm."""
-    fig, ax = _figure()
+    fig, ax = new_figure()
     _by_depth(ax, result["results"])
     eps = result["config"]["epsilon"]
     ax.set_ylabel(r"$E_{tokens}\,|F(x,\theta) - F(x,\theta^*)|^2$")
     ax.set_title(rf"Output change, random $\delta$, $|\delta| = {eps}\,|W|$")
     ax.set_ylim(bottom=0)  # linear: Liu et al. predict O(N) for Post-LN, O(log N) for Pre-LN
-    return _save(fig, path)
+    return fig
 
 
-def plot_dependency(result: dict[str, Any], path: str) -> str:
+def dependency_figure(result: dict[str, Any]) -> Figure:
     """Liu Figures 7-8: heatmaps of beta^2_{i,j}, one per arm, on a shared colour scale."""
     arms = result["results"]
-    fig, axes = _figure(len(arms), 4.2, squeeze=False)
+    fig, axes = new_figure(len(arms), width=4.2, squeeze=False)
     image = None
     for ax, (label, arm) in zip(axes[0], arms.items(), strict=True):
         share = _array(arm["share"]["mean"])
@@ -176,7 +162,32 @@ def plot_dependency(result: dict[str, Any], path: str) -> str:
         ax.set_ylabel("sub-layer output i")
     label = r"$\beta^2_{ij}$: share of branch j in output i"
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85, label=label)
-    return _save(fig, path)
+    return fig
+
+
+def plot_depth(result: dict[str, Any], path: str) -> str:
+    """Saves `depth_figure(result)` as the PNG `path`; returns the path."""
+    return save_figure(depth_figure(result), path)
+
+
+def plot_layers(result: dict[str, Any], path: str) -> str:
+    """Saves `layers_figure(result)` as the PNG `path`; returns the path."""
+    return save_figure(layers_figure(result), path)
+
+
+def plot_lemma2(result: dict[str, Any], path: str) -> str:
+    """Saves `lemma2_figure(result)` as the PNG `path`; returns the path."""
+    return save_figure(lemma2_figure(result), path)
+
+
+def plot_output_change(result: dict[str, Any], path: str) -> str:
+    """Saves `output_change_figure(result)` as the PNG `path`; returns the path."""
+    return save_figure(output_change_figure(result), path)
+
+
+def plot_dependency(result: dict[str, Any], path: str) -> str:
+    """Saves `dependency_figure(result)` as the PNG `path`; returns the path."""
+    return save_figure(dependency_figure(result), path)
 
 
 PLOTS = {

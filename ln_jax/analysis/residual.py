@@ -38,7 +38,7 @@ from ln_jax.analysis.models import (
     take_batches,
 )
 from ln_jax.analysis.settings import Arm, Settings, depth_arms, describe, one_depth
-from ln_jax.analysis.stats import summarize
+from ln_jax.analysis.stats import seed_mean_std
 from ln_jax.blocks import layer_state
 from ln_jax.init import deepnorm_alpha
 
@@ -85,7 +85,7 @@ def _change_arm(settings: Settings, arm: Arm, fn, epsilon: float) -> dict[str, A
     for m, (_, model) in enumerate(instances(settings, arm, batches[0])):
         keys = [jax.random.key(1_000 * m + b) for b in range(len(batches))]
         values.append([float(fn(model, b, k, epsilon)) for b, k in zip(batches, keys, strict=True)])
-    return summarize(values)
+    return seed_mean_std(values)
 
 
 def output_change(
@@ -207,9 +207,9 @@ def _dependency_arm(settings: Settings, arm: Arm, fn) -> dict[str, Any]:
     ]
     collect = lambda f: [[f(v) for v in per_model] for per_model in values]
     return {
-        "share": summarize(collect(lambda v: v["share"])),
-        "own": summarize(collect(lambda v: np.diagonal(v["share"], offset=1))),
-        "bias_share": summarize(collect(lambda v: v["bias_share"])),
+        "share": seed_mean_std(collect(lambda v: v["share"])),
+        "own": seed_mean_std(collect(lambda v: np.diagonal(v["share"], offset=1))),
+        "bias_share": seed_mean_std(collect(lambda v: v["bias_share"])),
         "reconstruction_error": float(np.max(collect(lambda v: v["error"]))),
         "placement": arm.model.placement,
     }

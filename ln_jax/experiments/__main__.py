@@ -87,7 +87,7 @@ def _plateau(out: str, base: dict) -> dict:
     """The corpus's unigram plateau, computed once per study and kept in OUT/plateau.json."""
     from ln_jax.config import TrainConfig
     from ln_jax.experiments.plateau import corpus_plateau
-    from ln_jax.experiments.runner import write_json
+    from ln_jax.results import write_json
 
     path = os.path.join(out, "plateau.json")
     if os.path.exists(path):

@@ -1,15 +1,19 @@
-"""Tables and plots of a study's results (the dicts of `runner.summarize`)."""
+"""Tables and plots of a study's results (the dicts of `runner.summarize_run`)."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ln_jax.experiments.runner import steps_to_target
+from ln_jax.results import arm_colour, new_figure, save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 Result = dict[str, Any]
 
@@ -277,81 +281,73 @@ def warmup_table(summary: dict[str, Any], plateau: float) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-COLORS = {
-    "post": "tab:red",
-    "post_warmup": "tab:orange",
-    "pre": "tab:blue",
-    "admin": "tab:green",
-    "deepnorm": "tab:purple",
-    "post_nowarmup": "tab:red",
-    "post_radam": "tab:brown",
-    "post_smalllr": "tab:pink",
-    "post_sgd": "tab:gray",
-    "post_sgd_warmup": "tab:olive",
-}
-
-
-def _color(arm: str) -> str:
-    if arm.startswith("post_warmup") and arm != "post_warmup":
-        return {"post_warmup500": "gold", "post_warmup4000": "tab:orange"}.get(arm, "tab:orange")
-    return COLORS.get(arm, "black")
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _plot_curve(ax, r: Result, x_index: int, label: str | None) -> None:
-    pts = [(p[x_index], p[1]) for p in r["eval_curve"] if math.isfinite(p[1])]
+def _plot_loss(
+    ax: Any, curve: Sequence[Sequence[float]], x_index: int, arm: str, diverged: bool, **kw
+) -> None:
+    """A validation-loss curve [[step, loss, seconds], ...] against its column `x_index` (0 step,
+    2 seconds), in the arm's colour, dotted if diverged; non-finite losses are left out."""
+    pts = [(p[x_index], p[1]) for p in curve if math.isfinite(p[1])]
     if pts:
         xs, ys = zip(*pts, strict=True)
-        style = ":" if r["diverged"] else "-"
-        ax.plot(xs, ys, style, color=_color(r["arm"]), alpha=0.8, label=label)
+        ax.plot(xs, ys, ":" if diverged else "-", color=arm_colour(arm), **kw)
 
 
-def plot_depth(results: Sequence[Result], arms: Sequence[str], plateau: float, path: str) -> None:
-    """One panel per depth: validation MLM loss against steps, a line per run."""
-    plt = _plt()
+def depth_figure(results: Sequence[Result], arms: Sequence[str], plateau: float) -> Figure:
+    """One panel per depth: validation MLM loss against steps, a line per run (its gid the
+    run's name), in the order of `arms`."""
     depths = sorted({r["tags"]["num_layers"] for r in results})
-    fig, axes = plt.subplots(1, len(depths), figsize=(5 * len(depths), 4), squeeze=False)
+    fig, axes = new_figure(len(depths), width=5, squeeze=False)
     for ax, d in zip(axes[0], depths, strict=True):
         seen = set()
         for r in sorted(results, key=lambda r: arms.index(r["arm"])):
             if r["tags"]["num_layers"] == d:
-                _plot_curve(ax, r, 0, None if r["arm"] in seen else r["arm"])
+                label = None if r["arm"] in seen else r["arm"]
+                _plot_loss(
+                    ax,
+                    r["eval_curve"],
+                    0,
+                    r["arm"],
+                    r["diverged"],
+                    alpha=0.8,
+                    label=label,
+                    gid=r["name"],
+                )
                 seen.add(r["arm"])
         ax.axhline(plateau, color="black", lw=0.8, ls="--", label="unigram plateau")
         ax.set(title=f"{d} layers", xlabel="step", ylabel="validation MLM loss (nats)")
         ax.set_ylim(plateau - 0.8, plateau + 0.5)
         ax.legend(fontsize=7)
     fig.suptitle("Depth study: same large learning rate (dotted = diverged)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def plot_warmup(
-    results: Sequence[Result], summary: dict[str, Any], plateau: float, path: str
-) -> None:
+def plot_depth(results: Sequence[Result], arms: Sequence[str], plateau: float, path: str) -> str:
+    """Saves `depth_figure` as the PNG `path`; returns the path."""
+    return save_figure(depth_figure(results, arms, plateau), path)
+
+
+def warmup_figure(summary: dict[str, Any], plateau: float) -> Figure:
     """Validation MLM loss against steps (top row) and against training seconds (bottom row),
-    a column per peak learning rate and a line per cell (the mean over its seeds); dotted = a
-    seed diverged. Every panel shares the y range, the plateau and the target."""
-    plt = _plt()
+    a column per peak learning rate and a line per cell of `warmup_summary` (the mean over its
+    seeds; its gid the cell's name); dotted = a seed diverged. Every panel shares the y range,
+    the plateau and the target."""
     lrs = sorted({c["lr"] for c in summary["cells"] if c["lr"] is not None}) or [None]
-    fig, axes = plt.subplots(
-        2, len(lrs), figsize=(3.6 * len(lrs) + 1, 7.5), sharey=True, squeeze=False
-    )
+    fig, axes = new_figure(len(lrs), 2, width=4.0, height=3.75, sharey=True, squeeze=False)
     for col, lr in enumerate(lrs):
         cells = [c for c in summary["cells"] if c["lr"] == lr]
         for row, (x_index, xlabel) in enumerate(((0, "step"), (2, "training seconds"))):
             ax = axes[row, col]
             for c in cells:
-                _plot_cell(ax, c, x_index)
+                _plot_loss(
+                    ax,
+                    c["curve"],
+                    x_index,
+                    c["arm"],
+                    c["diverged"],
+                    alpha=0.85,
+                    label=c["arm"],
+                    gid=c["cell"],
+                )
             ax.axhline(plateau, color="black", lw=0.8, ls="--", label="unigram plateau")
             ax.axhline(summary["target"], color="gray", lw=0.8, ls="-.", label="target")
             ax.set(xlabel=xlabel, ylim=(summary["target"] - 1.0, plateau + 1.5))
@@ -360,15 +356,9 @@ def plot_warmup(
     for row in range(2):
         axes[row, 0].set_ylabel("validation MLM loss (nats)")
     fig.suptitle("Warm-up study: validation MLM loss, mean over seeds (dotted = a seed diverged)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def _plot_cell(ax: Any, cell: dict[str, Any], x_index: int) -> None:
-    """One cell's seed-mean curve against curve column `x_index` (0 step, 2 seconds)."""
-    pts = [(p[x_index], p[1]) for p in cell["curve"] if math.isfinite(p[1])]
-    if pts:
-        xs, ys = zip(*pts, strict=True)
-        style = ":" if cell["diverged"] else "-"
-        ax.plot(xs, ys, style, color=_color(cell["arm"]), alpha=0.85, label=cell["arm"])
+def plot_warmup(summary: dict[str, Any], plateau: float, path: str) -> str:
+    """Saves `warmup_figure` as the PNG `path`; returns the path."""
+    return save_figure(warmup_figure(summary, plateau), path)

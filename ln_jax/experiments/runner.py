@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from ln_jax.results import read_metrics, write_json
+
 log = logging.getLogger(__name__)
 
 RESULT = "result.json"
@@ -64,21 +66,6 @@ def run_config(base: Mapping[str, Any], spec: RunSpec) -> Any:
 # --------------------------------------------------------------------------------------------
 # Reading a run's metrics
 # --------------------------------------------------------------------------------------------
-
-
-def read_metrics(workdir: str) -> list[dict[str, Any]]:
-    """The records of WORKDIR/metrics.jsonl; a resumed run's repeated steps keep the last."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    by_key: dict[tuple[str, int], dict[str, Any]] = {}
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                record = json.loads(line)
-                by_key[(record["split"], record["step"])] = record
-    return sorted(by_key.values(), key=lambda r: (r["step"], r["split"]))
 
 
 def training_seconds(records: Sequence[Mapping[str, Any]]) -> dict[int, float]:
@@ -128,7 +115,7 @@ def diverged(train: Sequence[Sequence[float]], error: str | None) -> tuple[bool,
     return False, ""
 
 
-def summarize(
+def summarize_run(
     spec: RunSpec, workdir: str, error: str | None, plateau: float | None
 ) -> dict[str, Any]:
     """A run's result: final/best validation MLM loss, curves, divergence, wall time."""
@@ -209,7 +196,7 @@ def run_one(base: Mapping[str, Any], spec: RunSpec, out: str, plateau: float | N
         error, outcome = f"non-finite loss or gradient: {err}", {"preempted": False}
     if outcome.get("preempted"):
         raise SystemExit(0)  # SIGTERM: the checkpoint is saved; no result, rerun to resume
-    result = summarize(spec, workdir, error, plateau)
+    result = summarize_run(spec, workdir, error, plateau)
     result["error"] = error
     result["process_wall_s"] = time.time() - start
     result["code_version"] = _code_version()
@@ -232,15 +219,6 @@ def _code_version() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
-
-
-def write_json(path: str, value: Any) -> None:
-    """Writes JSON atomically (write to a temporary file, then rename)."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1, allow_nan=True)
-    os.replace(tmp, path)
 
 
 def _child_command(argv: Sequence[str], name: str) -> list[str]:
@@ -329,6 +307,6 @@ def collect(
             error = stored.get("error")
             if error is None and stored.get("diverged_reason", "").startswith("non-finite loss"):
                 error = stored["diverged_reason"]
-            fresh = summarize(spec, os.path.join(out, "runs", spec.name), error, plateau)
+            fresh = summarize_run(spec, os.path.join(out, "runs", spec.name), error, plateau)
             results.append({**stored, **fresh, "error": error})
     return results

@@ -15,6 +15,7 @@ from typing import Any
 
 from ln_jax.experiments import report, runner
 from ln_jax.experiments.runner import RunSpec
+from ln_jax.results import write_json
 
 
 def run_only(
@@ -55,7 +56,7 @@ def run(
     if not results:
         raise ValueError(f"no finished runs in {out}; run the study without --report first.")
     summary, table = _report(study, results, plateau, out, target, arms)
-    runner.write_json(
+    write_json(
         os.path.join(out, "results.json"),
         {
             "study": study,
@@ -79,7 +80,7 @@ def _report(study, results, plateau, out, target, arms):
         report.plot_depth(results, arms, plateau, plot)
         return _depth_summary(results), report.depth_table(results, arms, plateau)
     summary = report.warmup_summary(results, target, plateau)
-    report.plot_warmup(results, summary, plateau, plot)
+    report.plot_warmup(summary, plateau, plot)
     return summary, report.warmup_table(summary, plateau)
 
 
