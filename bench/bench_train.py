@@ -10,7 +10,7 @@ Run pinned to one core (two-thread timings on the 2-core CI machine are bimodal)
 Not a test. Three implementations of the same BERT pretraining step run in ONE process,
 alternating (A B C A B C ...), so that machine noise hits them alike:
 
-* `ln_jax`: the real trainer step (`ln_jax.trainer.init_state` + `_jit_steps`) on a one-device
+* `ln_jax`: the real trainer step (`ln_jax.steps.init_state` + `jit_steps`) on a one-device
   mesh, from `configs/bert_preln.py` with the sizes overridden.
 * `hf_torch`: `transformers.BertForPreTraining`, PyTorch eager (its default SDPA attention),
   `model.train()`, `loss.backward()`, gradient clipping, `AdamW.step()`, `zero_grad()`.
@@ -209,24 +209,23 @@ def build_ln_jax(
     placement: str = "pre",
     autodiff_ln: bool = False,
 ) -> dict[str, Any]:
-    """ln_jax's real train step (init_state + _jit_steps) on a one-device mesh.
+    """ln_jax's real train step (`ln_jax.steps`: init_state + jit_steps) on a one-device mesh.
 
     The step is traced and compiled here (first call), so that an experimental patch
     (`autodiff_ln`) applies to it and to nothing else.
     """
-    from ln_jax import optim, sharding
+    from ln_jax import sharding, steps
     from ln_jax.compile_check import compile_report
-    from ln_jax.trainer import _jit_steps, init_state
 
     cfg = ln_jax_config(args, s, placement)
     mesh = sharding.single_device_mesh()
-    graphdef, rest, state, tx = init_state(cfg, mesh)
-    train, _ = _jit_steps(cfg, mesh, graphdef, rest, state, tx, optim.make_schedule(cfg.optim))
+    pieces = steps.init_state(cfg, mesh)
+    train = steps.in_mesh(steps.jit_steps(cfg, mesh, pieces)[0], mesh)
     device_batch = jax.device_put(batch, sharding.batch_sharding(mesh))
-    box = {"state": state}
+    box = {"state": pieces.state}
 
     def step() -> Any:
-        box["state"], metrics = train(box["state"], rest, device_batch)
+        box["state"], metrics = train(box["state"], pieces.rest, device_batch)
         return jax.block_until_ready((box["state"], metrics))
 
     with layernorm_autodiff() if autodiff_ln else contextlib.nullcontext():
@@ -386,7 +385,7 @@ def run_alternating(steps: dict[str, Step], warmup: int, timed: int) -> dict[str
     return times
 
 
-def summarize(times: list[float], s: dict[str, int], flops: float, peak: float) -> dict:
+def timing_summary(times: list[float], s: dict[str, int], flops: float, peak: float) -> dict:
     """Median step time, tokens/s and MFU of one implementation."""
     median = statistics.median(times)
     quart = statistics.quantiles(times, n=4) if len(times) > 1 else [median] * 3
@@ -466,7 +465,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     impls = {}
     for name in names:
         own = peaks["torch" if name == "hf_torch" else "xla"]
-        impls[name] = summarize(times[name], s, flops, peaks["xla"])
+        impls[name] = timing_summary(times[name], s, flops, peaks["xla"])
         impls[name]["mfu_own"] = flops / impls[name]["median_s"] / own
         impls[name]["xla_flops"] = built[name]["xla_flops"]() if built[name]["xla_flops"] else None
         impls[name]["times_s"] = times[name]

@@ -13,7 +13,10 @@ Sub-layers are numbered layer by layer: 2l is layer l's attention, 2l + 1 its fe
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,14 +29,19 @@ from ln_jax.bert import BertForPreTraining, create_model
 from ln_jax.init import admin_closed_form
 
 __all__ = [
+    "ADMIN_PROFILE",
     "admin_closed_form",
     "admin_profile",
     "fold_admin",
     "get_admin_omega",
     "profile_omegas",
     "set_admin_omega",
+    "setup_admin",
     "sublayer_variances",
 ]
+log = logging.getLogger(__name__)
+# A run's profiled omegas, kept in its workdir so that a resumed run reuses them.
+ADMIN_PROFILE = "admin_profile.json"
 
 SUBLAYERS = ("attention", "ffn")
 BATCH_KEYS = ("input_ids", "segment_ids", "attention_mask", "masked_positions")
@@ -157,6 +165,38 @@ def admin_profile(
     batch = {k: batch[k] for k in BATCH_KEYS}
     graphdef, _ = nnx.split(model)
     return profile_omegas(model, lambda: _variances(graphdef, nnx.state(model), batch, key))
+
+
+def setup_admin(
+    model: BertForPreTraining,
+    peek_batch: Callable[[], Mapping[str, Any]],
+    key: jax.Array | None,
+    workdir: str | None = None,
+) -> None:
+    """Admin's set-up hook (see `ln_jax.placement_setup`): profile omega before step 0.
+
+    With `admin_omega="profile"`, omega is read from WORKDIR/admin_profile.json when a run
+    already profiled it, else profiled on `peek_batch()` (one training-mode forward pass per
+    sub-layer with dropout key `key`) and saved there by process 0. "closed_form" needs
+    nothing (omega is set at construction).
+    """
+    if model.cfg.admin_omega != "profile":
+        return
+    if set(model.cfg.layer_placements) != {"admin"}:
+        log.warning("admin in a per-layer list: omega is not profiled (it stays 1)")
+        return
+    path = os.path.join(workdir, ADMIN_PROFILE) if workdir else None
+    if path and os.path.exists(path):
+        with open(path) as f:
+            omegas = json.load(f)["omega"]
+        set_admin_omega(model, omegas)
+        log.info("admin: reusing the profile in %s: omega = %s", path, omegas)
+        return
+    omegas = [float(w) for w in admin_profile(model, peek_batch(), key)]
+    if path and jax.process_index() == 0:
+        with open(path, "w") as f:
+            json.dump({"omega": omegas, "num_sublayers": len(omegas)}, f, indent=1)
+    log.info("admin: profiled omega per sub-layer = %s (saved to %s)", omegas, path)
 
 
 def _fold_sublayer(model: BertForPreTraining, index: int, omega: np.ndarray) -> None:

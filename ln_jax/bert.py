@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from ln_jax.blocks import ACT, Encoder, Record
@@ -181,15 +182,60 @@ class BertForPreTraining(nnx.Module):
         return out
 
 
+def pretraining_loss(
+    outputs: dict,
+    batch: dict[str, Array],
+    use_nsp: bool,
+    mlm_weight: Array | float | None = None,
+    num_sequences: int | None = None,
+) -> tuple[Array, dict[str, Array]]:
+    """Masked-LM (+ next-sentence) cross-entropy and accuracies of the heads above, float32.
+
+    outputs["mlm_logits"] [B, P, V] with batch["masked_ids"/"masked_weights"] [B, P]: the MLM
+    loss is sum(weights * nll) / `mlm_weight`; NSP (outputs["nsp_logits"] [B, 2],
+    batch["nsp_label"] [B]) is sum(nll) / `num_sequences`.
+
+    Args:
+      mlm_weight: the MLM denominator; None = this batch's total weight (at least 1). A
+        micro-batch of gradient accumulation passes the whole batch's, so that the micro-batch
+        losses add up to the big batch's loss exactly.
+      num_sequences: the NSP denominator; None = this batch's B.
+    """
+    logits = outputs["mlm_logits"].astype(jnp.float32)
+    ids, weights = batch["masked_ids"], batch["masked_weights"].astype(jnp.float32)
+    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), ids[..., None], axis=-1)[..., 0]
+    denom = jnp.maximum(weights.sum(), 1.0) if mlm_weight is None else mlm_weight
+    metrics = {
+        "mlm_loss": (nll * weights).sum() / denom,
+        "mlm_accuracy": ((logits.argmax(-1) == ids) * weights).sum() / denom,
+    }
+    loss = metrics["mlm_loss"]
+    if use_nsp:
+        nsp_logits = outputs["nsp_logits"].astype(jnp.float32)
+        labels = batch["nsp_label"]
+        count = labels.shape[0] if num_sequences is None else num_sequences
+        nsp_nll = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels)
+        metrics["nsp_loss"] = nsp_nll.sum() / count
+        metrics["nsp_accuracy"] = (nsp_logits.argmax(-1) == labels).sum() / count
+        loss = loss + metrics["nsp_loss"]
+    metrics["loss"] = loss
+    return loss, metrics
+
+
 def create_model(
     cfg: ModelConfig, *, seed: int = 0, mesh: jax.sharding.Mesh | None = None, rules=None
 ) -> BertForPreTraining:
     """Builds the model; under `mesh` every parameter is created directly in its shards."""
     from ln_jax import sharding
 
-    def build() -> BertForPreTraining:
-        return BertForPreTraining(cfg, rngs=nnx.Rngs(params=seed))
+    def make(rngs: nnx.Rngs) -> BertForPreTraining:
+        return BertForPreTraining(cfg, rngs=rngs)
 
-    if mesh is None:
-        return sharding.create_unsharded(build)
-    return sharding.create_sharded(build, mesh, rules or sharding.DEFAULT_RULES)
+    # Compiled once per (config, mesh, rules): another seed reuses the initialisers.
+    return sharding.create_seeded(
+        make,
+        seed,
+        cache_key=("BertForPreTraining", cfg),
+        mesh=mesh,
+        rules=rules or sharding.DEFAULT_RULES,
+    )

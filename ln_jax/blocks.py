@@ -93,10 +93,22 @@ class ResidualSublayer(nnx.Module):
         rec["output"] = y
         return constrain(y, ACT), (rec if record else {})
 
+    def skip_scale(self) -> Array | float:
+        """What the skip path multiplies x by: omega [embed] (learned per channel, Admin), the
+        constant alpha (DeepNorm), or 1.0."""
+        return self.omega[...] if self.omega is not None else self.alpha
+
+    def norms(self) -> dict[str, LayerNorm | RMSNorm]:
+        """The norms this sub-layer's rule uses, by position: "pre_norm", "branch_norm",
+        "post_norm" (only those present)."""
+        names = ("pre_norm", "branch_norm", "post_norm")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
     def _skip(self, x: Array) -> Array:
-        if self.omega is not None:
-            return x * self.omega[...].astype(x.dtype)
-        return x if self.alpha == 1.0 else x * self.alpha
+        scale = self.skip_scale()
+        if isinstance(scale, float):
+            return x if scale == 1.0 else x * scale
+        return x * scale.astype(x.dtype)
 
     def _norm(self, name: str, x: Array, rec: Record) -> Array:
         norm = getattr(self, name)
@@ -282,6 +294,14 @@ def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> EncoderLayer:
         return EncoderLayer(cfg, cfg.rule, rngs=layer_rngs)
 
     return create(rngs)
+
+
+def layer_module(encoder: Encoder, index: int) -> EncoderLayer:
+    """Layer `index` as a module (for scanned layers: a copy holding that layer's slice)."""
+    if not encoder.cfg.scan_layers:
+        return encoder.layers[index]
+    graphdef, state = nnx.split(encoder.layers)
+    return nnx.merge(graphdef, jax.tree.map(lambda a: a[index], state))
 
 
 def layer_state(encoder: Encoder, index: int) -> nnx.State:

@@ -4,8 +4,8 @@
   python -m ln_jax.compile_check --config=configs/bert_preln.py --config.model.size=large \\
       --mesh=4,2,1 --device_memory_gib=80
 
-The train step (the trainer's own `make_train_step`, jitted with the trainer's shardings and
-donated state) is lowered and compiled from ShapeDtypeStructs carrying NamedShardings: no
+The train step (the trainer's own, from `ln_jax.steps`: the same state shardings, jit and
+donation as a run) is lowered and compiled from ShapeDtypeStructs carrying NamedShardings: no
 parameter, optimizer state or batch is ever materialised, and no data pipeline is built, so a
 BERT-large check runs on a laptop. The estimate is XLA's `memory_analysis()` of the compiled
 per-device program: arguments + outputs - donated (aliased) bytes + temporaries + code.
@@ -34,13 +34,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import memory, optim, sharding
-from ln_jax.bert import BertForPreTraining
+from ln_jax import accumulation, sharding, steps
 from ln_jax.config import TrainConfig, build_config, config_from_command_line
-from ln_jax.trainer import make_train_step
 
 GIB = 1024**3
 MIB = 1024**2
@@ -48,98 +44,13 @@ MIB = 1024**2
 # --------------------------------------------------------------------------- abstract state
 
 
-def _shard_bytes(shape: Sequence[int], dtype: Any, spec: NamedSharding) -> int:
-    """Bytes of the largest shard of an array of `shape` under `spec` on one device."""
-    mesh_shape = spec.mesh.shape
-    n = 1
-    for i, size in enumerate(shape):
-        entry = spec.spec[i] if i < len(spec.spec) else None
-        axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
-        n *= math.ceil(size / math.prod(mesh_shape[a] for a in axes))
-    return n * jnp.dtype(dtype).itemsize
-
-
 def tree_bytes_per_device(tree: Any) -> int:
-    """Per-device bytes of a pytree of ShapeDtypeStructs (or arrays) with NamedShardings."""
-    return sum(_shard_bytes(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(tree))
-
-
-def _pure(tree: Any) -> Any:
-    return nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
-
-
-def _with_shardings(state: nnx.State, shardings: Any) -> nnx.State:
-    """`state` with each leaf replaced by a ShapeDtypeStruct carrying its sharding.
-
-    `shardings` is a pure dict (or an nnx.State) of NamedShardings, matched by path.
-    """
-    values = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        nnx.to_pure_dict(state),
-        _pure(shardings),
+    """Per-device bytes of a pytree of ShapeDtypeStructs (or arrays) with NamedShardings: the
+    largest shard of each leaf."""
+    return sum(
+        math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+        for x in jax.tree.leaves(tree)
     )
-    nnx.replace_by_pure_dict(state, values)
-    return state
-
-
-def _opt_state_shardings(opt_state: Any, params: Any, mesh: jax.sharding.Mesh) -> Any:
-    """The optimizer state as ShapeDtypeStructs: sub-trees shaped like the params (Adam's
-    mu and nu) take the params' shardings, every other leaf (counts) is replicated."""
-    params_def = jax.tree.structure(params)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    mirrors = lambda x: jax.tree.structure(x) == params_def
-    scalar = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
-    return jax.tree.map(lambda x: params if mirrors(x) else scalar(x), opt_state, is_leaf=mirrors)
-
-
-def _abstract_model(cfg: TrainConfig) -> nnx.Module:
-    """The model with ShapeDtypeStructs for arrays: nothing is allocated."""
-    with nnx.use_eager_sharding(False):
-        return nnx.eval_shape(lambda: BertForPreTraining(cfg.model, rngs=nnx.Rngs(params=cfg.seed)))
-
-
-def abstract_train_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> dict[str, Any]:
-    """The trainer's state as sharded ShapeDtypeStructs, built without allocating anything.
-
-    Parameter shardings come from `ln_jax.sharding.state_shardings` (the rules the trainer's
-    `create_model` uses); the optimizer state mirrors them.
-
-    Returns:
-      {"graphdef", "rest", "state", "tx", "num_params"}: `state` is {"params", "opt_state",
-      "step", "halted"} like `ln_jax.trainer.init_state`'s, every leaf a ShapeDtypeStruct with
-      its NamedSharding.
-    """
-    graphdef, params, rest = nnx.split(_abstract_model(cfg), nnx.Param, ...)
-    params = _with_shardings(params, sharding.state_shardings(params, mesh))
-    rest = _with_shardings(rest, sharding.state_shardings(rest, mesh))
-    tx = optim.make_optimizer(cfg.optim, params)
-    opt_state = _opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated)
-    state = {
-        "params": params,
-        "opt_state": opt_state,
-        "step": scalar(jnp.int32),
-        "halted": scalar(jnp.bool_),
-    }
-    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
-    return {"graphdef": graphdef, "rest": rest, "state": state, "tx": tx, "num_params": num_params}
-
-
-def abstract_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """A global batch of ShapeDtypeStructs with the documented keys, split over data x fsdp.
-
-    Raises:
-      ValueError: if the global batch does not divide over the data x fsdp devices.
-    """
-    b = cfg.data.global_batch_size
-    divisor = sharding.batch_divisor(mesh)
-    if b % divisor:
-        raise ValueError(
-            f"data.global_batch_size={b} is not divisible by the data x fsdp device count "
-            f"{divisor} of mesh {dict(mesh.shape)}."
-        )
-    return memory.abstract_batch(cfg.data, mesh)
 
 
 # --------------------------------------------------------------------------- compile
@@ -158,36 +69,19 @@ def resolve_mesh(mesh: Any, cfg: TrainConfig) -> jax.sharding.Mesh:
     return sharding.make_mesh(*mesh)
 
 
-def jit_train_step(cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: dict[str, Any]) -> Any:
-    """The trainer's step (`make_train_step`) jitted as the trainer jits it.
-
-    State, rest and batch shardings in, the same state shardings and replicated metrics out,
-    the state donated.
-    """
-    state_sh = jax.tree.map(lambda x: x.sharding, pieces["state"])
-    rest_sh = jax.tree.map(lambda x: x.sharding, pieces["rest"])
-    replicated = NamedSharding(mesh, PartitionSpec())
-    step = make_train_step(pieces["graphdef"], pieces["tx"], optim.make_schedule(cfg.optim), cfg)
-    return jax.jit(
-        step,
-        in_shardings=(state_sh, rest_sh, sharding.batch_sharding(mesh)),
-        out_shardings=(state_sh, replicated),
-        donate_argnums=(0,),
-    )
-
-
 def lower_train_step(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> tuple[Any, dict[str, Any]]:
-    """Lowers the train step for `mesh`; returns (lowered, abstract pieces).
+    """Lowers the trainer's own train step (`ln_jax.steps`) for `mesh` from the abstract state;
+    returns (lowered, {"pieces": the abstract TrainState, "batch": the abstract batch}).
 
     Lowered inside `sharding.use_mesh(mesh)`, so that the model's activation sharding
     constraints apply (outside a mesh context they are no-ops).
     """
-    pieces = abstract_train_state(cfg, mesh)
-    pieces["batch"] = abstract_batch(cfg, mesh)
-    train = jit_train_step(cfg, mesh, pieces)
+    pieces = steps.abstract_state(cfg, mesh)
+    batch = steps.abstract_batch(cfg.data, mesh)
+    train, _ = steps.jit_steps(cfg, mesh, pieces)
     with sharding.use_mesh(mesh):
-        lowered = train.lower(pieces["state"], pieces["rest"], pieces["batch"])
-    return lowered, pieces
+        lowered = train.lower(pieces.state, pieces.rest, batch)
+    return lowered, {"pieces": pieces, "batch": batch}
 
 
 def _memory_fields(compiled: Any) -> dict[str, int]:
@@ -243,7 +137,7 @@ def compile_report(
         CPU (same memory and FLOP figures, half the compile time), the defaults elsewhere.
       device_memory_gib: the target's memory per device. Only used when
         `cfg.grad_accum_steps` is 0 ("auto"): the accumulation is then chosen as the trainer
-        would choose it on such a device (`ln_jax.memory.choose_accumulation`); without a
+        would choose it on such a device (`ln_jax.accumulation.choose_accumulation`); without a
         budget, auto is reported at one micro-batch.
 
     Returns:
@@ -275,30 +169,29 @@ def _auto_accumulation(
     """The micro-batch count the trainer's auto mode would pick on a device of `gib` GiB."""
     if gib is None or "temp_bytes" not in report:
         return 1
-    from ln_jax import memory
-
     fixed = report["total_bytes"] - report["temp_bytes"]
-    budget = int(memory.HEADROOM * gib * GIB)
+    budget = int(accumulation.HEADROOM * gib * GIB)
     divisor = sharding.batch_divisor(mesh)
     batch = cfg.data.global_batch_size
-    return memory.choose_accumulation(batch, divisor, fixed, report["temp_bytes"], budget)
+    return accumulation.choose_accumulation(batch, divisor, fixed, report["temp_bytes"], budget)
 
 
 def _compile_report(
     cfg: TrainConfig, mesh: jax.sharding.Mesh, compiler_options: dict[str, Any] | None
 ) -> dict[str, Any]:
     start = time.perf_counter()
-    lowered, pieces = lower_train_step(cfg, mesh)
+    lowered, abstract = lower_train_step(cfg, mesh)
     lowered_at = time.perf_counter()
     compiled = lowered.compile(compiler_options=compiler_options)
     compiled_at = time.perf_counter()
-    state = pieces["state"]
+    pieces = abstract["pieces"]
+    state = pieces.state
     flops = _flops(compiled)
     return {
         "name": cfg.name,
         "model_size": cfg.model.size,
         "placement": cfg.model.placement,
-        "num_params": pieces["num_params"],
+        "num_params": pieces.num_params,
         "global_batch_size": cfg.data.global_batch_size,
         "seq_length": cfg.data.max_seq_length,
         "grad_accum_steps": cfg.grad_accum_steps,
@@ -310,7 +203,7 @@ def _compile_report(
         "device_kind": mesh.devices.flat[0].device_kind,
         "params_bytes": tree_bytes_per_device(state["params"]),
         "opt_state_bytes": tree_bytes_per_device(state["opt_state"]),
-        "batch_bytes": tree_bytes_per_device(pieces["batch"]),
+        "batch_bytes": tree_bytes_per_device(abstract["batch"]),
         **_memory_fields(compiled),
         "flops_per_device": flops,
         "flops_per_step": flops * mesh.size,

@@ -1,6 +1,9 @@
-"""Pretraining: the sharded train/eval steps and the loop (checkpoints, metrics, SIGTERM, NaN).
+"""Pretraining: set-up and the loop (checkpoints, metrics, SIGTERM, NaN).
 
-`train_and_evaluate(cfg, workdir)` is what `train.py` runs and what the tests call.
+`train_and_evaluate(cfg, workdir)` is what `train.py` runs and what the tests call. The state
+and the jitted steps come from `ln_jax.steps` (the same ones the ahead-of-time check, the
+benchmarks and the analyses use); a placement's set-up (Admin's profiling) from
+`ln_jax.placement_setup`.
 """
 
 from __future__ import annotations
@@ -14,16 +17,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import optax
 from flax import nnx
 
-from ln_jax import memory, optim, sharding
-from ln_jax.bert import create_model
+from ln_jax import accumulation, optim, sharding, steps
 from ln_jax.checkpoint import Checkpointer, CheckpointError
 from ln_jax.config import TrainConfig
 from ln_jax.data import make_pipeline
 from ln_jax.metrics import MetricsWriter, Progress
+from ln_jax.placement_setup import setup_placements
 
 __all__ = ["CheckpointError", "NonFiniteError", "setup", "train_and_evaluate"]
 log = logging.getLogger(__name__)
@@ -33,141 +34,6 @@ State = dict[str, Any]
 
 class NonFiniteError(RuntimeError):
     """Training produced a NaN/Inf loss or gradient (nan_policy="stop")."""
-
-
-# --------------------------------------------------------------------------- losses
-
-
-def pretraining_loss(outputs: dict, batch: Batch, use_nsp: bool) -> tuple[jax.Array, dict]:
-    """Masked-LM (+ next-sentence) cross-entropy and accuracies, all float32.
-
-    outputs["mlm_logits"] [B, P, V] and batch["masked_ids"/"masked_weights"] [B, P]: the MLM
-    loss is the weighted mean over real predictions; NSP is the mean over the batch.
-    """
-    logits = outputs["mlm_logits"].astype(jnp.float32)
-    ids, weights = batch["masked_ids"], batch["masked_weights"].astype(jnp.float32)
-    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), ids[..., None], axis=-1)[..., 0]
-    denom = jnp.maximum(weights.sum(), 1.0)
-    metrics = {
-        "mlm_loss": (nll * weights).sum() / denom,
-        "mlm_accuracy": ((logits.argmax(-1) == ids) * weights).sum() / denom,
-    }
-    loss = metrics["mlm_loss"]
-    if use_nsp:
-        nsp_logits = outputs["nsp_logits"].astype(jnp.float32)
-        labels = batch["nsp_label"]
-        metrics["nsp_loss"] = optax.softmax_cross_entropy_with_integer_labels(
-            nsp_logits, labels
-        ).mean()
-        metrics["nsp_accuracy"] = (nsp_logits.argmax(-1) == labels).mean()
-        loss = loss + metrics["nsp_loss"]
-    metrics["loss"] = loss
-    return loss, metrics
-
-
-def _forward(graphdef, params, rest, batch: Batch, key, use_nsp: bool):
-    model = nnx.merge(graphdef, params, rest)
-    outputs = model(
-        batch["input_ids"],
-        batch["segment_ids"],
-        batch["attention_mask"],
-        batch["masked_positions"],
-        dropout_key=key,
-    )
-    return pretraining_loss(outputs, batch, use_nsp)
-
-
-# --------------------------------------------------------------------------- steps
-
-
-def _micro_batches(batch: Batch, accum: int) -> Batch:
-    """[B, ...] -> [accum, B/accum, ...], micro-batch a = rows a, a+accum, ... (strided).
-
-    Strided so that every device keeps contributing its own rows to every micro-batch.
-    """
-
-    def split(x):
-        x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
-        return sharding.constrain(x, (None, "act_batch") + (None,) * (x.ndim - 2))
-
-    return jax.tree.map(split, batch)
-
-
-def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig):
-    """Loss metrics and gradients, averaged over `grad_accum_steps` micro-batches."""
-    use_nsp = cfg.data.nsp and cfg.model.nsp_head
-    grad_fn = jax.value_and_grad(_forward, argnums=1, has_aux=True)
-    accum = cfg.grad_accum_steps
-    if accum == 1:
-        (_, metrics), grads = grad_fn(graphdef, params, rest, batch, key, use_nsp)
-        return metrics, grads
-
-    def one(micro, index):
-        (_, m), g = grad_fn(graphdef, params, rest, micro, jax.random.fold_in(key, index), use_nsp)
-        return m, g
-
-    def body(carry, xs):
-        return jax.tree.map(jnp.add, carry, one(*xs)), None
-
-    micro = _micro_batches(batch, accum)
-    first = one(jax.tree.map(lambda x: x[0], micro), 0)
-    later = (jax.tree.map(lambda x: x[1:], micro), jnp.arange(1, accum))
-    total, _ = jax.lax.scan(body, first, later)
-    return jax.tree.map(lambda x: x / accum, total)
-
-
-def make_train_step(graphdef, tx, schedule, cfg: TrainConfig) -> Callable:
-    """(state, rest, batch) -> (state, metrics): one update; non-finite updates are dropped.
-
-    state = {"params", "opt_state", "step", "halted"}. With nan_policy "stop", the first
-    non-finite step sets `halted` and freezes the state at the last good parameters.
-    """
-    base_key = jax.random.key(cfg.seed)
-
-    def step_fn(state: State, rest, batch: Batch):
-        step = state["step"]
-        key = jax.random.fold_in(base_key, step)
-        metrics, grads = _grads(graphdef, state["params"], rest, batch, key, cfg)
-        grad_norm = optim.global_norm(grads)
-        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        accept = finite & ~state["halted"]
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(accept, n, o), new, old)
-        new_state = {
-            "params": keep(params, state["params"]),
-            "opt_state": keep(opt_state, state["opt_state"]),
-            "step": step + 1,
-            "halted": state["halted"] | (~finite if cfg.nan_policy == "stop" else False),
-        }
-        metrics.update(grad_norm=grad_norm, learning_rate=schedule(step), finite=finite)
-        return new_state, metrics
-
-    return step_fn
-
-
-def make_eval_step(graphdef, cfg: TrainConfig) -> Callable:
-    """(params, rest, batch) -> summed metrics of one batch (weights for exact averages)."""
-    use_nsp = cfg.data.nsp and cfg.model.nsp_head
-
-    def eval_fn(params, rest, batch: Batch):
-        _, metrics = _forward(graphdef, params, rest, batch, None, use_nsp)
-        n_pred = jnp.maximum(batch["masked_weights"].sum(), 1.0)
-        n_seq = batch["input_ids"].shape[0]
-        sums = {
-            "mlm_loss": metrics["mlm_loss"] * n_pred,
-            "mlm_accuracy": metrics["mlm_accuracy"] * n_pred,
-            "n_pred": n_pred,
-        }
-        if use_nsp:
-            sums.update(
-                nsp_loss=metrics["nsp_loss"] * n_seq,
-                nsp_accuracy=metrics["nsp_accuracy"] * n_seq,
-                n_seq=n_seq * 1.0,
-            )
-        return sums
-
-    return eval_fn
 
 
 # --------------------------------------------------------------------------- set-up
@@ -189,56 +55,10 @@ class Run:
     eval_batches: Any
 
 
-def make_mesh(cfg: TrainConfig) -> jax.sharding.Mesh:
-    return sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-
-
-def init_state(cfg: TrainConfig, mesh) -> tuple[Any, Any, State, optax.GradientTransformation]:
-    """Sharded parameters and optimizer state (created in their shards)."""
-    model = create_model(cfg.model, seed=cfg.seed, mesh=mesh)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = optim.make_optimizer(cfg.optim, params)
-    abstract = jax.eval_shape(tx.init, params)
-    opt_sh = sharding.mirror_shardings(abstract, params, mesh)
-    with sharding.use_mesh(mesh):
-        opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    scalar = lambda v: jax.device_put(jnp.asarray(v), replicated)
-    state = {"params": params, "opt_state": opt_state, "step": scalar(0), "halted": scalar(False)}
-    return graphdef, rest, state, tx
-
-
-def _in_mesh(fn: Callable, mesh) -> Callable:
-    """Calls `fn` with the mesh and rules in context (traced activation constraints need it)."""
-
-    def call(*args):
-        with sharding.use_mesh(mesh):
-            return fn(*args)
-
-    return call
-
-
-def _jit_steps(cfg, mesh, graphdef, rest, state, tx, schedule):
-    shardings = jax.tree.map(lambda x: x.sharding, state)
-    rest_sh = jax.tree.map(lambda x: x.sharding, rest)
-    batch_sh = sharding.batch_sharding(mesh)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    train = jax.jit(
-        make_train_step(graphdef, tx, schedule, cfg),
-        in_shardings=(shardings, rest_sh, batch_sh),
-        out_shardings=(shardings, replicated),
-        donate_argnums=(0,),
-    )
-    evaluate = jax.jit(
-        make_eval_step(graphdef, cfg),
-        in_shardings=(shardings["params"], rest_sh, batch_sh),
-        out_shardings=replicated,
-    )
-    return train, evaluate
-
-
 def setup(cfg: TrainConfig) -> Run:
-    mesh = make_mesh(cfg)
+    """Builds the mesh, the data pipelines, the sharded state and the jitted steps of `cfg`;
+    with `grad_accum_steps=0` the accumulation is chosen here (`ln_jax.accumulation`)."""
+    mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     train_iter, tokenizer = make_pipeline(cfg.data, split="train", seed=cfg.data.seed, mesh=mesh)
     if tokenizer.vocab_size != cfg.model.vocab_size:
         raise ValueError(
@@ -248,24 +68,22 @@ def setup(cfg: TrainConfig) -> Run:
     eval_batches, _ = make_pipeline(
         cfg.data, split="eval", seed=cfg.data.seed, mesh=mesh, num_batches=cfg.eval_batches
     )
-    graphdef, rest, state, tx = init_state(cfg, mesh)
-    schedule = optim.make_schedule(cfg.optim)
+    pieces = steps.init_state(cfg, mesh)
     if cfg.grad_accum_steps == 0:
-        probe = dataclasses.replace(cfg, grad_accum_steps=1)
-        train, _ = _jit_steps(probe, mesh, graphdef, rest, state, tx, schedule)
-        batch = memory.abstract_batch(cfg.data, mesh)
-        accum = memory.auto_accumulation(train, (state, rest, batch), cfg.data, mesh)
+        probe, _ = steps.jit_steps(dataclasses.replace(cfg, grad_accum_steps=1), mesh, pieces)
+        args = (pieces.state, pieces.rest, steps.abstract_batch(cfg.data, mesh))
+        accum = accumulation.auto_accumulation(probe, args, cfg.data, mesh)
         cfg = dataclasses.replace(cfg, grad_accum_steps=accum)
-    train, evaluate = _jit_steps(cfg, mesh, graphdef, rest, state, tx, schedule)
+    train, evaluate = steps.jit_steps(cfg, mesh, pieces)
     return Run(
         cfg,
         mesh,
-        graphdef,
-        rest,
-        state,
-        _in_mesh(train, mesh),
-        _in_mesh(evaluate, mesh),
-        schedule,
+        pieces.graphdef,
+        pieces.rest,
+        pieces.state,
+        steps.in_mesh(train, mesh),
+        steps.in_mesh(evaluate, mesh),
+        optim.make_schedule(cfg.optim),
         train_iter,
         eval_batches,
     )
@@ -332,50 +150,27 @@ def _due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
 
 
-ADMIN_PROFILE = "admin_profile.json"
+def _peek(iterator: Any) -> Callable[[], Batch]:
+    """A function returning the iterator's next batch without consuming it."""
+
+    def peek() -> Batch:
+        position = iterator.get_state()
+        batch = next(iterator)
+        iterator.set_state(position)
+        return batch
+
+    return peek
 
 
-def _admin_omegas(run: Run, workdir: str) -> list[float]:
-    """Admin's profiled omegas: read from WORKDIR/admin_profile.json, else profiled and saved.
-
-    The profile is one training-mode forward pass per sub-layer on the first training batch
-    (peeked: the data iterator is rewound) with step 0's dropout key.
-    """
-    from ln_jax import admin
-
-    path = os.path.join(workdir, ADMIN_PROFILE)
-    if os.path.exists(path):
-        with open(path) as f:
-            omegas = json.load(f)["omega"]
-        log.info("admin: reusing the profile in %s: omega = %s", path, omegas)
-        return omegas
-    data_state = run.train_iter.get_state()
-    batch = next(run.train_iter)
-    run.train_iter.set_state(data_state)
+def _setup_placements(run: Run, workdir: str) -> None:
+    """The placements' set-up hooks on the fresh parameters (`ln_jax.placement_setup`), with
+    step 0's dropout key; before a restore, which then overwrites what they set."""
     model = nnx.merge(run.graphdef, run.state["params"], run.rest)
+    key = jax.random.fold_in(jax.random.key(run.cfg.seed), 0)
     with sharding.use_mesh(run.mesh):
-        omegas = admin.admin_profile(
-            model, batch, jax.random.fold_in(jax.random.key(run.cfg.seed), 0)
-        )
-    omegas = [float(w) for w in omegas]
-    if jax.process_index() == 0:
-        with open(path, "w") as f:
-            json.dump({"omega": omegas, "num_sublayers": len(omegas)}, f, indent=1)
-    log.info("admin: profiled omega per sub-layer = %s (saved to %s)", omegas, path)
-    return omegas
-
-
-def _apply_admin(run: Run, workdir: str) -> None:
-    """Sets the profiled omegas in the run's parameters (placement "admin", omega "profile")."""
-    from ln_jax import admin
-
-    model_cfg = run.cfg.model
-    if set(model_cfg.layer_placements) != {"admin"} or model_cfg.admin_omega != "profile":
-        return
-    omegas = _admin_omegas(run, workdir)
-    model = nnx.merge(run.graphdef, run.state["params"], run.rest)
-    admin.set_admin_omega(model, omegas)
-    _, run.state["params"], _ = nnx.split(model, nnx.Param, ...)
+        done = setup_placements(model, _peek(run.train_iter), key, workdir)
+    if done:
+        _, run.state["params"], _ = nnx.split(model, nnx.Param, ...)
 
 
 def train_and_evaluate(
@@ -392,7 +187,7 @@ def train_and_evaluate(
     os.makedirs(workdir, exist_ok=True)
     run = setup(cfg)
     config_dict = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-    _apply_admin(run, workdir)  # before a restore, which then overwrites omega anyway
+    _setup_placements(run, workdir)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.checkpoint)
     restored = ckpt.restore(run.state)
     if restored is not None:

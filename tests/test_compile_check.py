@@ -4,10 +4,11 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from configs import bert_preln
-from ln_jax import compile_check
+from ln_jax import compile_check, sharding, steps
 from ln_jax.config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,9 +62,9 @@ def test_verdict_and_table(report_222):
 
 def test_fsdp_divides_the_parameters_per_device():
     cfg = small_config()
-    replicated = compile_check.abstract_train_state(cfg, compile_check.resolve_mesh((8, 1, 1), cfg))
-    full = compile_check.tree_bytes_per_device(replicated["state"]["params"])
-    assert full == 4 * replicated["num_params"]  # fsdp=1: every device holds every parameter
+    replicated = steps.abstract_state(cfg, compile_check.resolve_mesh((8, 1, 1), cfg))
+    full = compile_check.tree_bytes_per_device(replicated.state["params"])
+    assert full == 4 * replicated.num_params  # fsdp=1: every device holds every parameter
     fsdp = compile_check.compile_report(cfg, (1, 8, 1))
     assert 1 / 8 <= fsdp["params_bytes"] / full <= 1 / 8 * 1.05 + 0.01
     # XLA's own figure for the compiled step's inputs agrees.
@@ -112,3 +113,25 @@ def test_auto_accumulation_picks_what_fits_the_budget():
     assert compile_check._auto_accumulation(report, cfg, mesh, 4.0) == 4
     assert compile_check._auto_accumulation(report, cfg, mesh, 80.0) == 1
     assert compile_check._auto_accumulation(report, cfg, mesh, None) == 1
+
+
+def test_ahead_of_time_shardings_are_the_trainers():
+    """The abstract state the check compiles has exactly the shardings of the state a run
+    creates, leaf by leaf, and the compiled step takes them as its inputs."""
+    cfg = small_config()
+    mesh = sharding.make_mesh(2, 2, 2)
+    abstract = steps.abstract_state(cfg, mesh)
+    concrete = steps.init_state(cfg, mesh)
+    flat = lambda tree: jax.tree_util.tree_flatten_with_path(tree)[0]
+    pairs = list(zip(flat(abstract.state), flat(concrete.state), strict=True))
+    assert len(pairs) > 10
+    for (path_a, a), (path_c, c) in pairs:
+        assert path_a == path_c and a.shape == c.shape and a.dtype == c.dtype, path_a
+        assert a.sharding == c.sharding, (path_a, a.sharding, c.sharding)
+    # At least one parameter really is split three ways (data is not a parameter axis).
+    specs = {tuple(a.sharding.spec) for _, a in flat(abstract.state["params"])}
+    assert any("tensor" in str(s) and "fsdp" in str(s) for s in specs), specs
+    lowered, _ = compile_check.lower_train_step(cfg, mesh)
+    compiled_in = jax.tree.leaves(lowered.compile().input_shardings[0][0])
+    for sh, (_, c) in zip(compiled_in, flat(concrete.state), strict=True):
+        assert sh.is_equivalent_to(c.sharding, c.ndim)

@@ -243,7 +243,7 @@ def test_trainer_profiles_once_and_reuses_on_resume(data_dir, tmp_path, monkeypa
 def test_every_placement_trains_on_8_devices(data_dir, tmp_path, overrides):
     """A few steps of the real trainer on the 2x2x2 mesh: finite losses, and every parameter
     (ReZero's alpha and DLCL's weights included) has moved from its initial value."""
-    from ln_jax import sharding, trainer
+    from ln_jax import sharding, steps, trainer
     from ln_jax.analysis.models import load_checkpoint
     from tests.test_trainer import tiny_config, train_losses
 
@@ -251,7 +251,7 @@ def test_every_placement_trains_on_8_devices(data_dir, tmp_path, overrides):
     trainer.train_and_evaluate(cfg, str(tmp_path))
     losses = train_losses(tmp_path)
     assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
-    initial = trainer.init_state(cfg, sharding.single_device_mesh())[2]["params"]
+    initial = steps.init_state(cfg, sharding.single_device_mesh()).state["params"]
     _, trained, step = load_checkpoint(str(tmp_path))
     assert step == 4
     before = nnx.to_flat_state(initial)

@@ -19,12 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ln_jax import admin
 from ln_jax.analysis.settings import Arm, Settings, make_arms
-from ln_jax.bert import BertForPreTraining
+from ln_jax.bert import BertForPreTraining, pretraining_loss
 from ln_jax.blocks import Encoder, Record
 from ln_jax.config import CheckpointConfig, ModelConfig, TrainConfig
 from ln_jax.data.config import DataConfig
+from ln_jax.placement_setup import setup_placements
 
 log = logging.getLogger(__name__)
 Array = jax.Array
@@ -95,8 +95,6 @@ def model_loss(model: AnyModel, batch: Batch) -> Array:
     MLM, plus NSP when the model has the head and the batch has labels (as the trainer:
     `data.nsp and model.nsp_head`; batches of a config without NSP carry no "nsp_label").
     """
-    from ln_jax.trainer import pretraining_loss
-
     if isinstance(model, TheoryModel):
         return model.loss(batch)
     keys = ("input_ids", "segment_ids", "attention_mask", "masked_positions")
@@ -166,24 +164,8 @@ def fresh_model(cfg: ModelConfig, theory: bool, seed: int, batch: Batch) -> AnyM
     model = _build(cfg.replace(scan_layers=False), theory, seed)
     if cfg.scan_layers:
         model = _stack_layers(model, cfg, theory)
-    if "admin" in cfg.layer_placements and cfg.admin_omega == "profile":
-        profile_admin(model, batch)
+    setup_placements(model, lambda: batch, None)  # Admin: omega profiled on `batch`
     return model
-
-
-def _admin_variances(model: BertForPreTraining, batch: Batch) -> tuple[Array, Array]:
-    """Var(x_i) and Var(F_i(x_i)) over all elements, each [num_layers, 2] (attention, ffn)."""
-    return admin.sublayer_variances(encode(model, batch, record=True)[1])
-
-
-_admin_statistics = jit_model_fn(_admin_variances)
-
-
-def profile_admin(model: BertForPreTraining, batch: Batch) -> np.ndarray:
-    """Sets Admin's profiled omega [num_sublayers] in `model` and returns it: the walk of
-    `ln_jax.admin.profile_omegas` on this setting's forward pass (no dropout), compiled once
-    per model structure."""
-    return admin.profile_omegas(model, lambda: _admin_statistics(model, batch))
 
 
 def instances(settings: Settings, arm: Arm, batch: Batch) -> Iterator[tuple[str, AnyModel]]:
@@ -294,7 +276,7 @@ def load_checkpoint(path: str) -> tuple[TrainConfig, BertForPreTraining, int]:
 
     The config comes from the checkpoint itself; the parameters are restored onto one device.
     """
-    from ln_jax import sharding, trainer
+    from ln_jax import sharding, steps
     from ln_jax.checkpoint import Checkpointer
 
     directory = checkpoint_dir(path)
@@ -308,7 +290,7 @@ def load_checkpoint(path: str) -> tuple[TrainConfig, BertForPreTraining, int]:
             )
         cfg = TrainConfig.from_mapping(ckpt.restore_config(step))
         mesh = sharding.single_device_mesh()
-        graphdef, rest, state, _ = trainer.init_state(cfg, mesh)
+        graphdef, rest, state, _ = steps.init_state(cfg, mesh)
         step, state, _ = ckpt.restore(state)
     finally:
         ckpt.close()

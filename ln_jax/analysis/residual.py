@@ -39,8 +39,7 @@ from ln_jax.analysis.models import (
 )
 from ln_jax.analysis.settings import Arm, Settings, depth_arms, describe, one_depth
 from ln_jax.analysis.stats import seed_mean_std
-from ln_jax.blocks import layer_state
-from ln_jax.init import deepnorm_alpha
+from ln_jax.blocks import layer_module
 
 SUBLAYERS = ("attention", "ffn")
 
@@ -129,23 +128,16 @@ def output_change(
 # --------------------------------------------------------------------------- dependency
 
 
-def _skip_scale(cfg, state: nnx.State, name: str, layer: int) -> jax.Array | float:
-    skip = cfg.layer_rule(layer).skip
-    if skip == "omega":
-        return state[name]["omega"][...]
-    return deepnorm_alpha(cfg.num_layers) if skip == "alpha" else 1.0
-
-
-def _norm_linear(comps: jax.Array, const: jax.Array, y: jax.Array, norm: nnx.State, cfg):
+def _norm_linear(comps: jax.Array, const: jax.Array, y: jax.Array, norm: nnx.Module, cfg):
     """Applies the post-norm of input y [B, T, d] to the components [K, B, T, d] and const."""
     y = y.astype(jnp.float32)
-    scale = norm["scale"][...]
+    scale = norm.scale[...]
     if cfg.norm == "rmsnorm":
         inv = jax.lax.rsqrt(jnp.square(y).mean(-1, keepdims=True) + cfg.layer_norm_eps)
         return comps * inv * scale, const * inv * scale
     inv = jax.lax.rsqrt(y.var(-1, keepdims=True) + cfg.layer_norm_eps)
     centre = lambda c: c - c.mean(-1, keepdims=True)
-    return centre(comps) * inv * scale, centre(const) * inv * scale + norm["bias"][...]
+    return centre(comps) * inv * scale, centre(const) * inv * scale + norm.bias[...]
 
 
 def _masked_var(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -177,15 +169,15 @@ def dependency_shares(model: AnyModel, batch: Batch) -> dict[str, jax.Array]:
     shares, biases, errors = [], [], []
     for i in range(n_sub):
         layer, name = i // 2, SUBLAYERS[i % 2]
-        state = layer_state(encoder_of(model), layer)
+        sublayer = getattr(layer_module(encoder_of(model), layer), name)
         x_in = rec["layer_in" if i % 2 == 0 else "attention/output"][layer]
-        post = cfg.layer_rule(layer).post_norm
+        post = sublayer.norms().get("post_norm")
         summed = rec[f"{name}/post_norm_in" if post else f"{name}/output"][layer]
-        skip = _skip_scale(cfg, state, name, layer)
+        skip = sublayer.skip_scale()
         comps = (comps * skip).at[i + 1].set(summed - skip * x_in)
         const = const * skip
         if post:
-            comps, const = _norm_linear(comps, const, summed, state[name]["post_norm"], cfg)
+            comps, const = _norm_linear(comps, const, summed, post, cfg)
         out = rec[f"{name}/output"][layer].astype(jnp.float32)
         total = _masked_var(out, mask)
         shares.append(_masked_var(comps, mask) / total)

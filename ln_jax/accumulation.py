@@ -1,4 +1,4 @@
-"""Fitting a train step into device memory: XLA's own estimate, and automatic accumulation.
+"""Automatic gradient accumulation: fit a train step into device memory by XLA's own estimate.
 
 `grad_accum_steps=0` ("auto") compiles the step once at one micro-batch, reads XLA's memory
 analysis, and picks the smallest power-of-two accumulation whose estimate fits the device, so
@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from ln_jax import sharding
 
@@ -35,22 +34,6 @@ def device_memory_bytes(device: Any = None) -> int | None:
         # What is free now, not the total: other processes (and XLA's compiler) share the RAM.
         return psutil.virtual_memory().available // jax.local_device_count()
     return None
-
-
-def abstract_batch(data_cfg: Any, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """The shapes, dtypes and shardings of one global batch (no data is read)."""
-    b, t, p = data_cfg.global_batch_size, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
-    sh = sharding.batch_sharding(mesh)
-    spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
-    return {
-        "input_ids": spec((b, t)),
-        "segment_ids": spec((b, t)),
-        "attention_mask": spec((b, t)),
-        "masked_positions": spec((b, p)),
-        "masked_ids": spec((b, p)),
-        "masked_weights": spec((b, p), jnp.float32),
-        "nsp_label": spec((b,)),
-    }
 
 
 def step_memory(compiled: Any) -> tuple[int, int]:

@@ -1,0 +1,288 @@
+"""The train state and the jitted train/eval steps: the one train step of ln_jax.
+
+The trainer, the ahead-of-time check (`compile_check`), automatic accumulation
+(`accumulation`), the benchmarks and the analyses all build their state and steps here, so an
+estimate or a measurement can never drift from what a run really does:
+
+  pieces = init_state(cfg, mesh)        # parameters and optimizer state, created in shards
+  pieces = abstract_state(cfg, mesh)    # the same tree as ShapeDtypeStructs, same shardings
+  train, evaluate = jit_steps(cfg, mesh, pieces)   # jitted with those shardings, state donated
+
+`train(state, rest, batch) -> (state, metrics)` and `evaluate(params, rest, batch) -> sums`
+take the global batch of `abstract_batch` (every array split over data x fsdp); call or lower
+them inside `sharding.use_mesh(mesh)` (`in_mesh` wraps a step so), where the model's activation
+sharding constraints apply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ln_jax import optim, sharding
+from ln_jax.bert import BertForPreTraining, create_model, pretraining_loss
+from ln_jax.config import TrainConfig
+
+Batch = dict[str, jax.Array]
+State = dict[str, Any]
+
+__all__ = [
+    "TrainState",
+    "abstract_batch",
+    "abstract_state",
+    "in_mesh",
+    "init_state",
+    "jit_steps",
+    "make_eval_step",
+    "make_train_step",
+]
+
+
+class TrainState(NamedTuple):
+    """What a run trains, split the way the jitted steps take it.
+
+    Attributes:
+      graphdef: the model's structure (static).
+      rest: the model's non-parameter variables (an nnx.State).
+      state: {"params", "opt_state", "step", "halted"}; arrays, or ShapeDtypeStructs with
+        their NamedShardings for an abstract state.
+      tx: the optax optimizer.
+    """
+
+    graphdef: Any
+    rest: Any
+    state: State
+    tx: optax.GradientTransformation
+
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(x.shape) for x in jax.tree.leaves(self.state["params"]))
+
+
+# --------------------------------------------------------------------------- state
+
+
+def _replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def _optimizer_and_shardings(cfg: TrainConfig, params: Any, mesh: jax.sharding.Mesh):
+    """The optimizer and its state's shardings: Adam's moments mirror the parameters."""
+    tx = optim.make_optimizer(cfg.optim, params)
+    return tx, sharding.mirror_shardings(jax.eval_shape(tx.init, params), params, mesh)
+
+
+def init_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
+    """The run's parameters and optimizer state, each created directly in its shards."""
+    model = create_model(cfg.model, seed=cfg.seed, mesh=mesh)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx, opt_sh = _optimizer_and_shardings(cfg, params, mesh)
+    with sharding.use_mesh(mesh):
+        opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
+    scalar = lambda v: jax.device_put(jnp.asarray(v), _replicated(mesh))
+    state = {"params": params, "opt_state": opt_state, "step": scalar(0), "halted": scalar(False)}
+    return TrainState(graphdef, rest, state, tx)
+
+
+def abstract_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
+    """`init_state`'s tree as ShapeDtypeStructs carrying the same NamedShardings; nothing is
+    allocated, so a BERT-large state for 256 devices is built on a laptop."""
+    build = lambda: BertForPreTraining(cfg.model, rngs=nnx.Rngs(params=cfg.seed))
+    graphdef, abstract = sharding.abstract_sharded(build, mesh)
+    graphdef, params, rest = nnx.split(nnx.merge(graphdef, abstract), nnx.Param, ...)
+    tx, opt_sh = _optimizer_and_shardings(cfg, params, mesh)
+    opt_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        jax.eval_shape(tx.init, params),
+        opt_sh,
+    )
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=_replicated(mesh))
+    state = {
+        "params": params,
+        "opt_state": opt_state,
+        "step": scalar(jnp.int32),
+        "halted": scalar(jnp.bool_),
+    }
+    return TrainState(graphdef, rest, state, tx)
+
+
+def abstract_batch(data_cfg: Any, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes, dtypes and shardings of one global batch (no data is read).
+
+    Raises:
+      ValueError: if the global batch does not divide over the data x fsdp devices.
+    """
+    b, t, p = data_cfg.global_batch_size, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
+    divisor = sharding.batch_divisor(mesh)
+    if b % divisor:
+        raise ValueError(
+            f"data.global_batch_size={b} is not divisible by the data x fsdp device count "
+            f"{divisor} of mesh {dict(mesh.shape)}."
+        )
+    sh = sharding.batch_sharding(mesh)
+    spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+    return {
+        "input_ids": spec((b, t)),
+        "segment_ids": spec((b, t)),
+        "attention_mask": spec((b, t)),
+        "masked_positions": spec((b, p)),
+        "masked_ids": spec((b, p)),
+        "masked_weights": spec((b, p), jnp.float32),
+        "nsp_label": spec((b,)),
+    }
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _forward(graphdef, params, rest, batch: Batch, key, use_nsp: bool, *denominators):
+    model = nnx.merge(graphdef, params, rest)
+    outputs = model(
+        batch["input_ids"],
+        batch["segment_ids"],
+        batch["attention_mask"],
+        batch["masked_positions"],
+        dropout_key=key,
+    )
+    return pretraining_loss(outputs, batch, use_nsp, *denominators)
+
+
+def _micro_batches(batch: Batch, accum: int) -> Batch:
+    """[B, ...] -> [accum, B/accum, ...], micro-batch a = rows a, a+accum, ... (strided).
+
+    Strided so that every device keeps contributing its own rows to every micro-batch.
+    """
+
+    def split(x):
+        x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+        return sharding.constrain(x, (None, "act_batch") + (None,) * (x.ndim - 2))
+
+    return jax.tree.map(split, batch)
+
+
+def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig):
+    """Loss metrics and gradients of the whole batch, summed over `grad_accum_steps`
+    micro-batches.
+
+    Each micro-batch's MLM loss is divided by the whole batch's masked-token weight (and NSP by
+    the whole batch's sequences), so the sum over micro-batches is the big batch's loss: a
+    micro-batch with fewer masked tokens weighs exactly as much as its tokens.
+    """
+    use_nsp = cfg.data.nsp and cfg.model.nsp_head
+    grad_fn = jax.value_and_grad(_forward, argnums=1, has_aux=True)
+    accum = cfg.grad_accum_steps
+    if accum == 1:
+        (_, metrics), grads = grad_fn(graphdef, params, rest, batch, key, use_nsp)
+        return metrics, grads
+    mlm_weight = jnp.maximum(batch["masked_weights"].astype(jnp.float32).sum(), 1.0)
+    num_sequences = batch["input_ids"].shape[0]
+
+    def one(micro, index):
+        micro_key = jax.random.fold_in(key, index)
+        args = (graphdef, params, rest, micro, micro_key, use_nsp, mlm_weight, num_sequences)
+        (_, m), g = grad_fn(*args)
+        return m, g
+
+    def body(carry, xs):
+        return jax.tree.map(jnp.add, carry, one(*xs)), None
+
+    micro = _micro_batches(batch, accum)
+    first = one(jax.tree.map(lambda x: x[0], micro), 0)
+    later = (jax.tree.map(lambda x: x[1:], micro), jnp.arange(1, accum))
+    total, _ = jax.lax.scan(body, first, later)
+    return total
+
+
+def make_train_step(graphdef, tx, schedule, cfg: TrainConfig) -> Callable:
+    """(state, rest, batch) -> (state, metrics): one update; non-finite updates are dropped.
+
+    state = {"params", "opt_state", "step", "halted"}. With nan_policy "stop", the first
+    non-finite step sets `halted` and freezes the state at the last good parameters.
+    """
+    base_key = jax.random.key(cfg.seed)
+
+    def step_fn(state: State, rest, batch: Batch):
+        step = state["step"]
+        key = jax.random.fold_in(base_key, step)
+        metrics, grads = _grads(graphdef, state["params"], rest, batch, key, cfg)
+        grad_norm = optim.global_norm(grads)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        accept = finite & ~state["halted"]
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(accept, n, o), new, old)
+        new_state = {
+            "params": keep(params, state["params"]),
+            "opt_state": keep(opt_state, state["opt_state"]),
+            "step": step + 1,
+            "halted": state["halted"] | (~finite if cfg.nan_policy == "stop" else False),
+        }
+        metrics.update(grad_norm=grad_norm, learning_rate=schedule(step), finite=finite)
+        return new_state, metrics
+
+    return step_fn
+
+
+def make_eval_step(graphdef, cfg: TrainConfig) -> Callable:
+    """(params, rest, batch) -> summed metrics of one batch (weights for exact averages)."""
+    use_nsp = cfg.data.nsp and cfg.model.nsp_head
+
+    def eval_fn(params, rest, batch: Batch):
+        _, metrics = _forward(graphdef, params, rest, batch, None, use_nsp)
+        n_pred = jnp.maximum(batch["masked_weights"].sum(), 1.0)
+        n_seq = batch["input_ids"].shape[0]
+        sums = {
+            "mlm_loss": metrics["mlm_loss"] * n_pred,
+            "mlm_accuracy": metrics["mlm_accuracy"] * n_pred,
+            "n_pred": n_pred,
+        }
+        if use_nsp:
+            sums.update(
+                nsp_loss=metrics["nsp_loss"] * n_seq,
+                nsp_accuracy=metrics["nsp_accuracy"] * n_seq,
+                n_seq=n_seq * 1.0,
+            )
+        return sums
+
+    return eval_fn
+
+
+def jit_steps(cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: TrainState):
+    """(train, evaluate), jitted with the shardings of `pieces` (concrete or abstract).
+
+    train: state, rest and batch shardings in; the same state shardings and replicated
+    metrics out; the state donated. evaluate: parameters, rest and batch in; replicated sums.
+    """
+    shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
+    rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
+    batch_sh = sharding.batch_sharding(mesh)
+    schedule = optim.make_schedule(cfg.optim)
+    train = jax.jit(
+        make_train_step(pieces.graphdef, pieces.tx, schedule, cfg),
+        in_shardings=(shardings, rest_sh, batch_sh),
+        out_shardings=(shardings, _replicated(mesh)),
+        donate_argnums=(0,),
+    )
+    evaluate = jax.jit(
+        make_eval_step(pieces.graphdef, cfg),
+        in_shardings=(shardings["params"], rest_sh, batch_sh),
+        out_shardings=_replicated(mesh),
+    )
+    return train, evaluate
+
+
+def in_mesh(fn: Callable, mesh: jax.sharding.Mesh) -> Callable:
+    """`fn` called with the mesh and rules in context (traced activation constraints need it)."""
+
+    def call(*args):
+        with sharding.use_mesh(mesh):
+            return fn(*args)
+
+    return call
