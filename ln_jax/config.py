@@ -113,6 +113,12 @@ def parse_placement(placement: str | tuple[str, ...], num_layers: int) -> tuple[
     for item in items:
         name, _, count = item.strip().partition("*")
         check_choice("placement", name, (*PLACEMENTS, "mixln"))
+        if name == "mixln":  # a rule for the whole stack, not one layer's placement
+            raise ValueError(
+                f"model.placement={placement!r}: 'mixln' names the whole stack's rule and "
+                "cannot be an item of a per-layer list; give it alone, or list the layers "
+                "(e.g. 'post*3,pre*9')."
+            )
         if count and not (count.strip().isdigit() and int(count) > 0):
             raise ValueError(
                 f"placement item {item.strip()!r}: the count after '*' must be a positive "

@@ -181,3 +181,12 @@ def test_every_command_line_rejects_a_misspelt_override_alike(command):
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: unknown config field 'model.nrom'. Did you mean 'model.norm'?")
+
+
+def test_mixln_is_rejected_inside_a_per_layer_list():
+    with pytest.raises(ValueError, match="'mixln' names the whole stack's rule"):
+        config_lib.model_config("tiny", placement="post,mixln")
+    with pytest.raises(ValueError, match="'mixln' names the whole stack's rule"):
+        config_lib.model_config("tiny", num_layers=3, placement="mixln*2,pre")
+    mixed = config_lib.model_config("tiny", num_layers=8, placement="mixln")
+    assert mixed.layer_placements == ("post",) * 2 + ("pre",) * 6
