@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -214,16 +214,24 @@ def _init_values(build: Callable[[], nnx.Module]) -> dict:
         return nnx.to_pure_dict(nnx.split(build())[1])
 
 
+def _abstract(build: Callable[[], nnx.Module]) -> tuple[Any, Any]:
+    """(graphdef, state of ShapeDtypeStructs): the module traced for shapes only."""
+    with nnx.use_eager_sharding(False):
+        return nnx.split(nnx.eval_shape(build))
+
+
+def _merge(graphdef: Any, abstract: Any, values: dict) -> nnx.Module:
+    state = jax.tree.map(lambda x: x, abstract)  # fresh Variables: `abstract` may be reused
+    nnx.replace_by_pure_dict(state, values)
+    return nnx.merge(graphdef, state)
+
+
 def _build_jitted(build: Callable[[], nnx.Module], out_shardings: Any = None) -> nnx.Module:
     """Runs all initialisers in one jit (one compilation instead of one per random draw)."""
-    with nnx.use_eager_sharding(False):
-        graphdef, abstract = nnx.split(nnx.eval_shape(build))
-    if out_shardings is None:
-        values = jax.jit(lambda: _init_values(build))()
-    else:
-        values = jax.jit(lambda: _init_values(build), out_shardings=out_shardings(abstract))()
-    nnx.replace_by_pure_dict(abstract, values)
-    return nnx.merge(graphdef, abstract)
+    graphdef, abstract = _abstract(build)
+    shardings = None if out_shardings is None else out_shardings(abstract)
+    values = jax.jit(lambda: _init_values(build), out_shardings=shardings)()
+    return _merge(graphdef, abstract, values)
 
 
 def create_sharded(
@@ -233,6 +241,7 @@ def create_sharded(
 
     The initialisers run under `jax.jit` with `out_shardings` from `param_spec`, so XLA
     generates each shard on its own device and the whole model never sits on one device.
+    `build` is compiled anew at each call; `create_seeded` compiles once per structure.
     """
     with use_mesh(mesh, rules):
         return _build_jitted(build, lambda abstract: state_shardings(abstract, mesh, rules))
@@ -241,6 +250,60 @@ def create_sharded(
 def create_unsharded(build: Callable[[], nnx.Module]) -> nnx.Module:
     """Builds an annotated module on the default device, with no mesh (tests, conversion)."""
     return _build_jitted(build)
+
+
+# (cache_key, mesh, rules) -> (graphdef, abstract state, jitted initialiser of a PRNG key).
+# Compiling the initialisers of even a tiny BERT takes seconds on CPU; a model of the same
+# structure built again (another seed, another test) reuses them.
+_SEEDED_INITS: dict[Hashable, tuple[Any, Any, Callable[[jax.Array], dict]]] = {}
+
+
+def _hashable_rules(rules: Rules) -> tuple[tuple[str, Any], ...]:
+    as_axes = lambda t: tuple(t) if isinstance(t, list) else t
+    return tuple((name, as_axes(target)) for name, target in rules)
+
+
+def _seeded_init(
+    make: Callable[[nnx.Rngs], nnx.Module],
+    cache_key: Hashable,
+    mesh: jax.sharding.Mesh | None,
+    rules: Rules,
+) -> tuple[Any, Any, Callable[[jax.Array], dict]]:
+    key = (cache_key, None) if mesh is None else (cache_key, mesh, _hashable_rules(rules))
+    if key not in _SEEDED_INITS:
+        graphdef, abstract = _abstract(lambda: make(nnx.Rngs(params=0)))
+        shardings = None if mesh is None else state_shardings(abstract, mesh, rules)
+        init = jax.jit(
+            lambda rng: _init_values(lambda: make(nnx.Rngs(params=rng))), out_shardings=shardings
+        )
+        _SEEDED_INITS[key] = (graphdef, abstract, init)
+    return _SEEDED_INITS[key]
+
+
+def create_seeded(
+    make: Callable[[nnx.Rngs], nnx.Module],
+    seed: int | jax.Array,
+    *,
+    cache_key: Hashable,
+    mesh: jax.sharding.Mesh | None = None,
+    rules: Rules = DEFAULT_RULES,
+) -> nnx.Module:
+    """`make(nnx.Rngs(params=seed))` with its initialisers compiled once per `cache_key` and mesh.
+
+    The PRNG key is an argument of the jitted initialiser, so another seed (or the same one
+    again) reuses the compiled program. `cache_key` must identify the module `make` builds
+    (e.g. its frozen config): two `make`s with equal keys must build the same structure.
+    Under `mesh` every parameter is created directly in its shards, as in `create_sharded`;
+    without one, on the default device as in `create_unsharded`. Same values as either of
+    those with `nnx.Rngs(params=seed)` inside `build`.
+    """
+    rng = seed if isinstance(seed, jax.Array) else jax.random.key(seed)
+    if mesh is None:
+        graphdef, abstract, init = _seeded_init(make, cache_key, None, rules)
+        return _merge(graphdef, abstract, init(rng))
+    with use_mesh(mesh, rules):
+        graphdef, abstract, init = _seeded_init(make, cache_key, mesh, rules)
+        return _merge(graphdef, abstract, init(rng))
 
 
 def abstract_sharded(

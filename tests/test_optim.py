@@ -159,12 +159,42 @@ def test_decay_mask_nnx_structure():
 
 
 def test_adamw_inside_nnx_optimizer():
-    """nnx.Optimizer inits with Param nodes but updates with pure arrays."""
+    """nnx.Optimizer inits with Param nodes but updates with pure arrays: two of its updates
+    equal AdamW computed by hand (clipping, bias-corrected moments, decay on the kernel only)."""
     model = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
-    cfg = OptimConfig(optimizer="adamw", schedule="constant", peak_lr=1e-2)
+    model.bias[...] = jnp.array([0.5, -1.0, 2.0])  # non-zero, so that decaying it would show
+    lr, wd, b1, b2, eps, clip = 1e-2, 0.1, 0.9, 0.98, 1e-6, 1.0
+    cfg = OptimConfig(
+        optimizer="adamw",
+        schedule="constant",
+        peak_lr=lr,
+        weight_decay=wd,
+        b1=b1,
+        b2=b2,
+        eps=eps,
+        clip_norm=clip,
+    )
     opt = nnx.Optimizer(model, make_optimizer(cfg, nnx.state(model, nnx.Param)), wrt=nnx.Param)
-    grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((2, 4))) ** 2))(model)
-    opt.update(model, grads)
+    params = {k: np.asarray(getattr(model, k)[...], np.float64) for k in ("kernel", "bias")}
+    decays = {"kernel": 1.0, "bias": 0.0}  # 1-D parameters are masked off
+    mu = {k: np.zeros_like(v) for k, v in params.items()}
+    nu = {k: np.zeros_like(v) for k, v in params.items()}
+    inputs = [jnp.ones((2, 4)), jnp.arange(8.0).reshape(2, 4) / 4.0 - 1.0]
+    for t, x in enumerate(inputs, start=1):
+        grads = nnx.grad(lambda m, x=x: jnp.sum(m(x) ** 2))(model)
+        g = {k: np.asarray(grads[k][...], np.float64) for k in params}
+        norm = np.sqrt(sum(np.sum(v**2) for v in g.values()))
+        assert norm > clip  # clipping is exercised
+        g = {k: v * clip / norm for k, v in g.items()}
+        for k in params:
+            mu[k] = b1 * mu[k] + (1 - b1) * g[k]
+            nu[k] = b2 * nu[k] + (1 - b2) * g[k] ** 2
+            adam = (mu[k] / (1 - b1**t)) / (np.sqrt(nu[k] / (1 - b2**t)) + eps)
+            params[k] = params[k] - lr * (adam + decays[k] * wd * params[k])
+        opt.update(model, grads)
+        for k in params:
+            np.testing.assert_allclose(getattr(model, k)[...], params[k], rtol=1e-5, atol=1e-7)
+    assert int(opt.step[...]) == 2
 
 
 def test_clip_by_global_norm():

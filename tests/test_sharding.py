@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,27 +43,83 @@ def test_every_parameter_has_logical_axes(scan):
             assert names[0] == "layers"
 
 
+# The PartitionSpec of every parameter of CFG on the 2x2x2 (data, fsdp, tensor) mesh, worked out
+# by hand from DEFAULT_RULES (vocab, embed_proj, mlp, heads -> tensor; embed -> fsdp) and the
+# ZeRO-3 rule (a parameter that does not use fsdp yet is split over it along its largest
+# dimension that still divides). Encoder-layer paths drop the layer index.
+TENSOR_FSDP = ("tensor", "fsdp")
+SPECS_2X2X2 = {
+    "bert/embeddings/norm/bias": ("fsdp",),
+    "bert/embeddings/norm/scale": ("fsdp",),
+    "bert/embeddings/position": (None, "fsdp"),
+    "bert/embeddings/segment": (None, "fsdp"),
+    "bert/embeddings/word": ("tensor", "fsdp"),
+    "bert/encoder/final_norm/bias": ("fsdp",),
+    "bert/encoder/final_norm/scale": ("fsdp",),
+    # [heads=2, kv=6]: heads take tensor; 2 does not divide by tensor x fsdp, so kv takes fsdp
+    "layers/attention/branch/key/bias": ("tensor", "fsdp"),
+    "layers/attention/branch/key/kernel": ("fsdp", "tensor", None),
+    "layers/attention/branch/out/bias": ("fsdp",),
+    "layers/attention/branch/out/kernel": ("tensor", None, "fsdp"),
+    "layers/attention/branch/query/bias": ("tensor", "fsdp"),
+    "layers/attention/branch/query/kernel": ("fsdp", "tensor", None),
+    "layers/attention/branch/value/bias": ("tensor", "fsdp"),
+    "layers/attention/branch/value/kernel": ("fsdp", "tensor", None),
+    "layers/attention/pre_norm/bias": ("fsdp",),
+    "layers/attention/pre_norm/scale": ("fsdp",),
+    "layers/ffn/branch/wi/bias": (TENSOR_FSDP,),  # [mlp=20]: tensor, then fsdp (20 % 4 == 0)
+    "layers/ffn/branch/wi/kernel": ("fsdp", "tensor"),
+    "layers/ffn/branch/wo/bias": ("fsdp",),
+    "layers/ffn/branch/wo/kernel": ("tensor", "fsdp"),
+    "layers/ffn/pre_norm/bias": ("fsdp",),
+    "layers/ffn/pre_norm/scale": ("fsdp",),
+    "mlm/bias": (TENSOR_FSDP,),
+    "mlm/norm/bias": (TENSOR_FSDP,),
+    "mlm/norm/scale": (TENSOR_FSDP,),
+    "mlm/transform/bias": (TENSOR_FSDP,),
+    "mlm/transform/kernel": ("fsdp", "tensor"),
+    "nsp/classifier/bias": ("fsdp",),  # classes -> None; 2 % fsdp == 0
+    "nsp/classifier/kernel": (TENSOR_FSDP, None),  # fsdp joins the larger dimension (12 > 2)
+    "nsp/pooler/bias": (TENSOR_FSDP,),
+    "nsp/pooler/kernel": ("fsdp", "tensor"),
+}
+
+
+def _mesh_axes(spec: P, ndim: int) -> tuple:
+    """A spec as one entry per dimension: None, an axis name, or a tuple of several names."""
+    padded = tuple(spec) + (None,) * (ndim - len(spec))
+    one = lambda a: a[0] if isinstance(a, tuple) and len(a) == 1 else (a or None)
+    return tuple(one(a) for a in padded)
+
+
+def _table_key(path: tuple) -> tuple[str, bool]:
+    """(key into SPECS_2X2X2, whether the parameter belongs to an encoder layer)."""
+    parts = [str(p) for p in path]
+    if "layers" not in parts:
+        return "/".join(parts), False
+    rest = parts[parts.index("layers") + 1 :]
+    return "/".join(["layers"] + [p for p in rest if not p.isdigit()]), True
+
+
 @pytest.mark.parametrize("scan", [False, True])
 def test_parameters_are_created_sharded_as_the_rules_say(scan):
     mesh = sharding.make_mesh(2, 2, 2)
     model = ln_jax.create_model(CFG.replace(scan_layers=scan), mesh=mesh)
-    rules = dict(sharding.DEFAULT_RULES)
+    seen = set()
     for path, var in _params(model):
         value = var[...]
-        names = var.get_metadata()["out_sharding"]
-        spec = value.sharding.spec
-        want = sharding.param_spec(names, value.shape, mesh)
-        assert value.sharding.is_equivalent_to(NamedSharding(mesh, want), value.ndim), path
-        padded = tuple(spec) + (None,) * (value.ndim - len(spec))
-        for name, axes in zip(names, padded, strict=True):
-            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-            if rules[name] is not None and not isinstance(rules[name], tuple):
-                # the rule's axis is used unless another dimension took it first
-                assert rules[name] in axes or rules[name] in str(spec), (path, name, spec)
+        key, in_layer = _table_key(path)
+        want = SPECS_2X2X2[key]
+        if scan and in_layer:  # the stacked [layers=2] dimension is never the largest: unsplit
+            want = (None, *want)
+        assert _mesh_axes(value.sharding.spec, value.ndim) == want, (path, value.sharding.spec)
+        assert value.sharding.mesh == mesh, path
+        seen.add(key)
         # Each device holds only its block, never the whole array.
-        held = {s.data.size for s in value.addressable_shards}
-        split = np.prod([mesh.shape[a] for a in jax.tree.leaves(tuple(spec))], dtype=int)
-        assert held == {value.size // split}, path
+        split = lambda ax: math.prod(mesh.shape[a] for a in ((ax,) if isinstance(ax, str) else ax))
+        block = tuple(n // split(ax or ()) for n, ax in zip(value.shape, want, strict=True))
+        assert {s.data.shape for s in value.addressable_shards} == {block}, path
+    assert seen == set(SPECS_2X2X2)  # every parameter met its row of the table
     word = model.bert.embeddings.word[...]
     assert word.addressable_shards[0].data.shape == (12, 6)  # vocab/tensor, embed/fsdp
 
@@ -75,6 +133,27 @@ def test_fsdp_splits_every_parameter_zero3_style():
     assert len(held) == 8
     # Only the 2-element NSP bias cannot be split 8 ways.
     assert max(held.values()) <= total / 8 + 2 * 4 * 7 / 8 + 1
+    # By hand: tensor (size 1) still takes its rule's dimension; fsdp=8 then joins the largest
+    # dimension that divides by 8, or none (the 2-element NSP bias stays replicated).
+    want = {
+        "bert/embeddings/word": ("tensor", "fsdp"),  # [24, 16]
+        "bert/embeddings/position": (None, "fsdp"),  # [16, 16]
+        "bert/embeddings/norm/scale": ("fsdp",),  # [16]
+        "bert/encoder/layers/0/attention/branch/key/bias": ("tensor", "fsdp"),  # [2, 8]
+        "bert/encoder/layers/1/attention/branch/query/kernel": ("fsdp", "tensor", None),
+        "bert/encoder/layers/0/attention/branch/out/kernel": ("tensor", None, "fsdp"),
+        "bert/encoder/layers/0/ffn/branch/wi/bias": (TENSOR_FSDP,),  # [24]
+        "bert/encoder/layers/0/ffn/branch/wi/kernel": ("fsdp", "tensor"),
+        "bert/encoder/layers/1/ffn/branch/wo/kernel": ("tensor", "fsdp"),
+        "mlm/bias": (TENSOR_FSDP,),  # [24]
+        "nsp/classifier/kernel": (TENSOR_FSDP, None),  # [16, 2]
+        "nsp/classifier/bias": (None,),  # [2]
+    }
+    specs = {
+        "/".join(map(str, path)): _mesh_axes(var[...].sharding.spec, var[...].ndim)
+        for path, var in _params(model)
+    }
+    assert {name: specs[name] for name in want} == want
     same = lambda a, b, nd: NamedSharding(mesh, a).is_equivalent_to(NamedSharding(mesh, b), nd)
     assert same(sharding.param_spec(("mlp",), (24,), mesh), P("fsdp"), 1)
     # Neither dimension divides by 8: replicated rather than an error.
@@ -121,3 +200,43 @@ def test_mesh_shape_resolution_and_errors():
     with pytest.raises(ValueError, match="does not divide 8"):
         sharding.resolve_mesh_shape(-1, 3, 1, 8)
     assert sharding.make_mesh(-1, 2, 1).shape == {"data": 4, "fsdp": 2, "tensor": 1}
+
+
+class _BackendCompiles:
+    """Counts XLA compilations (JAX's backend-compile events) inside a `with` block."""
+
+    def __enter__(self):
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+        return self
+
+    def _on_event(self, event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._on_event)
+
+
+@pytest.mark.parametrize("on_mesh", [False, True], ids=["unsharded", "2x2x2"])
+def test_create_model_compiles_once_per_config(on_mesh):
+    """Another seed reuses the compiled initialisers and gives other values; the same seed
+    gives the same values."""
+    cfg = CFG.replace(num_layers=1, vocab_size=32)  # a config no other test builds
+    mesh = sharding.make_mesh(2, 2, 2) if on_mesh else None
+    values = lambda m: [np.asarray(v[...]) for _, v in _params(m)]
+    with _BackendCompiles() as first:
+        seed0 = values(ln_jax.create_model(cfg, seed=0, mesh=mesh))
+    with _BackendCompiles() as again:
+        model1 = ln_jax.create_model(cfg, seed=1, mesh=mesh)
+        model0 = ln_jax.create_model(cfg, seed=0, mesh=mesh)
+    assert first.count >= 1  # the counter sees the first compilation
+    assert again.count == 0
+    seed1 = values(model1)
+    drawn = [i for i, a in enumerate(seed0) if np.ptp(a) > 0]  # not a constant init (0 or 1)
+    assert len(drawn) >= 10 and all(not np.array_equal(seed0[i], seed1[i]) for i in drawn)
+    for a, b in zip(seed0, values(model0), strict=True):
+        np.testing.assert_array_equal(a, b)
+    if on_mesh:
+        word = model1.bert.embeddings.word[...]
+        assert _mesh_axes(word.sharding.spec, 2) == ("tensor", "fsdp")
