@@ -240,3 +240,19 @@ def test_create_model_compiles_once_per_config(on_mesh):
     if on_mesh:
         word = model1.bert.embeddings.word[...]
         assert _mesh_axes(word.sharding.spec, 2) == ("tensor", "fsdp")
+
+
+def test_initialisers_equal_the_default_compilation_bit_for_bit():
+    """create_model compiles its initialisers with cheaper XLA options on CPU; the values must
+    be exactly those of a plain `jax.jit` with the defaults."""
+    cfg = CFG.replace(num_layers=1, vocab_size=32)
+
+    def build():
+        return ln_jax.BertForPreTraining(cfg, rngs=nnx.Rngs(params=3))
+
+    with nnx.use_eager_sharding(False):
+        want = jax.jit(lambda: nnx.to_pure_dict(nnx.state(build(), nnx.Param)))()
+    got = nnx.to_pure_dict(nnx.state(ln_jax.create_model(cfg, seed=3), nnx.Param))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
