@@ -134,7 +134,7 @@ def _grads(model, ids, seg, mask, pos, key):
         m = nnx.merge(graphdef, p, rest)
         return jnp.mean(m(ids, seg, mask, pos, dropout_key=key)["mlm_logits"] ** 2)
 
-    return jax.grad(loss)(params)
+    return jax.jit(jax.grad(loss))(params)  # remat acts under jit, where programs are built
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -297,9 +297,10 @@ def test_hessian_through_closed_form_norms_equals_autodiff():
         return m(ids, seg, mask, pos)["mlm_logits"].astype(jnp.float32).std()
 
     s0 = model.bert.embeddings.norm.scale[...] * 1.3
-    h = jax.hessian(loss)(s0)  # every later LayerNorm's input depends on s
-    with layers.autodiff_normalization():
-        h_ref = jax.hessian(loss)(s0)
+    # Jitted: one program each instead of thousands of op-by-op dispatches of forward-over-reverse.
+    h = jax.jit(jax.hessian(loss))(s0)  # every later LayerNorm's input depends on s
+    with layers.autodiff_normalization():  # read while tracing: inside the context
+        h_ref = jax.jit(jax.hessian(loss))(s0)
     assert h.shape == (s0.size, s0.size) and float(jnp.abs(h_ref).max()) > 1e-4
     np.testing.assert_allclose(h, h_ref, rtol=1e-3, atol=1e-6 * float(jnp.abs(h_ref).max()))
     np.testing.assert_allclose(h, h.T, rtol=1e-3, atol=1e-6)
