@@ -8,19 +8,30 @@ declares can be overridden with --config.SECTION.FIELD=VALUE (see configs/common
 in `python -m ln_jax.experiments`, `python -m ln_jax.analysis` and `python -m
 ln_jax.compile_check`.
 
+A workdir holds one run: resuming it with another config is an error listing what differs
+(--accept_changes continues with the safe ones). User errors print one line and exit 2
+(--traceback, or LN_JAX_TRACEBACK=1, shows the traceback); library logs go to
+WORKDIR/train.log. SIGTERM and Ctrl-C save and exit 0 (a second Ctrl-C aborts).
+
 Multi-host (TPU pods, GPU clusters): add --distributed (JAX finds the coordinator on Cloud TPU
 and SLURM) or pass --coordinator_address, --num_processes and --process_id.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 from absl import app, flags
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: workdirs/<name>).")
+_ACCEPT = flags.DEFINE_bool(
+    "accept_changes",
+    False,
+    "Resume a workdir with a config that differs only in fields safe to change within a run "
+    "(cadences, mesh, checkpointing, total_steps: the schedule change is shown).",
+)
+_TRACEBACK = flags.DEFINE_bool("traceback", False, "Show the traceback of a user error too.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize().")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
@@ -43,37 +54,49 @@ def _init_distributed() -> None:
 
 def main(argv: list[str], values: dict) -> int:
     del argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    _init_distributed()
-    from ln_jax.config import ConfigError, build_config
-    from ln_jax.trainer import CheckpointError, NonFiniteError, train_and_evaluate
+    from ln_jax import console
+    from ln_jax.trainer import NonFiniteError
 
-    try:
-        cfg = build_config(values)
-    except ConfigError as err:
-        print(f"error in the config: {err}", file=sys.stderr)
-        return 2
+    console.configure_logging()
+    return console.run_reporting_errors(
+        lambda: _train(values), _TRACEBACK.value, failures=(NonFiniteError,)
+    )
+
+
+def _train(values: dict) -> int:
+    from ln_jax import console, run_identity
+    from ln_jax.config import build_config
+    from ln_jax.trainer import train_and_evaluate
+
+    cfg = build_config(values)
     workdir = _WORKDIR.value or os.path.join("workdirs", cfg.name)
+    run_identity.prepare_workdir(workdir)
+    console.configure_logging(os.path.join(workdir, "train.log"))
+    _init_distributed()
     print(
         f"ln_jax: {cfg.name}: {cfg.model.placement}-LN {cfg.model.size}, "
-        f"{cfg.total_steps} steps, workdir {workdir}",
+        f"{cfg.total_steps} steps, workdir {workdir} (library logs: {workdir}/train.log)",
         flush=True,
     )
-    try:
-        result = train_and_evaluate(cfg, workdir)
-    except (NonFiniteError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    if result["eval"]:
+    result = train_and_evaluate(cfg, workdir, accept_changes=_ACCEPT.value)
+    if result["already_done"]:
         print(
-            f"final eval at step {result['step']}: "
-            + ", ".join(
-                f"{k}={v:.4f}"
-                for k, v in result["eval"].items()
-                if isinstance(v, float) and k != "time"
-            )
+            f"nothing to train: {workdir} already holds step {result['step']} of "
+            f"{cfg.total_steps}. To train longer, raise --config.total_steps and add "
+            "--accept_changes; for a new run, give a new --workdir."
         )
+    elif result["preempted"]:
+        print(f"{result['preempted']}: saved step {result['step']}; run the same command to resume")
+    if result["eval"]:
+        print(f"final eval at step {result['step']}: " + _scalars(result["eval"]))
     return 0
+
+
+def _scalars(record: dict) -> str:
+    skip = ("time", "step")
+    return ", ".join(
+        f"{k}={v:.4f}" for k, v in record.items() if isinstance(v, float) and k not in skip
+    )
 
 
 def command_config(argv: list[str]) -> tuple[dict, list[str]]:
@@ -85,14 +108,18 @@ def command_config(argv: list[str]) -> tuple[dict, list[str]]:
 
 
 def run() -> None:
-    from ln_jax.config import ConfigError
+    from ln_jax import console
 
-    try:
-        values, rest = command_config(sys.argv[1:])
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    app.run(lambda argv: main(argv, values), argv=[sys.argv[0], *rest])
+    parsed = {}
+
+    def parse() -> int:
+        parsed["values"], parsed["rest"] = command_config(sys.argv[1:])
+        return 0
+
+    if console.run_reporting_errors(parse, "--traceback" in sys.argv):
+        sys.exit(console.EXIT_USER_ERROR)
+    rest = parsed["rest"]
+    app.run(lambda argv: main(argv, parsed["values"]), argv=[sys.argv[0], *rest])
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from ln_jax import accumulation, sharding, steps
 from ln_jax.config import TrainConfig, build_config, config_from_command_line
+from ln_jax.validate import UserError
 
 GIB = 1024**3
 MIB = 1024**2
@@ -329,7 +330,7 @@ def _main(values: dict[str, Any]) -> int:
         cfg = build_config(values)
         mesh = parse_mesh(options.mesh) if options.mesh else None
         report = compile_report(cfg, mesh, device_memory_gib=options.device_memory_gib)
-    except ValueError as err:
+    except (UserError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(format_report(report), flush=True)

@@ -497,8 +497,9 @@ def resolve_config_path(path: str) -> pathlib.Path:
     for candidate in (given, REPO_ROOT / given):
         if candidate.is_file():
             return candidate.resolve()
+    places = dict.fromkeys([os.getcwd(), str(REPO_ROOT)])  # once each, in order
     raise ConfigError(
-        f"--config={path!r}: no such file (looked in {os.getcwd()} and {REPO_ROOT}); give a "
+        f"--config={path!r}: no such file (looked in {' and '.join(places)}); give a "
         "config file such as configs/bert_preln.py:tiny."
     )
 

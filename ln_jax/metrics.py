@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any, TextIO
 
 import jax
 import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
 
 
 def _plain(value: Any) -> Any:
@@ -25,20 +28,29 @@ class MetricsWriter:
     """Appends one JSON object per line to metrics.jsonl and mirrors scalars to TensorBoard.
 
     Only process 0 writes. Each record has `step`, `split` ("train" or "eval") and its
-    scalars (e.g. `loss`, and for train `learning_rate` and `grad_norm`).
+    scalars (e.g. `loss`, and for train `learning_rate` and `grad_norm`). A run resumed from
+    step `resume_step` first drops the records past it (written after that checkpoint, before
+    the interruption), so every step is recorded once; TensorBoard's event files are rebuilt
+    from the kept records.
     """
 
-    def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True):
+    def __init__(
+        self,
+        workdir: str,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+    ):
         self.enabled = enabled
         self._file: TextIO | None = None
         self._tb = None
         if not enabled:
             return
-        self._file = open(f"{workdir}/metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+        path = os.path.join(workdir, METRICS_FILE)
+        kept = prune_records(path, resume_step or 0) if os.path.exists(path) else []
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(f"{workdir}/tensorboard", flush_secs=30)
+            self._tb = _rebuilt_tensorboard(os.path.join(workdir, "tensorboard"), kept)
 
     def write(self, step: int, split: str, scalars: dict[str, Any]) -> dict[str, Any]:
         record = {"step": int(step), "split": split, **{k: _plain(v) for k, v in scalars.items()}}
@@ -46,9 +58,7 @@ class MetricsWriter:
         if self.enabled:
             self._file.write(json.dumps(record) + "\n")
             if self._tb is not None:
-                for key, val in record.items():
-                    if key not in ("step", "split", "time") and isinstance(val, (int, float)):
-                        self._tb.add_scalar(f"{split}/{key}", val, step)
+                _to_tensorboard(self._tb, record)
         return record
 
     def close(self) -> None:
@@ -56,6 +66,49 @@ class MetricsWriter:
             self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def read_records(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl; a line cut short by a crash is skipped."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def prune_records(path: str, last_step: int) -> list[dict[str, Any]]:
+    """Rewrites metrics.jsonl without the records past `last_step` (atomically); returns the
+    records kept."""
+    kept = [r for r in read_records(path) if r.get("step", 0) <= last_step]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    os.replace(path + ".tmp", path)
+    return kept
+
+
+def _to_tensorboard(tb: Any, record: dict[str, Any]) -> None:
+    for key, val in record.items():
+        if key not in ("step", "split", "time") and isinstance(val, (int, float)):
+            tb.add_scalar(f"{record['split']}/{key}", val, record["step"], walltime=record["time"])
+
+
+def _rebuilt_tensorboard(directory: str, records: list[dict[str, Any]]) -> Any:
+    """A fresh TensorBoard writer holding `records`: earlier event files are replaced, so no
+    step shows twice after a resume."""
+    from tensorboardX import SummaryWriter
+
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            if name.startswith("events.out.tfevents"):
+                os.remove(os.path.join(directory, name))
+    tb = SummaryWriter(directory, flush_secs=30)
+    for record in records:
+        _to_tensorboard(tb, record)
+    return tb
 
 
 def format_duration(seconds: float) -> str:
@@ -68,7 +121,11 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """A progress line: step, steps/s, tokens/s, ETA and the latest loss."""
+    """A progress line: step, steps/s, tokens/s, ETA and the latest loss.
+
+    The first step of a process includes compiling the train step, so its line shows that
+    step's time instead of an ETA; rates and ETAs start with the next window.
+    """
 
     def __init__(
         self,
@@ -82,6 +139,7 @@ class Progress:
         self.tokens_per_step = tokens_per_step
         self.stream = stream
         self.enabled = enabled
+        self._first_step = start_step + 1
         self._mark_step = start_step
         self._mark_time = time.perf_counter()
 
@@ -93,14 +151,20 @@ class Progress:
         self._mark_step, self._mark_time = step, now
         return steps / elapsed, steps * self.tokens_per_step / elapsed
 
-    def show(self, step: int, steps_per_s: float, tokens_per_s: float, loss: float) -> None:
-        if not self.enabled:
-            return
+    def line(self, step: int, steps_per_s: float, tokens_per_s: float, loss: float) -> str:
+        """The progress line of `step`, given the rates of the window ending there."""
+        head = f"step {step:>{len(str(self.total))}}/{self.total}"
+        if step == self._first_step:
+            took = 1.0 / steps_per_s if steps_per_s > 0 else float("inf")
+            return f"{head} | first step {took:.1f} s (compilation included) | loss {loss:.4f}"
         eta = (self.total - step) / steps_per_s if steps_per_s > 0 else float("inf")
         eta_text = format_duration(eta) if np.isfinite(eta) else "?"
-        width = len(str(self.total))
-        self.stream.write(
-            f"step {step:>{width}}/{self.total} | {steps_per_s:6.2f} steps/s | "
-            f"{tokens_per_s:9.0f} tokens/s | loss {loss:.4f} | ETA {eta_text}\n"
+        return (
+            f"{head} | {steps_per_s:6.2f} steps/s | {tokens_per_s:9.0f} tokens/s | "
+            f"loss {loss:.4f} | ETA {eta_text}"
         )
-        self.stream.flush()
+
+    def show(self, step: int, steps_per_s: float, tokens_per_s: float, loss: float) -> None:
+        if self.enabled:
+            self.stream.write(self.line(step, steps_per_s, tokens_per_s, loss) + "\n")
+            self.stream.flush()

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ln_jax.metrics import METRICS_FILE, read_records
+
 # ------------------------------------------------------------------------------------ JSON
 
 
@@ -81,18 +83,13 @@ def write_json(
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
     """The records of WORKDIR/metrics.jsonl, sorted by (step, split); [] if there is none.
 
-    A resumed run logs again the steps after its last checkpoint: of records with the same
-    (split, step) the last one written is kept.
+    The trainer keeps each step once (`ln_jax.metrics.MetricsWriter`); in workdirs written
+    before it did, of records with the same (split, step) the last one written is kept.
     """
-    path = os.path.join(workdir, "metrics.jsonl")
+    path = os.path.join(workdir, METRICS_FILE)
     if not os.path.exists(path):
         return []
-    by_key: dict[tuple[str, int], dict[str, Any]] = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                record = json.loads(line)
-                by_key[(record["split"], record["step"])] = record
+    by_key = {(r["split"], r["step"]): r for r in read_records(path)}
     return sorted(by_key.values(), key=lambda r: (r["step"], r["split"]))
 
 

@@ -21,6 +21,8 @@ from flax import linen as nn
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ln_jax.validate import ConfigError
+
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
 
 # Logical axis -> mesh axis (or axes, or None = replicated).
@@ -69,23 +71,23 @@ def resolve_mesh_shape(
     sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
     for name, size in sizes.items():
         if size == 0 or size < -1:
-            raise ValueError(f"mesh.{name}={size}: each mesh axis is a positive size or -1.")
+            raise ConfigError(f"mesh.{name}={size}: each mesh axis is a positive size or -1.")
     auto = [k for k, v in sizes.items() if v == -1]
     if len(auto) > 1:
-        raise ValueError(
+        raise ConfigError(
             f"mesh axes {auto} are all -1; at most one mesh axis may be -1 (= the rest)."
         )
     fixed = math.prod(v for v in sizes.values() if v != -1)
     if auto:
         if n % fixed:
-            raise ValueError(
+            raise ConfigError(
                 f"mesh {sizes} cannot fill {n} devices: the fixed axes multiply to {fixed}, "
                 f"which does not divide {n}."
             )
         sizes[auto[0]] = n // fixed
     total = math.prod(sizes.values())
     if total != n:
-        raise ValueError(
+        raise ConfigError(
             f"mesh data={sizes['data']} x fsdp={sizes['fsdp']} x tensor={sizes['tensor']} "
             f"needs {total} devices but {n} are available; set the mesh.* fields so that they "
             f"multiply to {n}, or make one of them -1."

@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ln_jax import optim, sharding
 from ln_jax.bert import BertForPreTraining, create_model, pretraining_loss
 from ln_jax.config import TrainConfig
+from ln_jax.validate import ConfigError
 
 Batch = dict[str, jax.Array]
 State = dict[str, Any]
@@ -51,8 +52,9 @@ class TrainState(NamedTuple):
     Attributes:
       graphdef: the model's structure (static).
       rest: the model's non-parameter variables (an nnx.State).
-      state: {"params", "opt_state", "step", "halted"}; arrays, or ShapeDtypeStructs with
-        their NamedShardings for an abstract state.
+      state: {"params", "opt_state", "step", "halted", "nonfinite_step"}; arrays, or
+        ShapeDtypeStructs with their NamedShardings for an abstract state. `nonfinite_step` is
+        the first step (1-based) whose loss or gradient was not finite, 0 if none was.
       tx: the optax optimizer.
     """
 
@@ -87,7 +89,13 @@ def init_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
     with sharding.use_mesh(mesh):
         opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
     scalar = lambda v: jax.device_put(jnp.asarray(v), _replicated(mesh))
-    state = {"params": params, "opt_state": opt_state, "step": scalar(0), "halted": scalar(False)}
+    state = {
+        "params": params,
+        "opt_state": opt_state,
+        "step": scalar(0),
+        "halted": scalar(False),
+        "nonfinite_step": scalar(0),
+    }
     return TrainState(graphdef, rest, state, tx)
 
 
@@ -109,6 +117,7 @@ def abstract_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
         "opt_state": opt_state,
         "step": scalar(jnp.int32),
         "halted": scalar(jnp.bool_),
+        "nonfinite_step": scalar(jnp.int32),
     }
     return TrainState(graphdef, rest, state, tx)
 
@@ -122,7 +131,7 @@ def abstract_batch(data_cfg: Any, mesh: jax.sharding.Mesh) -> dict[str, jax.Shap
     b, t, p = data_cfg.global_batch_size, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
     divisor = sharding.batch_divisor(mesh)
     if b % divisor:
-        raise ValueError(
+        raise ConfigError(
             f"data.global_batch_size={b} is not divisible by the data x fsdp device count "
             f"{divisor} of mesh {dict(mesh.shape)}."
         )
@@ -203,8 +212,9 @@ def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig):
 def make_train_step(graphdef, tx, schedule, cfg: TrainConfig) -> Callable:
     """(state, rest, batch) -> (state, metrics): one update; non-finite updates are dropped.
 
-    state = {"params", "opt_state", "step", "halted"}. With nan_policy "stop", the first
-    non-finite step sets `halted` and freezes the state at the last good parameters.
+    state = {"params", "opt_state", "step", "halted", "nonfinite_step"}. With nan_policy
+    "stop", the first non-finite step sets `halted` and freezes the state at the last good
+    parameters; `nonfinite_step` records that step (with "skip", the first skipped one).
     """
     base_key = jax.random.key(cfg.seed)
 
@@ -223,6 +233,9 @@ def make_train_step(graphdef, tx, schedule, cfg: TrainConfig) -> Callable:
             "opt_state": keep(opt_state, state["opt_state"]),
             "step": step + 1,
             "halted": state["halted"] | (~finite if cfg.nan_policy == "stop" else False),
+            "nonfinite_step": jnp.where(
+                (state["nonfinite_step"] == 0) & ~finite, step + 1, state["nonfinite_step"]
+            ),
         }
         metrics.update(grad_norm=grad_norm, learning_rate=schedule(step), finite=finite)
         return new_state, metrics

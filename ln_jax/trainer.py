@@ -1,4 +1,4 @@
-"""Pretraining: set-up and the loop (checkpoints, metrics, SIGTERM, NaN).
+"""Pretraining: set-up and the loop (run identity, checkpoints, metrics, SIGTERM/Ctrl-C, NaN).
 
 `train_and_evaluate(cfg, workdir)` is what `train.py` runs and what the tests call. The state
 and the jitted steps come from `ln_jax.steps` (the same ones the ahead-of-time check, the
@@ -9,24 +9,34 @@ benchmarks and the analyses use); a placement's set-up (Admin's profiling) from
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from flax import nnx
 
-from ln_jax import accumulation, optim, sharding, steps
+from ln_jax import accumulation, optim, run_identity, sharding, steps
 from ln_jax.checkpoint import Checkpointer, CheckpointError
 from ln_jax.config import TrainConfig
 from ln_jax.data import make_pipeline
-from ln_jax.metrics import MetricsWriter, Progress
+from ln_jax.metrics import METRICS_FILE, MetricsWriter, Progress, read_records
 from ln_jax.placement_setup import setup_placements
+from ln_jax.validate import ConfigError
 
-__all__ = ["CheckpointError", "NonFiniteError", "setup", "train_and_evaluate"]
+__all__ = [
+    "CheckpointError",
+    "NonFiniteError",
+    "RunMismatchError",
+    "WorkdirError",
+    "setup",
+    "train_and_evaluate",
+]
+RunMismatchError = run_identity.RunMismatchError
+WorkdirError = run_identity.WorkdirError
 log = logging.getLogger(__name__)
 Batch = dict[str, jax.Array]
 State = dict[str, Any]
@@ -61,7 +71,7 @@ def setup(cfg: TrainConfig) -> Run:
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     train_iter, tokenizer = make_pipeline(cfg.data, split="train", seed=cfg.data.seed, mesh=mesh)
     if tokenizer.vocab_size != cfg.model.vocab_size:
-        raise ValueError(
+        raise ConfigError(
             f"the tokenizer has {tokenizer.vocab_size} pieces but model.vocab_size="
             f"{cfg.model.vocab_size}; set them equal (data.vocab_size sets both)."
         )
@@ -107,36 +117,52 @@ def evaluate(run: Run) -> dict[str, float]:
 
 
 class _Preemption:
-    """Turns SIGTERM into a flag the loop checks after each step (then: save, exit 0)."""
+    """Turns SIGTERM (preemption) and Ctrl-C into a flag the loop checks after each step
+    (then: save, exit 0). A second Ctrl-C aborts at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
-        self.requested = False
-        self._previous = None
+        self.requested: str | None = None  # the signal's name once one came
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread: preemption is then the caller's business
-            self._previous = None
+        # Outside the main thread signals cannot be caught: preemption is the caller's business.
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
         return self
 
     def _handle(self, signum, frame):
-        del signum, frame
-        self.requested = True
+        del frame
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: abort without saving
+        self.requested = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            print("\nCtrl-C: saving after this step (Ctrl-C again aborts)", flush=True)
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
-def _check_finite(run: Run, step: int, metrics: dict) -> None:
+def _check_finite(run: Run, ckpt: Checkpointer) -> None:
+    """Raises NonFiniteError naming the first non-finite step and the checkpoint kept."""
     if not bool(run.state["halted"]):
         return
+    bad = int(run.state["nonfinite_step"])
+    ckpt.wait()
+    kept = ckpt.latest_step()
+    if kept is None:
+        where = (
+            f"no checkpoint was saved before it (checkpoint_every={run.cfg.checkpoint_every}), "
+            "so none is kept"
+        )
+    else:
+        where = f"the checkpoint of step {kept} is kept ({ckpt.directory / str(kept)})"
     raise NonFiniteError(
-        f"non-finite loss or gradient at or before step {step} (last logged loss "
-        f"{float(metrics['loss']):.4g}, grad_norm {float(metrics['grad_norm']):.4g}); training "
-        "stopped and the last good checkpoint is kept. Lower optim.peak_lr, add warm-up, or "
-        "set --config.nan_policy=skip to drop such updates."
+        f"non-finite loss or gradient at step {bad}: that update was dropped and training "
+        f"stopped; {where}. Lower optim.peak_lr, add warm-up, or set "
+        "--config.nan_policy=skip to drop such updates."
     )
 
 
@@ -174,41 +200,84 @@ def _setup_placements(run: Run, workdir: str) -> None:
 
 
 def train_and_evaluate(
-    cfg: TrainConfig, workdir: str, hooks: Sequence[Callable[[int, Run], None]] = ()
+    cfg: TrainConfig,
+    workdir: str,
+    hooks: Sequence[Callable[[int, Run], None]] = (),
+    accept_changes: bool = False,
 ) -> dict[str, Any]:
     """Trains `cfg` in `workdir`, resuming from its latest checkpoint if there is one.
 
+    A workdir holds one run: resuming it with another config raises RunMismatchError, unless
+    every change is safe to continue with and `accept_changes` (`ln_jax.run_identity`).
     `hooks` are called as `hook(step, run)` after every step (measurements, custom logging).
 
     Returns:
       {"step": last step, "train": last train metrics, "eval": last eval metrics,
-       "preempted": bool}.
+       "preempted": the signal's name ("SIGTERM", "SIGINT") if one stopped the run, else None,
+       "already_done": True if the workdir already held the last step}.
+
+    Raises:
+      ln_jax.validate.UserError subclasses (RunMismatchError, WorkdirError, CheckpointError,
+      ConfigError, DatasetNotPreparedError) for what the user must fix; NonFiniteError.
     """
-    os.makedirs(workdir, exist_ok=True)
-    run = setup(cfg)
-    config_dict = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-    _setup_placements(run, workdir)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.checkpoint)
-    restored = ckpt.restore(run.state)
-    if restored is not None:
-        start, run.state, data_state = restored
-        run.train_iter.set_state(data_state)
-        log.info("resumed from step %d in %s", start, workdir)
-    start = int(run.state["step"])
+    config_dict = run_identity.as_dict(cfg)
+    run_identity.prepare_workdir(workdir)
     is_main = jax.process_index() == 0
-    writer = MetricsWriter(workdir, enabled=is_main)
-    tokens = cfg.data.global_batch_size * cfg.data.max_seq_length
-    progress = Progress(cfg.total_steps, tokens, start, enabled=is_main)
-    result: dict[str, Any] = {"step": start, "train": {}, "eval": {}, "preempted": False}
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.checkpoint)
+    writer = None
     try:
+        latest = _check_identity(config_dict, workdir, ckpt, accept_changes)
+        if latest is not None and latest >= cfg.total_steps:
+            return _already_done(workdir, latest)
+        run = setup(cfg)
+        _setup_placements(run, workdir)
+        restored = ckpt.restore(run.state)
+        if restored is not None:
+            start, run.state, data_state = restored
+            run.train_iter.set_state(data_state)
+            log.info("resumed from step %d in %s", start, workdir)
+        start = int(run.state["step"])
+        if is_main:  # the run starts (or goes on) here: from now on the workdir is this run's
+            run_identity.record_config(workdir, config_dict)
+        writer = MetricsWriter(workdir, enabled=is_main, resume_step=start)
+        tokens = cfg.data.global_batch_size * cfg.data.max_seq_length
+        progress = Progress(cfg.total_steps, tokens, start, enabled=is_main)
+        result = {"step": start, "train": {}, "eval": {}, "preempted": None, "already_done": False}
         with _Preemption() as preemption:
-            result = _loop(
-                run, ckpt, writer, progress, config_dict, start, preemption, result, hooks
-            )
+            return _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks)
     finally:
         ckpt.close()
-        writer.close()
-    return result
+        if writer is not None:
+            writer.close()
+
+
+def _check_identity(config_dict, workdir, ckpt, accept_changes) -> int | None:
+    """Checks `cfg` against the run the workdir holds (`ln_jax.run_identity`); returns the
+    latest checkpointed step (None if none)."""
+    latest = ckpt.latest_step()
+    old = run_identity.read_config(workdir)
+    if old is None and latest is not None:  # a workdir from before config.json
+        try:
+            old = ckpt.restore_config(latest)
+        except Exception:  # an unreadable checkpoint: the restore will say so
+            old = None
+    for note in run_identity.check_resume(old, config_dict, latest, workdir, accept_changes):
+        log.warning("continuing %s with a changed config: %s", workdir, note)
+    return latest
+
+
+def _already_done(workdir: str, step: int) -> dict[str, Any]:
+    """The result of a run whose workdir already holds its last step (nothing is trained)."""
+    path = os.path.join(workdir, METRICS_FILE)
+    records = read_records(path) if os.path.exists(path) else []
+    last = lambda split: next((r for r in reversed(records) if r["split"] == split), {})
+    return {
+        "step": step,
+        "train": last("train"),
+        "eval": last("eval"),
+        "preempted": None,
+        "already_done": True,
+    }
 
 
 def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks):
@@ -217,7 +286,7 @@ def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, h
         run.state, metrics = run.train_step(run.state, run.rest, next(run.train_iter))
         for hook in hooks:
             hook(step, run)
-        # Steps 1-2 are always shown: the first ETA comes after one real step, not log_every.
+        # Steps 1-2 are always shown: step 1's time (compilation included), then the first rate.
         if _due(step, cfg.log_every, last) or step - start <= 2 or preemption.requested:
             metrics = jax.device_get(metrics)
             steps_s, tokens_s = progress.rates(step)
@@ -225,15 +294,15 @@ def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, h
                 step, "train", {**metrics, "steps_per_s": steps_s, "tokens_per_s": tokens_s}
             )
             progress.show(step, steps_s, tokens_s, float(metrics["loss"]))
-            _check_finite(run, step, metrics)
+            _check_finite(run, ckpt)
         if _due(step, cfg.eval_every, last):
-            _check_finite(run, step, jax.device_get(metrics))
+            _check_finite(run, ckpt)
             result["eval"] = writer.write(step, "eval", evaluate(run))
         if _due(step, cfg.checkpoint_every, last) or preemption.requested:
             _save(run, ckpt, step, config_dict)
         result["step"] = step
         if preemption.requested:
-            log.warning("SIGTERM: saved step %d, exiting", step)
-            result["preempted"] = True
+            log.warning("%s: saved step %d, exiting", preemption.requested, step)
+            result["preempted"] = preemption.requested
             break
     return result

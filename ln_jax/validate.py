@@ -11,7 +11,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """An error in what the user asked for (config, mesh, dataset, workdir, checkpoint): its
+    message names the problem and the fix, so command lines print it alone and exit 2."""
+
+
+class ConfigError(UserError, ValueError):
     """A user error in a config or a command line: the message names the field and the fix."""
 
 

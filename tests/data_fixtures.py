@@ -67,7 +67,7 @@ def text_maker():
     return synthetic_text
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data_dir() -> str:
     """TFDS data dir holding the prepared `ln_jax_pydocs` (shared; do not write into it)."""
     return _prepared_dir()

@@ -240,7 +240,13 @@ def checkpoint_run(tmp_path_factory):
         tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
     )
     opt_state = optim.make_optimizer(cfg.optim, params).init(params)
-    state = {"params": params, "opt_state": opt_state, "step": 7, "halted": False}
+    state = {
+        "params": params,
+        "opt_state": opt_state,
+        "step": 7,
+        "halted": False,
+        "nonfinite_step": 0,
+    }
     state = jax.tree.map(jnp.asarray, state)
     ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig(async_save=False))
     config = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))

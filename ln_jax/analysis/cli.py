@@ -22,6 +22,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ln_jax.validate import UserError
+
 # Per subcommand: placements, depths, mini-batches per model, setting(s).
 DEFAULTS: dict[str, dict[str, str]] = {
     "depth": {"placements": "post,pre", "num_layers": "6,8,10,12,14", "batches": "4"},
@@ -34,7 +36,7 @@ DEFAULTS: dict[str, dict[str, str]] = {
     },
     "dependency": {"placements": "post,pre,admin", "num_layers": "18", "batches": "1"},
 }
-ERRORS = (ValueError, FileNotFoundError, KeyError)
+ERRORS = (UserError, ValueError, FileNotFoundError, KeyError)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -30,6 +30,7 @@ from ln_jax.data import pretraining
 from ln_jax.data import sources as sources_lib
 from ln_jax.data.config import DataConfig
 from ln_jax.data.tokenizer import Tokenizer, get_tokenizer
+from ln_jax.validate import ConfigError
 
 SPLITS = ("train", "eval")
 STATE_VERSION = 1
@@ -42,7 +43,7 @@ Batch = dict[str, Any]
 
 
 def check_global_batch(global_batch_size: int, divisor: int, process_count: int) -> None:
-    """Raises a ValueError unless the global batch splits over the devices and processes.
+    """Raises a ConfigError unless the global batch splits over the devices and processes.
 
     Args:
       global_batch_size: B.
@@ -52,7 +53,7 @@ def check_global_batch(global_batch_size: int, divisor: int, process_count: int)
     for what, n in (("batch_divisor(mesh) (data x fsdp devices)", divisor),
                     ("the process count", process_count)):  # fmt: skip
         if global_batch_size % n:
-            raise ValueError(
+            raise ConfigError(
                 f"global_batch_size={global_batch_size} is not a multiple of {what} = {n}; "
                 f"use a multiple of {np.lcm(divisor, process_count)}."
             )

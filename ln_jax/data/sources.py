@@ -20,6 +20,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 
 from ln_jax.data import corpus
+from ln_jax.validate import UserError
 
 TEXTDIR_PREFIX = "textdir:"
 _READ_CHUNK = 1024
@@ -27,7 +28,7 @@ _READ_CHUNK = 1024
 _TFDS_CATEGORIES = ("text", "summarization", "question_answering", "translate")
 
 
-class DatasetNotPreparedError(FileNotFoundError):
+class DatasetNotPreparedError(UserError, FileNotFoundError):
     """A named dataset is neither prepared in the data dir nor obtainable from here."""
 
 
@@ -151,7 +152,7 @@ def open_source(
 def _tfds_builder(name: str, root: str) -> tfds.core.DatasetBuilder:
     """`tfds.builder` without any network access (no GCS look-up)."""
     try:
-        return tfds.builder(name, data_dir=root, try_gcs=False)
+        return _builder_or_config_error(name, root)
     except tfds.core.registered.DatasetNotFoundError:
         pass
     for category in _TFDS_CATEGORIES:  # register the lazily imported catalogue, then retry
@@ -160,9 +161,36 @@ def _tfds_builder(name: str, root: str) -> tfds.core.DatasetBuilder:
         except Exception:  # some categories need TensorFlow; text datasets do not
             continue
     try:
-        return tfds.builder(name, data_dir=root, try_gcs=False)
+        return _builder_or_config_error(name, root)
     except tfds.core.registered.DatasetNotFoundError as e:
         raise DatasetNotPreparedError(not_prepared_message(name, root, None)) from e
+
+
+def _builder_or_config_error(name: str, root: str) -> tfds.core.DatasetBuilder:
+    """`tfds.builder`; a dataset that exists without the named config or version is a
+    DatasetNotPreparedError listing the ones it has."""
+    try:
+        return tfds.builder(name, data_dir=root, try_gcs=False)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise
+    except ValueError as e:  # TFDS: "BuilderConfig x not found", "version x not found", ...
+        base = name.split("/")[0].split(":")[0]
+        known = _known_configs(base, root)
+        raise DatasetNotPreparedError(
+            f"dataset {name!r}: {str(e).splitlines()[0]}"
+            + (f" Configs of {base!r}: {known}." if known else "")
+            + " Fix data.dataset (name[/config][:version])."
+        ) from None
+
+
+def _known_configs(base: str, root: str) -> str:
+    """A few of the builder configs of TFDS dataset `base` (empty if it has none)."""
+    try:
+        configs = tfds.builder_cls(base).BUILDER_CONFIGS
+    except Exception:  # unknown name, or a builder that cannot be imported
+        return ""
+    names = [c.name for c in configs]
+    return ", ".join(names[:8]) + (f" ... ({len(names)} in all)" if len(names) > 8 else "")
 
 
 def _needs_beam(builder: tfds.core.DatasetBuilder) -> bool:

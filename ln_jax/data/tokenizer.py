@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from ln_jax.validate import ConfigError
+
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(5)
 NUM_SPECIAL = len(SPECIAL_PIECES)
@@ -82,7 +84,7 @@ class Tokenizer:
 def _check_specials(sp: spm.SentencePieceProcessor, path: Any) -> None:
     found = [sp.id_to_piece(i) for i in range(min(NUM_SPECIAL, sp.get_piece_size()))]
     if tuple(found) != SPECIAL_PIECES or not sp.is_control(MASK_ID):
-        raise ValueError(
+        raise ConfigError(
             f"sentencepiece model {path or '<bytes>'} has ids 0-4 = {found}; ln_jax needs "
             f"{list(SPECIAL_PIECES)} ([MASK] a control symbol). Train one with "
             "`python -m ln_jax.data.tokenizer train` or with pad_id=0, unk_id=1, bos_id=2, "
@@ -129,7 +131,7 @@ def train_sentencepiece(
         match = _TOO_LARGE.search(str(e))
         if not match:
             raise
-        raise ValueError(
+        raise ConfigError(
             f"vocab_size={vocab_size} is too large for corpus {corpus_name!r}: sentencepiece "
             f"({model_type}) can make at most {match.group(2)} pieces from it. Use "
             f"vocab_size <= {match.group(2)} or a larger corpus."

@@ -20,6 +20,8 @@ import sys
 
 from absl import app, flags
 
+from ln_jax.validate import UserError
+
 COMMANDS = ("depth", "warmup")
 
 
@@ -126,7 +128,7 @@ def main(argv: list[str], base: dict) -> int:
             target=_TARGET.value,
             arms=_ARMS.value if command == "depth" else None,
         )
-    except ValueError as err:
+    except (UserError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(results["table"])
