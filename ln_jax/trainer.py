@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from ln_jax import accumulation, optim, run_identity, sharding, steps
 from ln_jax.checkpoint import Checkpointer, CheckpointError
@@ -117,28 +118,45 @@ def evaluate(run: Run) -> dict[str, float]:
 
 
 class _Preemption:
-    """Turns SIGTERM (preemption) and Ctrl-C into a flag the loop checks after each step
-    (then: save, exit 0). A second Ctrl-C aborts at once."""
+    """Turns SIGTERM (preemption) and Ctrl-C into a stop after a step (then: save, exit 0); a
+    second Ctrl-C aborts at once.
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    The processes of a multi-process job must stop after the same step: one that stopped alone
+    would wait in the checkpoint's barrier while the others wait in the next all-reduce. There
+    SIGTERM is left to JAX's preemption service, which tells every process the same step to stop
+    after (`multihost_utils.reached_preemption_sync_point`), and Ctrl-C becomes a SIGTERM to it.
+    """
 
-    def __init__(self):
-        self.requested: str | None = None  # the signal's name once one came
+    def __init__(self, shared: bool):
+        self.shared = shared
+        self.requested: str | None = None  # the signal's name, once the run is to stop
+        self._received: str | None = None  # a signal this process received
         self._previous: dict[int, Any] = {}
 
     def __enter__(self):
         # Outside the main thread signals cannot be caught: preemption is the caller's business.
         if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+            caught = (signal.SIGINT,) if self.shared else (signal.SIGTERM, signal.SIGINT)
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in caught}
         return self
 
     def _handle(self, signum, frame):
         del frame
-        if self.requested and signum == signal.SIGINT:
+        if self._received and signum == signal.SIGINT:
             raise KeyboardInterrupt  # the second Ctrl-C: abort without saving
-        self.requested = signal.Signals(signum).name
+        self._received = signal.Signals(signum).name
         if signum == signal.SIGINT:
             print("\nCtrl-C: saving after this step (Ctrl-C again aborts)", flush=True)
+            if self.shared:
+                os.kill(os.getpid(), signal.SIGTERM)  # to JAX's preemption notifier
+
+    def stop_after(self, step: int) -> str | None:
+        """The signal's name if the run stops after `step` (alike on every process)."""
+        if not self.shared:
+            self.requested = self._received
+        elif multihost_utils.reached_preemption_sync_point(step):
+            self.requested = self._received or "SIGTERM"
+        return self.requested
 
     def __exit__(self, *exc):
         for sig, previous in self._previous.items():
@@ -243,7 +261,7 @@ def train_and_evaluate(
         tokens = cfg.data.global_batch_size * cfg.data.max_seq_length
         progress = Progress(cfg.total_steps, tokens, start, enabled=is_main)
         result = {"step": start, "train": {}, "eval": {}, "preempted": None, "already_done": False}
-        with _Preemption() as preemption:
+        with _Preemption(shared=jax.process_count() > 1) as preemption:
             return _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks)
     finally:
         ckpt.close()
@@ -286,8 +304,9 @@ def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, h
         run.state, metrics = run.train_step(run.state, run.rest, next(run.train_iter))
         for hook in hooks:
             hook(step, run)
+        stop = preemption.stop_after(step)
         # Steps 1-2 are always shown: step 1's time (compilation included), then the first rate.
-        if _due(step, cfg.log_every, last) or step - start <= 2 or preemption.requested:
+        if _due(step, cfg.log_every, last) or step - start <= 2 or stop:
             metrics = jax.device_get(metrics)
             steps_s, tokens_s = progress.rates(step)
             result["train"] = writer.write(
@@ -298,11 +317,11 @@ def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, h
         if _due(step, cfg.eval_every, last):
             _check_finite(run, ckpt)
             result["eval"] = writer.write(step, "eval", evaluate(run))
-        if _due(step, cfg.checkpoint_every, last) or preemption.requested:
+        if _due(step, cfg.checkpoint_every, last) or stop:
             _save(run, ckpt, step, config_dict)
         result["step"] = step
-        if preemption.requested:
-            log.warning("%s: saved step %d, exiting", preemption.requested, step)
-            result["preempted"] = preemption.requested
+        if stop:
+            log.warning("%s: saved step %d, exiting", stop, step)
+            result["preempted"] = stop
             break
     return result

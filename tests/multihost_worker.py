@@ -5,10 +5,11 @@
 `--devices` fake CPU devices are made visible to this process (XLA_FLAGS, set before JAX is
 imported); everything after `--` goes to `train.py` unchanged, so `--coordinator_address`,
 `--num_processes` and `--process_id` take the user's multi-host path (gloo CPU collectives,
-`jax.distributed.initialize`). While training, every batch the input pipeline turns into global
-arrays is recorded: how many rows this process loaded, a digest of each of those rows, which
-rows of the global batch this process's devices hold and whether they are all local. The record
-is written to `--evidence` as JSON when the run ends (also when it fails).
+`jax.distributed.initialize`). `--sigterm_at_step=K` sends this process a SIGTERM after step K
+(a preemption notice for one host of the job). While training, every batch the input pipeline
+turns into global arrays is recorded: how many rows this process loaded, a digest of each of
+those rows, which rows of the global batch this process's devices hold and whether they are all
+local. The record is written to `--evidence` as JSON when the run ends (also when it fails).
 
 Used by tests/test_multihost.py, which starts it as a subprocess.
 """
@@ -36,6 +37,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, required=True, help="fake CPU devices here")
     parser.add_argument("--evidence", required=True, help="JSON file of this process's shares")
+    parser.add_argument(
+        "--sigterm_at_step", type=int, default=None, help="SIGTERM this process after that step"
+    )
     return parser.parse_args(own), rest
 
 
@@ -127,6 +131,24 @@ def _install_checkpoint_workaround() -> None:
     ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
 
 
+def _sigterm_at(step: int) -> None:
+    """Makes the trainer's run SIGTERM this process after `step` (as a preemption would)."""
+    import signal
+
+    from ln_jax import trainer
+
+    original = trainer.train_and_evaluate
+
+    def preempt(at, run):
+        if at == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def train_and_evaluate(cfg, workdir, hooks=(), **kwargs):
+        return original(cfg, workdir, hooks=[*hooks, preempt], **kwargs)
+
+    trainer.train_and_evaluate = train_and_evaluate
+
+
 def main(argv: list[str]) -> int:
     start = time.monotonic()
     args, train_argv = _parse(argv)
@@ -136,6 +158,8 @@ def main(argv: list[str]) -> int:
     recorder = Recorder()
     recorder.install()
     _install_checkpoint_workaround()
+    if args.sigterm_at_step is not None:
+        _sigterm_at(args.sigterm_at_step)
     import jax
 
     import train  # the repository's CLI (absl flags are defined on import)

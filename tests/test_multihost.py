@@ -3,11 +3,14 @@
 Two processes, each with 4 fake CPU devices, join one 8-device system (`jax.distributed` with
 gloo CPU collectives) through the real `train.py` CLI and train `configs/bert_preln.py:tiny` for
 a few steps on a 2x2x2 (data, fsdp, tensor) mesh, each process loading only its half of every
-global batch. A single process with 8 devices trains the same config. Both must log the same
-losses, and the two halves must be exactly the rows of the single process's batches.
+global batch. One of the two is sent SIGTERM (a preemption notice for one host): both must stop
+after the same step, save it and exit 0, and the resumed job must go on from there. A single
+process with 8 devices trains the same config. Both must log the same losses, and the two halves
+must be exactly the rows of the single process's batches.
 
 The processes run as subprocesses of tests/multihost_worker.py (which runs `train.py` and
-records the rows each process loads); all three run at the same time to save wall-clock time.
+records the rows each process loads); the first pair and the single process run at the same
+time to save wall-clock time.
 """
 
 from __future__ import annotations
@@ -75,7 +78,15 @@ def _train_flags(data_dir: str, workdir: str) -> list[str]:
 
 
 class _Proc:
-    def __init__(self, name: str, devices: int, train_flags: list[str], logdir, evidence: str):
+    def __init__(
+        self,
+        name: str,
+        devices: int,
+        train_flags: list[str],
+        logdir,
+        evidence: str,
+        worker_flags: list[str] = (),
+    ):
         self.name = name
         self.log_path = logdir / f"{name}.log"
         env = dict(os.environ)
@@ -85,7 +96,13 @@ class _Proc:
             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
             TF_CPP_MIN_LOG_LEVEL="3",
         )
-        cmd = [sys.executable, WORKER, f"--devices={devices}", f"--evidence={evidence}"]
+        cmd = [
+            sys.executable,
+            WORKER,
+            f"--devices={devices}",
+            f"--evidence={evidence}",
+            *worker_flags,
+        ]
         self._log = open(self.log_path, "w")  # noqa: SIM115
         self.popen = subprocess.Popen(
             [*cmd, "--", *train_flags],
@@ -142,38 +159,51 @@ def _evidence(path) -> dict:
         return json.load(f)
 
 
-def test_two_processes_match_one_process_with_8_devices(tmp_path, data_dir, tokenizer, make_config):
-    _prepare(data_dir, tokenizer, make_config())
-    two, one = tmp_path / "two_processes", tmp_path / "one_process"
+def _pair(tmp_path, data_dir, workdir, launch: str, sigterm_at: int | None = None) -> list[_Proc]:
+    """The two processes of a job (4 devices each); process 1 is SIGTERMed after `sigterm_at`."""
     address = f"127.0.0.1:{_free_port()}"
-    procs = [
+    return [
         _Proc(
-            f"process{i}",
+            f"{launch}_process{i}",
             4,
             [
-                *_train_flags(data_dir, str(two)),
+                *_train_flags(data_dir, str(workdir)),
                 f"--coordinator_address={address}",
                 "--num_processes=2",
                 f"--process_id={i}",
             ],
             tmp_path,
-            str(tmp_path / f"evidence_two_{i}.json"),
+            str(tmp_path / f"evidence_{launch}_{i}.json"),
+            [f"--sigterm_at_step={sigterm_at}"] if i == 1 and sigterm_at else [],
         )
         for i in range(2)
     ]
-    procs.append(
-        _Proc(
-            "single",
-            8,
-            _train_flags(data_dir, str(one)),
-            tmp_path,
-            str(tmp_path / "evidence_single.json"),
-        )
-    )
-    _wait_all(procs, TIMEOUT_S)
-    logs = "\n".join(p.tail(1500) for p in procs)
 
-    # Same steps, same losses (process 0 alone writes metrics.jsonl: no duplicated records).
+
+def test_two_processes_preempted_and_resumed_match_one_process(
+    tmp_path, data_dir, tokenizer, make_config
+):
+    """Two processes x 4 devices, one of them preempted (SIGTERM) after step 1 and the job
+    resumed, against one process x 8 devices: the same losses, each process loading only its
+    half of every global batch, and together exactly the single process's batches."""
+    _prepare(data_dir, tokenizer, make_config())
+    two, one = tmp_path / "two_processes", tmp_path / "one_process"
+    single = _Proc("single", 8, _train_flags(data_dir, str(one)), tmp_path,
+                   str(tmp_path / "evidence_single.json"))  # fmt: skip
+    first = _pair(tmp_path, data_dir, two, "first", sigterm_at=1)
+    _wait_all([*first, single], TIMEOUT_S)  # both processes exit 0 after saving
+
+    # SIGTERM reached one process; both stopped after the same step and saved it.
+    saved = [int(p.name) for p in (two / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(saved) == 1 and 1 <= saved[0] < STEPS, saved
+    stop = saved[0]
+    for proc in first:
+        assert f"SIGTERM: saved step {stop}" in proc.tail(), proc.tail()
+    second = _pair(tmp_path, data_dir, two, "second")
+    _wait_all(second, TIMEOUT_S)
+    logs = "\n".join(p.tail(1500) for p in [*first, *second, single])
+
+    # Same steps, same losses (process 0 alone writes metrics.jsonl: each step once).
     m2, m1 = _metrics(two), _metrics(one)
     steps = list(range(1, STEPS + 1))
     assert [r["step"] for r in m2["train"]] == steps, logs
@@ -183,7 +213,7 @@ def test_two_processes_match_one_process_with_8_devices(tmp_path, data_dir, toke
             [r[key] for r in m2["train"]],
             [r[key] for r in m1["train"]],
             rtol=1e-5,
-            err_msg=f"train {key}: two processes x 4 devices vs one process x 8 devices",
+            err_msg=f"train {key}: two processes x 4 devices (preempted) vs one x 8 devices",
         )
     assert [r["step"] for r in m2["eval"]] == [r["step"] for r in m1["eval"]] == [STEPS]
     np.testing.assert_allclose(m2["eval"][0]["loss"], m1["eval"][0]["loss"], rtol=1e-5)
@@ -191,31 +221,29 @@ def test_two_processes_match_one_process_with_8_devices(tmp_path, data_dir, toke
     # Each process of the pair was one of 2 with 4 of the 8 devices and loaded only its half of
     # every global batch: rows [4p, 4p+4), held by its own 4 devices only (2 rows per device,
     # each on a data x fsdp position and replicated over tensor).
-    ev = [_evidence(tmp_path / f"evidence_two_{i}.json") for i in range(2)]
-    single = _evidence(tmp_path / "evidence_single.json")
-    for name, e in (("process0", ev[0]), ("process1", ev[1]), ("single", single)):
-        print(f"{name}: {e['wall_s']:.0f} s wall, {e['cpu_s']:.0f} s CPU")
-    for i, e in enumerate(ev):
-        assert (e["process_index"], e["process_count"]) == (i, 2)
-        assert (e["device_count"], e["local_device_count"]) == (8, 4)
-        train = [b for b in e["batches"] if b["split"] == "train"]
-        assert len(train) == STEPS
-        half = BATCH // 2
-        for b in e["batches"]:
-            assert set(b["local_rows"].values()) == {half}, b["local_rows"]
-            assert b["global_rows"] == BATCH
-            start = i * half
-            assert b["addressable_rows"] == [[start, start + 2], [start + 2, start + 4]]
-            assert b["shards_all_local"] and not b["fully_addressable"]
-            assert len(b["shard_devices"]) == 4
-    assert (single["process_count"], single["device_count"]) == (1, 8)
-    assert all(set(b["local_rows"].values()) == {BATCH} for b in single["batches"])
-    assert sum(b["split"] == "train" for b in single["batches"]) == STEPS
-
-    # Together the two halves are exactly the global batches of the single process (same order,
-    # nothing loaded twice), for training and for evaluation.
-    assert len(ev[0]["batches"]) == len(ev[1]["batches"]) == len(single["batches"])
-    for b0, b1, b in zip(ev[0]["batches"], ev[1]["batches"], single["batches"], strict=True):
-        assert b0["split"] == b1["split"] == b["split"]
-        assert b0["row_digests"] + b1["row_digests"] == b["row_digests"]
-        assert not set(b0["row_digests"]) & set(b1["row_digests"])
+    ref = _evidence(tmp_path / "evidence_single.json")
+    assert (ref["process_count"], ref["device_count"]) == (1, 8)
+    assert all(set(b["local_rows"].values()) == {BATCH} for b in ref["batches"])
+    ref_train = [b for b in ref["batches"] if b["split"] == "train"][:STEPS]
+    ref_eval = [b for b in ref["batches"] if b["split"] == "eval"]
+    half = BATCH // 2
+    for i in range(2):
+        ev = [_evidence(tmp_path / f"evidence_{launch}_{i}.json") for launch in ("first", "second")]
+        for e in ev:
+            assert (e["process_index"], e["process_count"]) == (i, 2)
+            assert (e["device_count"], e["local_device_count"]) == (8, 4)
+            for b in e["batches"]:
+                assert set(b["local_rows"].values()) == {half}, b["local_rows"]
+                assert b["global_rows"] == BATCH
+                start = i * half
+                assert b["addressable_rows"] == [[start, start + 2], [start + 2, start + 4]]
+                assert b["shards_all_local"] and not b["fully_addressable"]
+                assert len(b["shard_devices"]) == 4
+        # Before and after the preemption, this process's rows are its half of the single
+        # process's batches, in order: the data resumed exactly where the checkpoint left it.
+        train = [b for b in ev[0]["batches"] if b["split"] == "train"][:stop] + [
+            b for b in ev[1]["batches"] if b["split"] == "train"
+        ][: STEPS - stop]
+        evals = [b for b in ev[1]["batches"] if b["split"] == "eval"]
+        for mine, whole in zip([*train, *evals], [*ref_train, *ref_eval], strict=True):
+            assert mine["row_digests"] == whole["row_digests"][i * half : (i + 1) * half]
