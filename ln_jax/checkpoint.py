@@ -3,31 +3,55 @@
 Layout: `WORKDIR/checkpoints/<step>/{state, data_iter, config}`. Saves are asynchronous; a
 restore goes straight into the sharded layout of an abstract target, so a run may resume on a
 different mesh.
+
+Failures are `CheckpointError`s that name the step directory and the cause:
+- a save that fails, in the calling thread or in orbax's background threads, is raised by the
+  next `save`, by `wait` or by `close` ("check that the workdir is writable and has space");
+- a checkpoint whose arrays do not match the model (another placement, size or dtype) is
+  *incompatible*: it is left as it is and the error asks for a new workdir;
+- a checkpoint whose files cannot be read is *corrupt*: with `fallback` the previous one is
+  restored and the corrupt one is renamed `corrupt_<step>`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
 from ln_jax.config import CheckpointConfig
+from ln_jax.validate import UserError
 
 log = logging.getLogger(__name__)
 ITEMS = ("state", "data_iter", "config")
+_MAX_CAUSE = 400  # characters of an orbax/tensorstore message kept (they embed JSON specs)
+_MAX_NAMES = 6  # mismatching parameter names listed in an incompatibility error
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that exists but cannot be restored (corrupt or incompatible)."""
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that cannot be saved, or that exists but cannot be restored: the message
+    names the step directory, the cause and the fix (command lines print it alone)."""
 
 
 def abstract_like(tree: Any) -> Any:
     """ShapeDtypeStructs (with shardings) of a pytree of arrays: a restore target."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def _cause(err: BaseException) -> str:
+    """`Type: message`, on one line and bounded."""
+    text = " ".join(str(err).split())
+    if len(text) > _MAX_CAUSE:
+        text = text[:_MAX_CAUSE] + " [...]"
+    return f"{type(err).__name__}: {text}"
 
 
 class Checkpointer:
@@ -48,28 +72,76 @@ class Checkpointer:
         self.directory = epath.Path(directory)
         self.cfg = cfg
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=cfg.keep, enable_async_checkpointing=cfg.async_save, create=True
+            max_to_keep=cfg.keep,
+            enable_async_checkpointing=cfg.async_save,
+            create=True,
+            # Step directories are made in the calling thread. Made in orbax's background
+            # threads (its default), a failure to make one (read-only or full filesystem) left
+            # every writer thread waiting for a "directory created" signal that never came, for
+            # orbax's 300 s coordination timeout; the interpreter's exit waited for them.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._pending: int | None = None  # the step whose save may still run in the background
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def save(self, step: int, state: Any, data_state: dict, config: dict) -> None:
-        """Starts saving `step` (async); returns once the arrays are safe to donate."""
+        """Starts saving `step` (async); returns once the arrays are safe to donate.
+
+        Raises:
+          CheckpointError: if this save cannot start, or the previous one failed in the
+            background.
+        """
+        self._finish_pending()
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data_iter=ocp.args.JsonSave(data_state),
             config=ocp.args.JsonSave(config),
         )
-        self.manager.save(step, args=args, force=True)
+        try:
+            self.manager.save(step, args=args, force=True)
+        except Exception as err:
+            raise self._save_error(step, err) from err
+        self._pending = step
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Blocks until the last save is on disk; raises CheckpointError if it failed."""
+        self._finish_pending()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Waits for the last save and releases orbax's threads and files.
+
+        A failed save is raised as CheckpointError, except while another exception is
+        propagating (`close` in a `finally`): then it is logged, and the first error is the one
+        the caller sees.
+        """
+        propagating = sys.exc_info()[1] is not None
+        try:
+            self._finish_pending()
+        except CheckpointError as err:
+            if not propagating:
+                raise
+            log.error("%s", err)
+        finally:
+            self.manager.close()
+
+    def _finish_pending(self) -> None:
+        """Waits for the background save, if any; its failure becomes a CheckpointError."""
+        step, self._pending = self._pending, None
+        try:
+            self.manager.wait_until_finished()
+            self.manager.check_for_errors()
+        except Exception as err:
+            raise self._save_error(step, err) from err
+
+    def _save_error(self, step: int | None, err: Exception) -> CheckpointError:
+        path = self.directory if step is None else self.directory / str(step)
+        return CheckpointError(
+            f"cannot save checkpoint {path}: {_cause(err)}; check that the workdir is writable "
+            "and has space."
+        )
 
     def restore(self, target: Any) -> tuple[int, Any, dict] | None:
         """Restores the latest checkpoint into `target`'s shapes and shardings.
@@ -78,22 +150,27 @@ class Checkpointer:
           (step, state, data_iter_state), or None when the directory holds no checkpoint.
 
         Raises:
-          CheckpointError: naming the checkpoint's path, if it cannot be restored (and, with
-            `fallback`, neither can any earlier one).
+          CheckpointError: naming the checkpoint's path, if its arrays do not match `target`'s
+            (nothing is moved or tried further), or if it cannot be read (and, with `fallback`,
+            neither can any earlier one).
         """
         steps = sorted(self.manager.all_steps(), reverse=True)
         if not steps:
             return None
         errors, broken = [], []
         for step in steps if self.cfg.fallback else steps[:1]:
+            path = self.directory / str(step)
             try:
-                restored = step, *self._restore_step(step, target)
+                with _quiet_stray_reads():  # both read the arrays' metadata with tensorstore
+                    mismatch = _mismatch(_stored_tree(path / "state"), target)
+                    restored = None if mismatch else (step, *self._restore_step(step, target))
             except Exception as err:  # orbax raises many types for a bad file
-                path = self.directory / str(step)
-                errors.append(f"{path}: {type(err).__name__}: {err}")
+                errors.append(f"{path}: {_cause(err)}")
                 broken.append(step)
-                log.warning("checkpoint %s could not be restored: %s", path, err)
+                log.warning("checkpoint %s could not be read: %s", path, _cause(err))
                 continue
+            if mismatch:
+                raise _incompatible_error(path, mismatch)
             self._set_aside(broken)
             return restored
         hint = (
@@ -125,3 +202,92 @@ class Checkpointer:
         return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))[
             "config"
         ]
+
+
+def _stored_tree(item_dir: epath.Path) -> Any:
+    """The saved state's tree of array metadata (shape, dtype), read from its metadata file
+    only. Raises whatever orbax raises when that file cannot be read (a corrupt checkpoint)."""
+    handler = ocp.StandardCheckpointHandler()
+    try:
+        return handler.metadata(item_dir).tree
+    finally:
+        handler.close()
+
+
+def _spec(leaf: Any) -> str | None:
+    """`float32[2, 3]` for anything with a shape and a dtype, else None (not compared)."""
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    if shape is None or dtype is None:
+        return None
+    try:
+        dtype = np.dtype(dtype).name
+    except TypeError:  # extended dtypes (PRNG keys)
+        dtype = str(dtype)
+    return f"{dtype}{list(shape)}"
+
+
+def _names(keys: list[str]) -> str:
+    shown = ", ".join(keys[:_MAX_NAMES])
+    return shown + (f" (+{len(keys) - _MAX_NAMES} more)" if len(keys) > _MAX_NAMES else "")
+
+
+def _mismatch(stored: Any, target: Any) -> str:
+    """How the saved arrays differ from `target`'s (names, shapes, dtypes); "" if they match."""
+    saved = ocp.tree.to_flat_dict(stored, sep=".")
+    wanted = ocp.tree.to_flat_dict(target, sep=".")
+    parts = []
+    if missing := sorted(wanted.keys() - saved.keys()):
+        parts.append(f"not in the checkpoint: {_names(missing)}")
+    if extra := sorted(saved.keys() - wanted.keys()):
+        parts.append(f"not in this model: {_names(extra)}")
+    specs = {key: (_spec(saved[key]), _spec(wanted[key])) for key in saved.keys() & wanted.keys()}
+    differ = [
+        f"{key} is {there} there, {here} here"
+        for key, (there, here) in sorted(specs.items())
+        if there and here and there != here
+    ]
+    if differ:
+        parts.append(_names(differ))
+    return "; ".join(parts)
+
+
+def _incompatible_error(path: epath.Path, mismatch: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} was written by a different model config (another placement, size "
+        f"or dtype): {mismatch}. It reads fine and was left as it is. To train this config, "
+        "use a new --workdir; to resume that run, use the config it was started with."
+    )
+
+
+def _drop_closed_loop_reports(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An unraisable hook that drops "Event loop is closed" reports and passes on the rest."""
+
+    def hook(unraisable: Any) -> None:
+        err = unraisable.exc_value
+        if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.drops_closed_loop_reports = True
+    return hook
+
+
+@contextlib.contextmanager
+def _quiet_stray_reads() -> Iterator[None]:
+    """Silences the "Event loop is closed" reports of a failed restore's leftover reads.
+
+    Orbax runs a restore's tensorstore reads (and those of its metadata: the arrays' shapes and
+    dtypes) in an event loop of its own and closes that loop as soon as one read fails; the
+    reads still in flight finish afterwards and tensorstore, unable to hand their results to
+    the closed loop, reports one unraisable `RuntimeError: Event loop is closed` per read
+    (thousands for a model, some of them at exit). Their results were to be discarded anyway.
+    Such reports are dropped while the restore runs and, if it fails, for the rest of the
+    process (they come late); every other unraisable report is passed on.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop_reports", False):
+        yield
+        return
+    sys.unraisablehook = hook = _drop_closed_loop_reports(previous)
+    yield  # an exception propagates from here and leaves the hook in place
+    if sys.unraisablehook is hook:
+        sys.unraisablehook = previous
