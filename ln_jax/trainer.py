@@ -314,6 +314,7 @@ def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, h
             )
             progress.show(step, steps_s, tokens_s, float(metrics["loss"]))
             _check_finite(run, ckpt)
+            ckpt.check()  # a background save that failed stops the run now
         if _due(step, cfg.eval_every, last):
             _check_finite(run, ckpt)
             result["eval"] = writer.write(step, "eval", evaluate(run))

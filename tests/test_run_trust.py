@@ -14,14 +14,17 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from tensorboardX.proto import event_pb2
 
 from ln_jax import optim, run_identity, trainer
 from ln_jax.metrics import Progress
+from tests.test_checkpoint_failures import _no_space
 from tests.test_trainer import read_metrics, tiny_config
 
 try:
@@ -100,6 +103,19 @@ def test_2_a_shape_change_is_a_config_change_not_a_broken_checkpoint(data_dir, r
         trainer.train_and_evaluate(post, str(resumed))
     assert "delete" not in str(e.value)
     assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == ["2", "4", "6"]
+
+
+# --------------------------------------------------------------------------- 3: failed saves
+
+
+def test_3_a_failed_background_save_stops_the_run_at_once(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", _no_space)  # in orbax's thread
+    cfg = tiny_config(data_dir, total_steps=STEPS, checkpoint_every=2)
+    pause = lambda step, run: time.sleep(2.0 if step == 3 else 0.0)  # the failure lands
+    with pytest.raises(trainer.CheckpointError, match=r"cannot save checkpoint .*/2: .*space"):
+        trainer.train_and_evaluate(cfg, str(tmp_path), hooks=[pause])
+    # Found at the first logged step after the failure (3), not at the next save (4).
+    assert read_steps(tmp_path, "train")[-1] == 3
 
 
 # --------------------------------------------------------------------------- 4: once per step
