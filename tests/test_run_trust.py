@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 import pytest
 from tensorboardX.proto import event_pb2
 
-from ln_jax import optim, run_identity, trainer
+from ln_jax import console, optim, run_identity, trainer
 from ln_jax.metrics import Progress
 from tests.test_checkpoint_failures import _no_space
 from tests.test_trainer import read_metrics, tiny_config
@@ -271,6 +271,34 @@ def test_5_a_workdir_of_another_run_is_one_line_and_exit_2(data_dir, resumed):
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "model.placement: 'pre' -> 'post'" in errors[0]
     assert "Traceback" not in out.stderr
+
+
+def test_5_every_user_error_class_exits_2_with_one_line(capsys):
+    from ln_jax.checkpoint import CheckpointError
+    from ln_jax.data.sources import DatasetNotPreparedError
+    from ln_jax.validate import ConfigError
+
+    errors = [
+        CheckpointError("cannot restore checkpoint /w/checkpoints/2: ..."),
+        DatasetNotPreparedError("dataset 'x' is not prepared"),
+        ConfigError("unknown config field 'model.placment'"),
+        run_identity.WorkdirError("cannot write to workdir"),
+        run_identity.RunMismatchError("workdir /w holds a run of another config"),
+    ]
+    for error in errors:
+
+        def fail(error=error):
+            raise error
+
+        assert console.run_reporting_errors(fail) == 2
+        assert capsys.readouterr().err == f"error: {error}\n"
+    nan = trainer.NonFiniteError("non-finite loss or gradient at step 3")
+    assert (
+        console.run_reporting_errors(
+            lambda: (_ for _ in ()).throw(nan), failures=(trainer.NonFiniteError,)
+        )
+        == 1
+    )
 
 
 # --------------------------------------------------------------------------- 10: installing
