@@ -7,25 +7,44 @@ It prepares the embedded corpus and the tokenizer if needed (timed), then reads 
 the host pipeline (numpy) and from the device pipeline (global jax.Arrays on a one-device mesh)
 and prints examples/s and batches/s. A train step of S seconds at batch B consumes B/S
 examples/s: the loader is not the bottleneck while its rate is well above that.
+
+Comparisons (issue 17), each alternating its arms in one run (ABAB) and reporting medians and
+ratios, with the machine's load before and after:
+
+  taskset -c 0 python bench/bench_data.py --compare_old=REV   # batched loader vs the per-example
+      loader of git revision REV (extracted with `git archive`), in-process, one core, batch 256
+  python bench/bench_data.py --workers 0 1 2                  # grain worker processes
+  python bench/bench_data.py --pairs [--pairs_scale=20] [--compare_old=REV]   # pair index:
+      first start (build + save) vs second start (memory-map the cache) [vs REV's build]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import os
+import pathlib
+import shutil
+import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
+import types
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 from ln_jax import sharding  # noqa: E402
-from ln_jax.data import DataConfig, loader, sources, tokenizer  # noqa: E402
+from ln_jax.data import DataConfig, loader, pairs, pretraining, sources, tokenizer  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -77,15 +96,15 @@ def measure(cfg: DataConfig, seconds: float, threads: int) -> list[Row]:
     mesh = sharding.single_device_mesh()
     variants = [
         ("host, NSP", {}, 16),
-        ("host, NSP", {}, 128),
-        ("host, NSP + whole-word", {"whole_word_masking": True}, 128),
-        ("host, no NSP (packed)", {"nsp": False}, 128),
+        ("host, NSP", {}, 256),
+        ("host, NSP + whole-word", {"whole_word_masking": True}, 256),
+        ("host, no NSP (packed)", {"nsp": False}, 256),
     ]
     for name, overrides, batch in variants:
         c = dataclasses.replace(cfg, global_batch_size=batch, **overrides)
         it, _ = loader.make_host_pipeline(c, seed=0, threads=threads)
         rows.append(Row(name, batch, *_rate(it, batch, seconds)))
-    for batch in (16, 128):
+    for batch in (16, 256):
         c = dataclasses.replace(cfg, global_batch_size=batch)
         it, _ = loader.make_pipeline(c, seed=0, mesh=mesh, threads=threads)
         block = lambda b: jax.block_until_ready(b)  # noqa: E731
@@ -162,6 +181,215 @@ def report(rows: list[Row], steps: list[tuple[str, float]], train_batch: int) ->
         print(f"{name:<44s} {sec:7.3f} {need:11.1f} {slowest / need:8.0f}x")
 
 
+# --------------------------------------------------------------------------------------------
+# Comparisons: alternating arms, medians and ratios
+# --------------------------------------------------------------------------------------------
+
+VARIANTS = {  # name -> DataConfig overrides
+    "NSP": {},
+    "NSP + whole-word": {"whole_word_masking": True},
+    "no NSP (packed)": {"nsp": False},
+}
+
+# A measuring process for one source tree (old or new ln_jax): it builds the host pipeline
+# (in-process, computing each batch on `next`), then times it for the seconds read from stdin.
+_LOADER_CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, os.environ["LN_JAX_TREE"])
+from ln_jax.data import DataConfig, loader
+cfg = DataConfig(**json.loads(sys.argv[1]))
+it, _ = loader.make_host_pipeline(cfg, seed=0, threads=0)
+next(it)
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    seconds, n, start = float(line), 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or n < 3:
+        next(it)
+        n += 1
+    rate = n * cfg.global_batch_size / (time.perf_counter() - start)
+    print(json.dumps({"value": rate}), flush=True)
+"""
+
+# A process timing one tree's NSP pair construction on a saved corpus, once per stdin line.
+_PAIRS_CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, os.environ["LN_JAX_TREE"])
+from ln_jax.data import pretraining
+corpus = pretraining.load_corpus(sys.argv[1])
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    start = time.perf_counter()
+    pretraining.nsp_pairs(corpus, max_seq_length=128, short_seq_prob=0.1, seed=0)
+    print(json.dumps({"value": time.perf_counter() - start}), flush=True)
+"""
+
+
+class Child:
+    """A measuring subprocess: `measure(arg)` sends a line and returns the number it prints."""
+
+    def __init__(self, script: str, tree: str, argv: list[str]):
+        env = dict(os.environ, LN_JAX_TREE=tree, JAX_PLATFORMS="cpu")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, *argv], env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        self._read()  # ready
+
+    def _read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"measuring process exited with {self.proc.wait()}")
+
+    def measure(self, arg: float = 0.0) -> float:
+        self.proc.stdin.write(f"{arg}\n")
+        self.proc.stdin.flush()
+        return self._read()["value"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def old_tree(rev: str) -> str:
+    """`ln_jax/` of git revision `rev`, extracted into a temporary folder (no worktree)."""
+    archive = subprocess.run(
+        ["git", "-C", ROOT, "archive", "--format=tar", rev, "ln_jax"],
+        check=True, capture_output=True,
+    ).stdout  # fmt: skip
+    folder = tempfile.mkdtemp(prefix=f"ln_jax_{rev}_")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def alternate(arms: dict, rounds: int) -> dict[str, list[float]]:
+    """Runs every arm (name -> measure()) once per round, in the same order: A B A B ..."""
+    values: dict[str, list[float]] = {name: [] for name in arms}
+    for r in range(rounds):
+        for name, measure in arms.items():
+            values[name].append(measure())
+        print(f"  round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in values.items()),
+              flush=True)  # fmt: skip
+    return values
+
+
+def summarize(values: dict[str, list[float]], unit: str, base: str) -> None:
+    """Medians (p25-p75) per arm, and each arm's ratio to `base` (median of per-round ratios)."""
+    for name, v in values.items():
+        q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
+        ratios = [a / b for a, b in zip(v, values[base], strict=True)]
+        line = f"  {name:<26s} median {statistics.median(v):10.4g} {unit} ({q[0]:.4g}-{q[2]:.4g})"
+        if name != base:
+            line += f"  ratio to {base}: {statistics.median(ratios):.2f}x"
+            line += f" (per round {min(ratios):.2f}-{max(ratios):.2f})"
+        print(line, flush=True)
+
+
+def machine_load(label: str) -> None:
+    """What else runs on the machine: load averages and the busiest processes."""
+    print(f"[{label}] load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    top = subprocess.run(["ps", "-eo", "pcpu,etime,args", "--sort=-pcpu"],
+                         capture_output=True, text=True).stdout.splitlines()[1:6]  # fmt: skip
+    for line in top:
+        print(f"    {line[:110]}")
+
+
+def compare_old(cfg: DataConfig, rev: str, batch: int, rounds: int, seconds: float) -> None:
+    """Batched loader (this tree) vs the per-example loader of `rev`, same core, alternating."""
+    tree = old_tree(rev)
+    print(f"\nloader, in-process, batch {batch}, seq 128, CPUs {sorted(os.sched_getaffinity(0))}")
+    try:
+        for name, overrides in VARIANTS.items():
+            c = dataclasses.asdict(dataclasses.replace(cfg, global_batch_size=batch))
+            args = [json.dumps({k: c[k] for k in ("data_dir", "global_batch_size")} | overrides)]
+            children = {f"old ({rev})": Child(_LOADER_CHILD, tree, args),
+                        "new (batched)": Child(_LOADER_CHILD, ROOT, args)}  # fmt: skip
+            print(f"{name} (examples/s):")
+            arms = {k: (lambda ch=ch: ch.measure(seconds)) for k, ch in children.items()}
+            summarize(alternate(arms, rounds), "ex/s", f"old ({rev})")
+            for child in children.values():
+                child.close()
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+def compare_workers(cfg: DataConfig, counts: list[int], batch: int, rounds: int, seconds: float):
+    """Examples/s with 0 (in-process), 1, 2, ... worker processes, alternating."""
+    c = dataclasses.replace(cfg, global_batch_size=batch)
+    pipelines = {w: loader.make_host_pipeline(c, seed=0, threads=0, workers=w)[0] for w in counts}
+    for it in pipelines.values():
+        next(it)  # starts the workers
+
+    def measure(it, workers: int) -> float:
+        for _ in range(2 * workers + 2):  # what the workers buffered while the others ran
+            next(it)
+        return _rate(it, batch, seconds)[0]
+
+    print(f"\nloader with worker processes, batch {batch}, CPUs {sorted(os.sched_getaffinity(0))}")
+    arms = {f"{w} workers": (lambda it=it, w=w: measure(it, w)) for w, it in pipelines.items()}
+    values = alternate(arms, rounds)
+    base = f"{min(w for w in counts if w > 0)} workers" if any(counts) else f"{counts[0]} workers"
+    summarize(values, "ex/s", base)
+    for it in pipelines.values():
+        it.close()
+    best = max(counts)
+    per_core = statistics.median(values[f"{best} workers"]) / max(best, 1)
+    print(
+        f"  per core with {best} workers: {per_core:.0f} ex/s; an H100 at 5,800 ex/s needs "
+        f"{5800 / per_core:.2f} host cores, an 8-GPU host (48,000 ex/s) {48000 / per_core:.1f}"
+    )
+
+
+def scaled_corpus(corpus: pretraining.TokenizedCorpus, copies: int) -> pretraining.TokenizedCorpus:
+    """The corpus repeated `copies` times (as more documents): a larger corpus to index."""
+    n_tok, n_sent = len(corpus.tokens), corpus.num_sentences
+    tokens = np.tile(np.asarray(corpus.tokens), copies)
+    sent = [corpus.sent_starts[:-1] + k * n_tok for k in range(copies)] + [[copies * n_tok]]
+    docs = [corpus.doc_starts[:-1] + k * n_sent for k in range(copies)] + [[copies * n_sent]]
+    return pretraining.TokenizedCorpus(tokens, np.concatenate(sent), np.concatenate(docs))
+
+
+def compare_pairs(cfg: DataConfig, scale: int, rounds: int, rev: str | None) -> None:
+    """First start (build + save + map the pair index) vs second start (map the cache)."""
+    opened = sources.open_sources(cfg)
+    tok = tokenizer.get_tokenizer(cfg, opened)
+    corpus = loader.tokenized_corpus(opened[0][0], cfg.train_split, tok)
+    corpus = scaled_corpus(corpus, scale)
+    work = tempfile.mkdtemp(prefix="ln_jax_pairs_bench_")
+    source = types.SimpleNamespace(cache_dir=pathlib.Path(work))
+    meta = loader.pair_index_meta(cfg, "x", tok, 0)
+    folder = loader.pair_index_folder(source, meta)
+
+    def timed(fresh: bool) -> float:
+        if fresh:
+            shutil.rmtree(folder, ignore_errors=True)
+        start = time.perf_counter()
+        loader.pair_index(source, corpus, meta)
+        return time.perf_counter() - start
+
+    print(f"\npair index of {len(corpus.tokens):,} tokens ({corpus.num_docs:,} documents), "
+          f"NSP, seq 128 (seconds)")  # fmt: skip
+    arms = {"first start (build)": lambda: timed(True), "second start (load)": lambda: timed(False)}
+    tree = None
+    if rev:
+        tree, saved = old_tree(rev), os.path.join(work, "corpus")
+        pretraining.save_corpus(corpus, saved)
+        old = Child(_PAIRS_CHILD, tree, [saved])
+        arms[f"old build ({rev})"] = old.measure
+    try:
+        values = alternate(arms, rounds)
+        summarize(values, "s", "second start (load)")
+        if rev:
+            summarize({k: values[k] for k in list(values)[::2]}, "s", "first start (build)")
+        print(f"  pairs: {len(pairs.load_pair_index(folder)):,}")
+    finally:
+        if tree:
+            old.close()
+            shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data_dir", default=None, help="TFDS data dir (default: TFDS's)")
@@ -172,10 +400,37 @@ def main(argv=None) -> int:
     p.add_argument("--model_size", default="mini", help="ln_jax model size of the train step")
     p.add_argument("--train_steps", type=int, default=10, help="0 = skip the train step")
     p.add_argument("--json", default=None, help="also write the rows to this file")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--compare_old",
+        default=None,
+        metavar="REV",
+        help="batched loader vs the loader of git revision REV (one core: taskset)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="compare these worker counts (e.g. 0 1 2)",
+    )
+    p.add_argument("--pairs", action="store_true", help="pair index: build vs cached load")
+    p.add_argument("--pairs_scale", type=int, default=1, help="--pairs on the corpus x N")
+    p.add_argument("--batch", type=int, default=256, help="batch of the comparisons")
+    p.add_argument("--rounds", type=int, default=5, help="alternations of each comparison")
+    args = p.parse_args(argv)  # fmt: skip
     cfg = DataConfig(data_dir=args.data_dir, max_seq_length=128, max_predictions_per_seq=20)
     print(f"jax {jax.__version__}, {os.cpu_count()} CPUs, {jax.device_count()} device(s)")
     prepare(cfg)
+    if args.compare_old or args.workers or args.pairs:
+        machine_load("before")
+        if args.pairs:
+            compare_pairs(cfg, args.pairs_scale, args.rounds, args.compare_old)
+        elif args.compare_old:
+            compare_old(cfg, args.compare_old, args.batch, args.rounds, args.seconds)
+        if args.workers:
+            compare_workers(cfg, args.workers, args.batch, args.rounds, args.seconds)
+        machine_load("after")
+        return 0
     rows = measure(cfg, args.seconds, args.threads)
     timings = {}
     if args.train_steps:

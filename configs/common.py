@@ -96,6 +96,10 @@ def base_config() -> ml_collections.ConfigDict:
     # eval batches when `eval_batches` (above) is None; None = one pass over the eval split
     c.data.eval_num_batches = placeholder(int)
     c.data.seed = 0  # pairs, shuffle and masks
+    c.data.worker_count = 0  # data worker processes per host (0 = in the training process)
+    # training batches put on the devices ahead of the step (None = 2 on GPU/TPU, 0 on CPU)
+    c.data.device_prefetch = placeholder(int)
+    c.data.prepare_timeout_s = 3600.0  # other processes wait this long for process 0's pair index
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1  # data-parallel axis (-1 = all remaining devices)

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import shutil
+import threading
+import types
 
 import numpy as np
 import pytest
 
 from ln_jax import sharding
 from ln_jax.data import DataConfig, loader, parse_dataset
+from ln_jax.data import pairs as pairs_lib
 from ln_jax.data import pretraining as pt
+from ln_jax.data.stream import HostBatches
 
 pytest_plugins = ("tests.data_fixtures",)  # fixtures: data_dir, make_config, text_maker
 
@@ -72,7 +79,7 @@ def _original_ids(batch):
 
 
 def test_next_epoch_reshuffles_and_remasks(train_corpus, tokenizer, make_config):
-    # A small corpus (40 documents) so that two epochs are quick to read.
+    # A small corpus (40 documents): two epochs are two batches.
     small = pt.TokenizedCorpus(
         train_corpus.tokens,
         train_corpus.sent_starts,
@@ -81,15 +88,16 @@ def test_next_epoch_reshuffles_and_remasks(train_corpus, tokenizer, make_config)
     examples = pt.PretrainingExamples(small, pt.masking_spec(tokenizer, make_config()), seed=0)
     n = len(examples)
     stream = loader.example_stream([(examples, 1.0)], seed=0)
-    epochs = [[stream[g] for g in range(e * n, (e + 1) * n)] for e in range(2)]
+    epochs = [stream.batch(np.arange(e * n, (e + 1) * n)) for e in range(2)]
     # An example's identity: its token ids before masking.
-    keys = [[_original_ids({k: v[None] for k, v in x.items()})[0].tobytes() for x in ep]
-            for ep in epochs]  # fmt: skip
-    assert sorted(keys[0]) == sorted(keys[1])  # the same examples...
+    keys = [[row.tobytes() for row in _original_ids(ep)] for ep in epochs]
+    assert sorted(keys[0]) == sorted(keys[1]) and len(set(keys[0])) == n  # the same examples...
     assert keys[0] != keys[1]  # ...in another order
-    masks = [{k: x["masked_positions"].tobytes() for k, x in zip(ks, ep, strict=True)}
-             for ks, ep in zip(keys, epochs, strict=True)]  # fmt: skip
-    changed = np.mean([masks[0][k] != masks[1][k] for k in masks[0]])
+    masks = [
+        dict(zip(ks, ep["masked_positions"], strict=True))
+        for ks, ep in zip(keys, epochs, strict=True)
+    ]
+    changed = np.mean([not np.array_equal(masks[0][k], masks[1][k]) for k in masks[0]])
     assert changed > 0.9  # ...with new masks
 
 
@@ -117,6 +125,88 @@ def test_global_iterator_state_restores_exactly(make_config, mesh):
     other, _ = loader.make_pipeline(cfg, seed=2, mesh=mesh)
     with pytest.raises(ValueError, match="different data pipeline"):
         other.set_state(state)
+
+
+def test_workers_give_the_same_batches_and_resume_exactly(make_config):
+    cfg = make_config()
+    expected = _take(loader.make_host_pipeline(cfg, seed=2, workers=0)[0], 6)
+    two, _ = loader.make_host_pipeline(cfg, seed=2, workers=2)
+    try:
+        _assert_same(_take(two, 3), expected[:3])
+        state = json.loads(json.dumps(two.get_state()))  # mid-epoch: 24 of ~6,300 examples
+    finally:
+        two.close()
+    one, _ = loader.make_host_pipeline(cfg, seed=2, workers=1)
+    try:
+        one.set_state(state)  # saved with 2 workers, resumed with 1
+        _assert_same(_take(one, 3), expected[3:])
+    finally:
+        one.close()
+
+
+def test_a_dead_worker_is_an_error_naming_it_and_the_examples(make_config):
+    batches = loader.make_host_pipeline(make_config(), seed=0, workers=0)[0].batches
+    # Memory-mapped token ids and pair indexes travel to the workers as their paths.
+    assert len(pickle.dumps(batches)) < 50_000
+
+    class Dying(HostBatches):  # defined here, so pickled by value into the workers
+        def __call__(self, step):
+            if step == 1:
+                os._exit(3)
+            return super().__call__(step)
+
+    dying = loader.HostBatchIterator(Dying(batches.stream, 8, batches.rows), {}, workers=2)
+    try:
+        next(dying)  # batch 0, from worker 0
+        message = (
+            r"data worker 1 of 2 died .* global batch 1 \(stream positions 8\.\.15; its first "
+            r"example is example \d+ of dataset 0, epoch 0\).*exit code 3"
+        )
+        with pytest.raises(loader.DataWorkerError, match=message):
+            next(dying)
+    finally:
+        dying.close()
+
+
+def test_device_prefetch_keeps_the_state_of_the_next_batch(make_config, mesh):
+    assert loader.device_prefetch(make_config(), mesh) == 0  # CPU devices: nothing to gain
+    ahead, _ = loader.make_pipeline(make_config(device_prefetch=2), seed=1, mesh=mesh)
+    plain, _ = loader.make_pipeline(make_config(device_prefetch=0), seed=1, mesh=mesh)
+    _assert_same(_take(ahead, 2), _take(plain, 2))
+    assert ahead.host.get_state()["next_batch"] == 4  # batches 2 and 3 are on the devices
+    state = ahead.get_state()
+    assert state == plain.get_state() and state["next_batch"] == 2
+    expected = _take(ahead, 3)
+    fresh, _ = loader.make_pipeline(make_config(device_prefetch=2), seed=1, mesh=mesh)
+    fresh.set_state(state)
+    _assert_same(_take(fresh, 3), expected)
+
+
+def test_pair_index_is_built_once_then_loaded(make_config, tokenizer, train_corpus, tmp_path,
+                                              monkeypatch):  # fmt: skip
+    source = types.SimpleNamespace(cache_dir=tmp_path)  # the cache goes beside the token ids
+    for cfg in (make_config(), make_config(nsp=False)):
+        meta = loader.pair_index_meta(cfg, "train", tokenizer, seed=3)
+        built = loader.pair_index(source, train_corpus, meta)
+        fresh = pairs_lib.build_pair_index(
+            train_corpus, max_seq_length=128, short_seq_prob=0.1, nsp=cfg.nsp, seed=3
+        )
+        assert built.equals(fresh) and isinstance(built.a_start, np.memmap)
+        # A waiting process (or a later start) loads it, memory-mapped.
+        loaded = loader.pair_index(source, train_corpus, meta, builder=False, timeout_s=0)
+        assert loaded.equals(fresh) and len(pickle.dumps(loaded)) < 1000
+    assert len(list(tmp_path.glob("pairs-*"))) == 2
+    # A process other than 0 waits for process 0's file ...
+    monkeypatch.setattr(loader, "_POLL_S", 0.02)
+    meta = loader.pair_index_meta(make_config(), "train", tokenizer, seed=4)
+    folder = loader.pair_index_folder(source, meta)
+    writer = threading.Timer(0.2, pairs_lib.save_pair_index, (fresh, folder, meta))
+    writer.start()
+    assert loader.pair_index(source, train_corpus, meta, builder=False, timeout_s=30).equals(fresh)
+    # ... and stops with a clear error when it does not come.
+    shutil.rmtree(folder)
+    with pytest.raises(loader.CacheWaitError, match=rf"waited 0 s for the pair index {folder}"):
+        loader.pair_index(source, train_corpus, meta, builder=False, timeout_s=0.05)
 
 
 def test_per_host_shares_assemble_the_global_batch(make_config):

@@ -62,6 +62,12 @@ class DataConfig:
       eval_batch_size: examples per eval batch; None = global_batch_size.
       eval_num_batches: eval batches; None = one pass over the eval split.
       seed: seed of the pair structure, the shuffle and the masks.
+      worker_count: data worker processes per host building the training batches (grain
+        multiprocessing); 0 = in the training process. The batches are the same for any count.
+      device_prefetch: training batches put on the devices ahead of the step; None = 2 on
+        GPU/TPU, 0 on CPU devices (whose memory is the host's).
+      prepare_timeout_s: how long processes other than 0 wait for process 0 to write a pair
+        index before they stop with an error.
     """
 
     dataset: DatasetSpec = DEFAULT_DATASET
@@ -84,6 +90,9 @@ class DataConfig:
     eval_batch_size: int | None = None
     eval_num_batches: int | None = None
     seed: int = 0
+    worker_count: int = 0
+    device_prefetch: int | None = None
+    prepare_timeout_s: float = 3600.0
 
     def __post_init__(self):
         _check_types(self)
@@ -140,12 +149,15 @@ def _check_ranges(cfg: DataConfig) -> None:
         raise ValueError(f"tokenizer_type={cfg.tokenizer_type!r}; use one of {TOKENIZER_TYPES}")
     minimum = {"vocab_size": 6, "max_seq_length": 8, "max_predictions_per_seq": 1}
     minimum |= {"global_batch_size": 1, "tokenizer_max_documents": 1, "seed": 0}
+    minimum |= {"worker_count": 0, "prepare_timeout_s": 0}
     for name, low in minimum.items():
         if getattr(cfg, name) < low:
             raise ValueError(f"DataConfig.{name}={getattr(cfg, name)} must be >= {low}")
     for name in ("eval_batch_size", "eval_num_batches"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise ValueError(f"DataConfig.{name}={getattr(cfg, name)} must be >= 1 or None")
+    if cfg.device_prefetch is not None and cfg.device_prefetch < 0:
+        raise ValueError(f"DataConfig.device_prefetch={cfg.device_prefetch} must be >= 0 or None")
     for name in ("masked_lm_prob", "short_seq_prob"):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
             raise ValueError(f"DataConfig.{name}={getattr(cfg, name)} must be in [0, 1]")

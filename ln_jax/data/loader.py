@@ -3,21 +3,25 @@
 Order of operations (train):
 
   tfds data source -> sentences -> token ids (once, cached on disk)
-  -> pair structure (once per seed) -> grain MapDataset.range(E).shuffle.repeat (reshuffled
-  every epoch) -> example(index, epoch) (masks depend on the epoch) -> [mix by weight]
-  -> batch(rows per process) -> this process's batches -> global jax.Array per field.
+  -> pair index (once per seed, cached on disk, memory-mapped) -> global batch s = stream
+  positions s*B .. s*B + B - 1 -> (dataset of the mix, example, epoch) of each (reshuffled
+  every epoch) -> this process's rows, built as one numpy batch (masks depend on the epoch)
+  -> [grain worker processes] -> global jax.Array per field [-> put on the devices ahead].
 
 The global stream of examples depends only on the config and the seed: global batch `s` is
-rows `s*B .. s*B + B - 1` of it whatever the number of processes, and process `p` of `n`
-computes only rows `p*B/n .. (p+1)*B/n - 1` of each. The iterator's state is grain's (the
-number of batches taken), so a resumed run, even on another number of hosts, continues with
-exactly the batches an uninterrupted one would have seen.
+rows `s*B .. s*B + B - 1` of it whatever the number of processes or data workers, and process
+`p` of `n` computes only rows `p*B/n .. (p+1)*B/n - 1` of each. The iterator's state is the
+number of the next global batch, so a resumed run, even on another number of hosts or workers,
+continues with exactly the batches an uninterrupted one would have seen.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,14 +30,19 @@ import jax
 import numpy as np
 
 from ln_jax import sharding as sharding_lib
+from ln_jax.data import pairs as pairs_lib
 from ln_jax.data import pretraining
 from ln_jax.data import sources as sources_lib
+from ln_jax.data import stream as stream_lib
 from ln_jax.data.config import DataConfig
+from ln_jax.data.stream import ExampleStream, HostBatches
 from ln_jax.data.tokenizer import Tokenizer, get_tokenizer
-from ln_jax.validate import ConfigError
+from ln_jax.validate import ConfigError, UserError
 
 SPLITS = ("train", "eval")
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1: grain's own position, before the batched pipeline (issue 17)
+DEVICE_PREFETCH_ACCELERATOR = 2  # batches on the devices ahead of the step on GPU/TPU
+_POLL_S = 1.0  # how often a waiting process looks for process 0's cache
 Batch = dict[str, Any]
 
 
@@ -98,8 +107,12 @@ def mesh_rows(mesh: jax.sharding.Mesh, global_batch_size: int) -> tuple[int, int
 
 
 # --------------------------------------------------------------------------------------------
-# Examples of a split
+# Examples of a split: token ids and pair indexes, cached
 # --------------------------------------------------------------------------------------------
+
+
+class CacheWaitError(UserError, TimeoutError):
+    """A process waited too long for a cache that process 0 builds."""
 
 
 def _split_name(cfg: DataConfig, split: str) -> str:
@@ -122,78 +135,105 @@ def tokenized_corpus(
     return pretraining.load_corpus(folder)
 
 
+def pair_index_meta(cfg: DataConfig, split_name: str, tokenizer: Tokenizer, seed: int) -> dict:
+    """Everything a split's pair index depends on besides the dataset (its folder)."""
+    return {
+        "version": pairs_lib.PAIR_INDEX_VERSION,
+        "split": split_name,
+        "tokenizer": tokenizer.fingerprint,
+        "seed": seed,
+        "max_seq_length": cfg.max_seq_length,
+        "nsp": cfg.nsp,
+        "short_seq_prob": cfg.short_seq_prob if cfg.nsp else None,
+    }
+
+
+def pair_index_folder(source: sources_lib.TextSource, meta: dict[str, Any]):
+    """The cache folder of a pair index: beside the dataset's token ids, named by `meta`."""
+    tag = hashlib.md5(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:12]
+    return source.cache_dir / f"pairs-{tag}"
+
+
+def pair_index(
+    source: sources_lib.TextSource,
+    corpus: pretraining.TokenizedCorpus,
+    meta: dict[str, Any],
+    *,
+    builder: bool = True,
+    timeout_s: float = 3600.0,
+) -> pairs_lib.PairIndex:
+    """The split's pair index, cached beside its token ids and memory-mapped.
+
+    One process builds it (`builder`: process 0 of a multi-host job); the others wait for its
+    file, up to `timeout_s`.
+
+    Raises:
+      CacheWaitError: a waiting process timed out, naming the file and what to check.
+    """
+    folder = pair_index_folder(source, meta)
+    if not pairs_lib.is_saved(folder):
+        if builder:
+            built = pairs_lib.build_pair_index(
+                corpus, max_seq_length=meta["max_seq_length"], nsp=meta["nsp"],
+                short_seq_prob=meta["short_seq_prob"] or 0.0, seed=meta["seed"],
+            )  # fmt: skip
+            pairs_lib.save_pair_index(built, folder, meta)
+        else:
+            _wait_for(folder, timeout_s)
+    return pairs_lib.load_pair_index(folder)
+
+
+def _wait_for(folder, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pairs_lib.is_saved(folder):
+        if time.monotonic() > deadline:
+            raise CacheWaitError(
+                f"process {jax.process_index()} waited {timeout_s:.0f} s for the pair index "
+                f"{folder}, which process 0 builds. Check process 0's log for an error and that "
+                "data_dir is on a file system every host sees; a larger corpus may need a larger "
+                "data.prepare_timeout_s."
+            )
+        time.sleep(_POLL_S)
+
+
+def _corpora(cfg: DataConfig, split: str):
+    """Opens every dataset of the config: [(source, token ids, weight), ...] and the tokenizer."""
+    opened = sources_lib.open_sources(cfg)
+    tokenizer = get_tokenizer(cfg, opened)
+    name = _split_name(cfg, split)
+    return [(s, tokenized_corpus(s, name, tokenizer), w) for s, w in opened], tokenizer
+
+
+def _components(cfg, split, seed, corpora, tokenizer, builder: bool):
+    spec = pretraining.masking_spec(tokenizer, cfg)
+    meta = pair_index_meta(cfg, _split_name(cfg, split), tokenizer, seed)
+    components = []
+    for stream, (source, corpus, weight) in enumerate(corpora):
+        pairs = pair_index(source, corpus, meta, builder=builder, timeout_s=cfg.prepare_timeout_s)
+        examples = pretraining.PretrainingExamples(
+            corpus, spec, max_seq_length=cfg.max_seq_length, nsp=cfg.nsp, seed=seed,
+            stream=stream, pairs=pairs,
+        )  # fmt: skip
+        components.append((examples, weight))
+    return components
+
+
 def load_examples(
     cfg: DataConfig, split: str, seed: int
 ) -> tuple[list[tuple[pretraining.PretrainingExamples, float]], Tokenizer]:
-    """Opens every dataset of the config and builds its examples for `split` ("train"|"eval").
+    """Opens every dataset of the config and its examples for `split` ("train"|"eval").
 
     Returns:
       [(examples, mix weight), ...] and the tokenizer.
     """
-    opened = sources_lib.open_sources(cfg)
-    tokenizer = get_tokenizer(cfg, opened)
-    spec = pretraining.masking_spec(tokenizer, cfg)
-    components = []
-    for stream, (source, weight) in enumerate(opened):
-        corpus = tokenized_corpus(source, _split_name(cfg, split), tokenizer)
-        examples = pretraining.PretrainingExamples(
-            corpus,
-            spec,
-            max_seq_length=cfg.max_seq_length,
-            short_seq_prob=cfg.short_seq_prob,
-            nsp=cfg.nsp,
-            seed=seed,
-            stream=stream,
-        )
-        components.append((examples, weight))
-    return components, tokenizer
+    corpora, tokenizer = _corpora(cfg, split)
+    return _components(cfg, split, seed, corpora, tokenizer, builder=True), tokenizer
 
 
-# --------------------------------------------------------------------------------------------
-# grain datasets
-# --------------------------------------------------------------------------------------------
-
-
-def _shuffle_seed(seed: int, stream: int) -> int:
-    return int(np.random.SeedSequence([seed, stream, 0x5EED]).generate_state(1)[0] >> 1)
-
-
-def example_stream(
-    components: list[tuple[pretraining.PretrainingExamples, float]],
-    *,
-    seed: int,
-    shuffle: bool = True,
-) -> grain.MapDataset:
+def example_stream(components, *, seed: int, shuffle: bool = True) -> ExampleStream:
     """The endless global stream of examples: shuffled per epoch, masks per epoch, mixed."""
-    streams = []
-    for k, (examples, _) in enumerate(components):
-        n = len(examples)
-        ds = grain.MapDataset.range(n)
-        if shuffle:
-            ds = ds.shuffle(seed=_shuffle_seed(seed, k))
-        # repeat() reshuffles every epoch; the position g in the stream gives the epoch.
-        ds = ds.repeat(None).map_with_index(
-            lambda g, i, ex=examples, n=n: ex.example(int(i), epoch=g // n)
-        )
-        streams.append(ds)
-    if len(streams) == 1:
-        return streams[0]
-    return grain.MapDataset.mix(streams, [w for _, w in components])
-
-
-def host_batches(
-    stream: grain.MapDataset, global_batch_size: int, block: int, num_blocks: int
-) -> grain.MapDataset:
-    """Batches of this process's rows: block `block` of `num_blocks` of every global batch."""
-    rows = host_rows(global_batch_size, block, num_blocks)
-    per_host = rows.stop - rows.start
-    return stream.batch(per_host, drop_remainder=True)[block::num_blocks]
-
-
-def _read_options(threads: int) -> grain.ReadOptions:
-    # In-process reading: on 2 cores, worker processes and grain's 16 default threads were
-    # slower. One thread prefetching a few batches overlaps loading with the train step.
-    return grain.ReadOptions(num_threads=threads, prefetch_buffer_size=4 if threads else 0)
+    return ExampleStream([c for c, _ in components], [w for _, w in components],
+                         seed=seed, shuffle=shuffle)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,38 +241,113 @@ def _read_options(threads: int) -> grain.ReadOptions:
 # --------------------------------------------------------------------------------------------
 
 
+class DataWorkerError(RuntimeError):
+    """A data worker process failed or died; the message names it and the batch's examples."""
+
+
+# Arrays below this size cross from a worker by pickle instead of a shared-memory block each.
+_NO_SHARED_MEMORY = grain.experimental.DatasetOptions(min_shm_size=1 << 40)
+
+
+def _read_options(threads: int) -> grain.ReadOptions:
+    # In-process reading: one thread prefetching a few batches overlaps loading with the step.
+    return grain.ReadOptions(num_threads=threads, prefetch_buffer_size=4 if threads else 0)
+
+
+def _absl_flags_parsed() -> None:
+    # grain's worker processes read absl flags; outside an absl app (tests, notebooks, the
+    # benchmark) nothing parsed them, and every worker would fail on its first flag.
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
 class HostBatchIterator(Iterator[Batch]):
     """Numpy batches of this process's rows, with checkpointable state.
 
     Each batch: input_ids, segment_ids, attention_mask int32 [b, T]; masked_positions,
     masked_ids int32 [b, P]; masked_weights float32 [b, P]; nsp_label int32 [b], where b is this
-    process's share of the global batch.
+    process's share of the global batch. With `workers` > 0, grain worker processes build the
+    batches (worker i of W builds batches start + i, start + i + W, ...); the batches are the
+    same for every number of workers.
     """
 
-    def __init__(self, batches: grain.MapDataset, identity: dict[str, Any], threads: int = 1):
-        self._batches, self._identity, self._threads = batches, identity, threads
-        self._it = iter(batches.to_iter_dataset(_read_options(threads)))
+    def __init__(
+        self, batches: HostBatches, identity: dict[str, Any], threads: int = 1, workers: int = 0
+    ):
+        self.batches, self._identity = batches, identity
+        self.threads, self.workers = threads, workers
+        self._it = None
+        self._start(0)
+
+    def _start(self, step: int) -> None:
+        self.close()
+        self._first = self._next = step
+        steps = grain.MapDataset.range(step, sys.maxsize)
+        if self.workers:
+            _absl_flags_parsed()
+            # Workers send each batch as one block, through the queue (see `stream.pack`).
+            one_row = self.batches.stream.batch(self.batches.positions(step)[:1])
+            self._layout = stream_lib.batch_layout(one_row)
+            ds = steps.map(stream_lib.PackedBatches(self.batches)).to_iter_dataset(_read_options(0))
+            ds = grain.experimental.WithOptionsIterDataset(ds, _NO_SHARED_MEMORY)
+            it = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers))
+        else:
+            it = steps.map(self.batches).to_iter_dataset(_read_options(self.threads))
+        self._it = iter(it)
 
     def __next__(self) -> Batch:
-        return next(self._it)
+        try:
+            batch = next(self._it)
+        except Exception as e:
+            if not self.workers:
+                raise
+            raise DataWorkerError(self._failure(e)) from e
+        self._next += 1
+        return stream_lib.unpack(batch, self._layout) if self.workers else batch
+
+    def _failure(self, error: Exception) -> str:
+        step, workers = self._next, self.workers
+        positions = self.batches.positions(step)
+        dataset, index, epoch = (int(a[0]) for a in self.batches.stream.locate(positions[:1]))
+        return (
+            f"data worker {(step - self._first) % workers} of {workers} died or failed before "
+            f"delivering global batch {step} (stream positions {positions[0]}..{positions[-1]}; "
+            f"its first example is example {index} of dataset {dataset}, epoch {epoch}): "
+            f"{type(error).__name__}: {error}"
+        )
+
+    def close(self) -> None:
+        """Stops the worker processes (if any); a later `set_state` starts new ones."""
+        if self._it is not None and hasattr(self._it, "close"):
+            self._it.close()
+        self._it = None
 
     def get_state(self) -> dict[str, Any]:
-        """JSON-serialisable state: grain's position plus the identity of the pipeline."""
-        return {"version": STATE_VERSION, "pipeline": self._identity, "grain": self._it.get_state()}
+        """JSON-serialisable state: the next global batch and the identity of the pipeline."""
+        return {"version": STATE_VERSION, "pipeline": self._identity, "next_batch": self._next}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continues from a `get_state()` of the same pipeline (any process count).
+        """Continues from a `get_state()` of the same pipeline (any process or worker count).
 
         Raises:
           ValueError: if the state belongs to a pipeline with other data, seed or batch size.
         """
+        if state.get("version") == 1:
+            raise ValueError(
+                "iterator state version 1 comes from ln_jax's per-example data pipeline, whose "
+                "pairs and masks the batched pipeline does not reproduce: start a new run (or "
+                "finish this one with the ln_jax it was started with)."
+            )
         if state.get("version") != STATE_VERSION or state.get("pipeline") != self._identity:
             raise ValueError(
                 "iterator state is from a different data pipeline:\n"
                 f"  saved:   {json.dumps(state.get('pipeline'), sort_keys=True)}\n"
                 f"  current: {json.dumps(self._identity, sort_keys=True)}"
             )
-        self._it.set_state(state["grain"])
+        if state["next_batch"] != self._next:
+            self._start(int(state["next_batch"]))
 
 
 def to_global(batch: Batch, mesh: jax.sharding.Mesh, global_batch_size: int) -> Batch:
@@ -245,19 +360,41 @@ def to_global(batch: Batch, mesh: jax.sharding.Mesh, global_batch_size: int) -> 
 
 
 class GlobalBatchIterator(Iterator[Batch]):
-    """Batches as global jax.Arrays sharded by `batch_sharding(mesh)`, leading dim = B."""
+    """Batches as global jax.Arrays sharded by `batch_sharding(mesh)`, leading dim = B.
 
-    def __init__(self, host: HostBatchIterator, mesh: jax.sharding.Mesh, global_batch_size: int):
+    With `prefetch` = k > 0 the next k batches are already put on the devices when a batch is
+    returned (the transfers overlap the step). `get_state` describes the next batch returned,
+    not the prefetched ones, so a checkpoint resumes exactly.
+    """
+
+    def __init__(
+        self,
+        host: HostBatchIterator,
+        mesh: jax.sharding.Mesh,
+        global_batch_size: int,
+        prefetch: int = 0,
+    ):
         self.host, self.mesh, self.global_batch_size = host, mesh, global_batch_size
+        self.prefetch = prefetch
+        self._ahead: collections.deque[tuple[dict[str, Any], Batch]] = collections.deque()
 
     def __next__(self) -> Batch:
-        return to_global(next(self.host), self.mesh, self.global_batch_size)
+        while len(self._ahead) <= self.prefetch:
+            state = self.host.get_state()
+            batch = to_global(next(self.host), self.mesh, self.global_batch_size)
+            self._ahead.append((state, batch))
+        return self._ahead.popleft()[1]
 
     def get_state(self) -> dict[str, Any]:
-        return self.host.get_state()
+        return self._ahead[0][0] if self._ahead else self.host.get_state()
 
     def set_state(self, state: dict[str, Any]) -> None:
+        self._ahead.clear()
         self.host.set_state(state)
+
+    def close(self) -> None:
+        self._ahead.clear()
+        self.host.close()
 
 
 class EvalBatches:
@@ -267,15 +404,15 @@ class EvalBatches:
     asks for more than one pass, later passes use the masks of epochs 1, 2, ...
     """
 
-    def __init__(self, batches: grain.MapDataset, num_batches: int, convert=None):
-        self._batches = batches[:num_batches]
-        self.num_batches, self._convert = num_batches, convert
+    def __init__(self, batches: HostBatches, num_batches: int, convert=None):
+        self.batches, self.num_batches, self._convert = batches, num_batches, convert
 
     def __len__(self) -> int:
         return self.num_batches
 
     def __iter__(self) -> Iterator[Batch]:
-        for batch in self._batches.to_iter_dataset(_read_options(1)):
+        ds = grain.MapDataset.range(self.num_batches).map(self.batches)
+        for batch in ds.to_iter_dataset(_read_options(1)):
             yield self._convert(batch) if self._convert else batch
 
 
@@ -307,15 +444,16 @@ def _eval_num_batches(cfg: DataConfig, components, batch_size: int, requested: i
     return max(1, -(-sum(len(ex) for ex, _ in components) // batch_size))
 
 
-def _build(cfg, split, seed, block, num_blocks, num_batches, threads, components, convert):
+def _build(cfg, split, seed, block, num_blocks, num_batches, threads, workers, components,
+           convert):  # fmt: skip
     train = split == "train"
     batch_size = cfg.global_batch_size if train else cfg.eval_batch_size or cfg.global_batch_size
     stream = example_stream(components, seed=seed, shuffle=train)
-    batches = host_batches(stream, batch_size, block, num_blocks)
+    batches = HostBatches(stream, batch_size, host_rows(batch_size, block, num_blocks))
     if train:
-        return HostBatchIterator(
-            batches, _identity(cfg, split, seed, components, batch_size), threads
-        )
+        identity = _identity(cfg, split, seed, components, batch_size)
+        workers = cfg.worker_count if workers is None else workers
+        return HostBatchIterator(batches, identity, threads, workers)
     count = _eval_num_batches(cfg, components, batch_size, num_batches)
     return EvalBatches(batches, count, convert)
 
@@ -329,6 +467,7 @@ def make_host_pipeline(
     process_count: int = 1,
     num_batches: int | None = None,
     threads: int = 1,
+    workers: int | None = None,
 ) -> tuple[HostBatchIterator | EvalBatches, Tokenizer]:
     """The pipeline without devices: numpy batches of one process's rows.
 
@@ -339,7 +478,8 @@ def make_host_pipeline(
       process_index: which process's rows to load (tests may fake it).
       process_count: number of processes sharing each global batch.
       num_batches: eval only; None = cfg.eval_num_batches or one pass.
-      threads: grain read threads (0 = compute each batch on `next`).
+      threads: grain read threads without workers (0 = compute each batch on `next`).
+      workers: train only; data worker processes, None = cfg.worker_count.
 
     Returns:
       (iterator or EvalBatches, tokenizer); batches have leading dim
@@ -349,8 +489,17 @@ def make_host_pipeline(
     size = cfg.global_batch_size if split == "train" else cfg.eval_batch_size
     host_rows(size or cfg.global_batch_size, process_index, process_count)  # validates
     components, tokenizer = load_examples(cfg, split, seed)
-    args = (cfg, split, seed, process_index, process_count, num_batches, threads)
+    args = (cfg, split, seed, process_index, process_count, num_batches, threads, workers)
     return _build(*args, components, None), tokenizer
+
+
+def device_prefetch(cfg: DataConfig, mesh: jax.sharding.Mesh) -> int:
+    """Batches put on the devices ahead: cfg.device_prefetch, or by default 0 on CPU devices
+    (their memory is the host's) and DEVICE_PREFETCH_ACCELERATOR on GPU/TPU."""
+    if cfg.device_prefetch is not None:
+        return cfg.device_prefetch
+    on_cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
+    return 0 if on_cpu else DEVICE_PREFETCH_ACCELERATOR
 
 
 def make_pipeline(
@@ -361,13 +510,15 @@ def make_pipeline(
     mesh: jax.sharding.Mesh,
     num_batches: int | None = None,
     threads: int = 1,
+    workers: int | None = None,
 ) -> tuple[GlobalBatchIterator | EvalBatches, Tokenizer]:
     """The trainer's pipeline: batches of global jax.Arrays sharded by `batch_sharding(mesh)`.
 
     Each process loads only its rows of each global batch and the global arrays are assembled
     with `jax.make_array_from_process_local_data`. On several processes, process 0 prepares the
-    data and the tokenizer first; the others then find them in the (shared) data dir or
-    rebuild them identically.
+    data, the tokenizer and the token ids first while the others wait (then find them in the
+    shared data dir or rebuild them identically); then process 0 builds the pair indexes while
+    the others wait for their files (`data.prepare_timeout_s`).
 
     Args:
       cfg: the data config.
@@ -375,7 +526,8 @@ def make_pipeline(
       seed: seed of pairs, shuffle and masks; None = cfg.seed.
       mesh: the device mesh.
       num_batches: eval only; None = cfg.eval_num_batches or one pass.
-      threads: grain read threads (0 = compute each batch on `next`).
+      threads: grain read threads without workers (0 = compute each batch on `next`).
+      workers: train only; data worker processes, None = cfg.worker_count.
 
     Raises:
       ValueError: if the batch size is not a multiple of batch_divisor(mesh) and of the
@@ -386,11 +538,13 @@ def make_pipeline(
     size = size or cfg.global_batch_size
     check_global_batch(size, sharding_lib.batch_divisor(mesh), jax.process_count())
     block, num_blocks = mesh_rows(mesh, size)
-    components, tokenizer = _prepare_once(lambda: load_examples(cfg, split, seed))
-    args = (cfg, split, seed, block, num_blocks, num_batches, threads)
+    corpora, tokenizer = _prepare_once(lambda: _corpora(cfg, split))
+    builder = jax.process_index() == 0
+    components = _components(cfg, split, seed, corpora, tokenizer, builder)
+    args = (cfg, split, seed, block, num_blocks, num_batches, threads, workers)
     pipeline = _build(*args, components, lambda b: to_global(b, mesh, size))
     if split == "train":
-        pipeline = GlobalBatchIterator(pipeline, mesh, size)
+        pipeline = GlobalBatchIterator(pipeline, mesh, size, device_prefetch(cfg, mesh))
     return pipeline, tokenizer
 
 

@@ -1,18 +1,16 @@
-"""BERT pretraining examples (Devlin et al., 2019), pure numpy and randomly accessible.
+"""BERT pretraining examples (Devlin et al., 2019), built a whole batch at a time in numpy.
 
 The pipeline has two stages:
 
-1. Once per (corpus, split, seed): the *pair structure*. Documents of sentences become
-   sentence pairs as in BERT's `create_pretraining_data` (target length `max_seq_length - 3`,
-   with probability `short_seq_prob` a random shorter one; a chunk of sentences split at a
-   random point into A and B; with probability 0.5 B comes from a random other document;
-   truncation of the longer side from a random end). Because A and B are each a run of
-   consecutive sentences, an example is just two token ranges of the flat token array.
-   Without NSP, consecutive full sentences are packed to length across documents
-   (RoBERTa's FULL-SENTENCES), one token range per example.
-2. At read time: `[CLS] A [SEP] B [SEP]`, segment ids, padding and the MLM masks, seeded by
-   (seed, stream, epoch, example index) through Philox, so the masks differ every epoch yet a
-   rerun reproduces them exactly.
+1. Once per (corpus, split, seed): the *pair index* (`ln_jax.data.pairs`): every example as
+   token ranges of the flat token array (sentence pairs with NSP labels, or packed full
+   sentences), built vectorised and cached on disk.
+2. At read time, for a batch of (example index, epoch): `[CLS] A [SEP] B [SEP]`, segment ids,
+   padding and the MLM masks (15%, 80/10/10, optionally whole words), all as [batch, T]
+   array operations. Every random number is a function of (seed, stream, epoch, example
+   index, position) (`ln_jax.data.keyed_random`): the masks differ every epoch, a rerun
+   reproduces them exactly, and an example is the same whichever batch, host or worker
+   process builds it.
 """
 
 from __future__ import annotations
@@ -26,10 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from ln_jax.data import keyed_random
+from ln_jax.data import pairs as pairs_lib
 from ln_jax.data.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 _ENCODE_CHUNK = 4096  # sentences per sentencepiece call: amortises the Python overhead
-_NOT_MASKABLE = np.array([PAD_ID, CLS_ID, SEP_ID, MASK_ID])
+_NOT_MASKABLE = (PAD_ID, CLS_ID, SEP_ID, MASK_ID)
+# Random keys hold the position in their low bits, so that no two positions tie.
+_POSITION_BITS = np.uint64(16)
 
 
 # --------------------------------------------------------------------------------------------
@@ -45,11 +47,19 @@ class TokenizedCorpus:
       tokens: [N] token ids of every sentence, in document order (uint16 or int32).
       sent_starts: int64 [S + 1]; sentence s is tokens[sent_starts[s]:sent_starts[s + 1]].
       doc_starts: int64 [D + 1]; document d is sentences doc_starts[d]:doc_starts[d + 1].
+      folder: where the corpus was loaded from (it pickles as this path), or None.
     """
 
     tokens: np.ndarray
     sent_starts: np.ndarray
     doc_starts: np.ndarray
+    folder: str | None = dataclasses.field(default=None, compare=False)
+
+    def __reduce__(self):
+        # Worker processes receive the corpus by pickle: a cached one travels as its path.
+        if self.folder is not None:
+            return load_corpus, (self.folder,)
+        return TokenizedCorpus, (self.tokens, self.sent_starts, self.doc_starts)
 
     @property
     def num_docs(self) -> int:
@@ -126,146 +136,11 @@ def load_corpus(folder: str | os.PathLike) -> TokenizedCorpus:
     folder = pathlib.Path(folder)
     tokens = np.load(folder / "tokens.npy", mmap_mode="r")
     starts = [np.load(folder / f"{name}.npy") for name in _CORPUS_ARRAYS[1:]]
-    return TokenizedCorpus(tokens, *starts)
+    return TokenizedCorpus(tokens, *starts, folder=str(folder))
 
 
 # --------------------------------------------------------------------------------------------
-# Pair structure
-# --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class PairIndex:
-    """Examples as token ranges of `TokenizedCorpus.tokens` (int64 [E] each).
-
-    Segment A is tokens[a_start:a_end], segment B tokens[b_start:b_end] (empty without NSP).
-    `nsp_label` int8 [E]: 0 = B follows A, 1 = B is random.
-    """
-
-    a_start: np.ndarray
-    a_end: np.ndarray
-    b_start: np.ndarray
-    b_end: np.ndarray
-    nsp_label: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.a_start)
-
-    @classmethod
-    def from_rows(cls, rows: list[tuple[int, int, int, int, int]]) -> PairIndex:
-        arr = np.asarray(rows, dtype=np.int64).reshape(-1, 5)
-        return cls(*(arr[:, i] for i in range(4)), arr[:, 4].astype(np.int8))
-
-
-def truncation(la: int, lb: int, max_tokens: int, rng: np.random.Generator) -> tuple[int, ...]:
-    """Tokens BERT's pair truncation removes: (A front, A back, B front, B back).
-
-    BERT removes one token at a time from the longer segment (B on a tie), from the front or
-    the back with equal probability, until the pair fits. That equals: take the excess from the
-    longer side until both are equal, then alternate starting with B; the front/back choices
-    are binomial.
-    """
-    excess = la + lb - max_tokens
-    if excess <= 0:
-        return (0, 0, 0, 0)
-    first = min(excess, abs(la - lb))
-    rest = excess - first
-    cut_a = (first if la > lb else 0) + rest // 2
-    cut_b = (first if lb >= la else 0) + rest - rest // 2
-    front_a, front_b = rng.binomial(cut_a, 0.5), rng.binomial(cut_b, 0.5)
-    return (int(front_a), int(cut_a - front_a), int(front_b), int(cut_b - front_b))
-
-
-def _random_b(corpus, d, target_b, rng) -> tuple[int, int]:
-    """Token range of sentences from a random other document, at least `target_b` long."""
-    num_docs = corpus.num_docs
-    other = int(rng.integers(num_docs - 1)) if num_docs > 1 else 0
-    other += int(num_docs > 1 and other >= d)  # uniform over the other documents
-    s0, s1 = int(corpus.doc_starts[other]), int(corpus.doc_starts[other + 1])
-    first = int(rng.integers(s0, s1))
-    starts = corpus.sent_starts
-    # First sentence end at or beyond the target (BERT: add sentences until long enough).
-    last = int(np.searchsorted(starts[first + 1 : s1 + 1] - starts[first], target_b)) + first
-    return int(starts[first]), int(starts[min(last, s1 - 1) + 1])
-
-
-def _doc_pairs(corpus, d, rng, max_num_tokens, short_seq_prob, rows) -> None:
-    """Appends the sentence pairs of document d (BERT's create_instances_from_document).
-
-    Two deviations keep the next-sentence label a fair coin on corpora of short documents
-    (docstrings), where BERT's rule "a one-sentence chunk always gets a random B" gave 60%
-    random-next labels: a chunk closes only once it holds two sentences, and the one-sentence
-    chunk left at a document's end pairs with its predecessor when the coin says "next".
-    """
-    starts, lens = corpus.sent_starts, np.diff(corpus.sent_starts)
-    s0, s1 = int(corpus.doc_starts[d]), int(corpus.doc_starts[d + 1])
-    target = max_num_tokens
-    if rng.random() < short_seq_prob:
-        target = int(rng.integers(2, max_num_tokens + 1))
-    i, chunk_start, chunk_len = s0, s0, 0
-    while i < s1:
-        chunk_len += int(lens[i])
-        n = i - chunk_start + 1
-        if i == s1 - 1 or (chunk_len >= target and n >= 2):
-            is_random = rng.random() < 0.5 or s1 - s0 == 1
-            if n == 1 and not is_random:  # the document's last sentence, after its predecessor
-                a_begin, a_end = i - 1, i
-            else:
-                a_begin, a_end = (
-                    chunk_start,
-                    chunk_start + (int(rng.integers(1, n)) if n > 1 else 1),
-                )
-            a = (int(starts[a_begin]), int(starts[a_end]))
-            if is_random:
-                b = _random_b(corpus, d, target - (a[1] - a[0]), rng)
-                i = a_end - 1  # the chunk's unused sentences start the next chunk
-            else:
-                b = (int(starts[a_end]), int(starts[i + 1]))
-            fa, ba, fb, bb = truncation(a[1] - a[0], b[1] - b[0], max_num_tokens, rng)
-            rows.append((a[0] + fa, a[1] - ba, b[0] + fb, b[1] - bb, int(is_random)))
-            chunk_start, chunk_len = i + 1, 0
-        i += 1
-
-
-def nsp_pairs(
-    corpus: TokenizedCorpus, *, max_seq_length: int, short_seq_prob: float, seed: int
-) -> PairIndex:
-    """Sentence pairs with next-sentence labels for every document of the corpus."""
-    rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([seed, 0x9A15])))
-    rows: list[tuple[int, int, int, int, int]] = []
-    for d in range(corpus.num_docs):
-        _doc_pairs(corpus, d, rng, max_seq_length - 3, short_seq_prob, rows)
-    return PairIndex.from_rows(rows)
-
-
-def packed_sentences(corpus: TokenizedCorpus, *, max_seq_length: int) -> PairIndex:
-    """RoBERTa FULL-SENTENCES: consecutive whole sentences packed up to `max_seq_length`.
-
-    Packs cross document boundaries, where the example gets an extra [SEP]. A sentence longer
-    than the room left is cut to fit.
-    """
-    room = max_seq_length - 2  # [CLS] ... [SEP]
-    starts = corpus.sent_starts
-    doc_first = np.zeros(corpus.num_sentences + 1, dtype=bool)
-    doc_first[corpus.doc_starts[:-1]] = True
-    rows, begin, used = [], int(starts[0]), 0
-    for s in range(corpus.num_sentences):
-        n = int(starts[s + 1] - starts[s])
-        extra = int(doc_first[s] and used > 0)  # [SEP] between documents
-        if used and used + extra + n > room:
-            rows.append((begin, int(starts[s]), 0, 0, 0))
-            begin, used, extra = int(starts[s]), 0, 0
-        used += extra + n
-        if used >= room:  # a sentence that alone overflows is truncated
-            rows.append((begin, int(starts[s + 1]) - (used - room), 0, 0, 0))
-            begin, used = int(starts[s + 1]), 0
-    if used:
-        rows.append((begin, int(starts[-1]), 0, 0, 0))
-    return PairIndex.from_rows(rows)
-
-
-# --------------------------------------------------------------------------------------------
-# Read time: layout and masking
+# Masked LM, a batch at a time
 # --------------------------------------------------------------------------------------------
 
 
@@ -288,96 +163,184 @@ class MaskingSpec:
     whole_word: bool = False
 
 
-def _word_groups(ids: np.ndarray, candidates: np.ndarray, word_start: np.ndarray) -> list:
-    """Candidate positions grouped into words: a piece without "▁" continues the previous one."""
-    starts = word_start[ids[candidates]]
-    starts[1:] |= np.diff(candidates) != 1  # a non-candidate in between also ends a word
-    starts[0] = True
-    return np.split(candidates, np.flatnonzero(starts)[1:])
+def _selection_keys(keys: np.ndarray, maskable: np.ndarray) -> np.ndarray:
+    """Random sort keys uint64 [B, T], distinct within a row; unmaskable positions last."""
+    t = np.arange(maskable.shape[1], dtype=np.uint64)
+    bits = keyed_random.random_bits(keys[:, None], t[None, :])
+    sort_keys = (bits >> _POSITION_BITS << _POSITION_BITS) | t
+    sort_keys[~maskable] = np.iinfo(np.uint64).max
+    return sort_keys
 
 
-def _choose_positions(ids, candidates, n, spec, rng) -> np.ndarray:
-    """BERT's choice: shuffle candidates (words under whole-word masking), take up to n."""
-    if not spec.whole_word:
-        return np.sort(rng.permutation(candidates)[:n])
-    chosen, count = [], 0
-    groups = _word_groups(ids, candidates, spec.word_start)
-    for g in rng.permutation(len(groups)):
-        if count >= n:
-            break
-        if count + len(groups[g]) > n:
-            continue  # a word that does not fit whole is skipped, as in BERT
-        chosen.append(groups[g])
-        count += len(groups[g])
-    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, np.int64)
+def _choose_tokens(sort_keys: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """BERT's choice: a uniformly random n[b] of row b's maskable positions; bool [B, T]."""
+    p = min(int(n.max(initial=0)), sort_keys.shape[1])
+    if p == 0:
+        return np.zeros(sort_keys.shape, bool)
+    smallest = np.sort(np.partition(sort_keys, p - 1, axis=1)[:, :p], axis=1)
+    threshold = smallest[np.arange(len(n)), np.maximum(n, 1) - 1]
+    return (sort_keys <= threshold[:, None]) & (n > 0)[:, None]
 
 
-def mask_tokens(
-    ids: np.ndarray, length: int, spec: MaskingSpec, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Masked LM: 15% of tokens, 80% -> [MASK], 10% -> random id, 10% unchanged.
-
-    Args:
-      ids: int32 [T] token ids, padded after `length`.
-      length: number of real tokens (special tokens included).
-      spec: masking parameters.
-      rng: random source for this example.
+def _word_groups(ids: np.ndarray, maskable: np.ndarray, word_start: np.ndarray):
+    """Maskable positions grouped into words: a piece without "▁" continues the previous one.
 
     Returns:
-      input_ids int32 [T] (masked), masked_positions int32 [P], masked_ids int32 [P] (the
-      original ids) and masked_weights float32 [P]; padding rows are 0, 0, 0.0.
+      group int64 [B, T] (the word's number within its row, valid where maskable), is_first
+      bool [B, T] (the word's first piece) and length int64 [B, T] (pieces of word g at [b, g]).
     """
-    real = ids[:length]
-    candidates = np.flatnonzero(~np.isin(real, _NOT_MASKABLE))
-    # Python's round, as BERT: the target counts all tokens, specials included.
-    n = min(spec.max_predictions, max(1, round(length * spec.masked_lm_prob)), len(candidates))
-    pos = _choose_positions(ids, candidates, n, spec, rng)
-    k, p = len(pos), spec.max_predictions
+    prev = np.zeros_like(maskable)
+    prev[:, 1:] = maskable[:, :-1]
+    is_first = maskable & (word_start[ids] | ~prev)  # an unmaskable token also ends a word
+    group = np.cumsum(is_first, axis=1) - 1
+    rows, cols = np.nonzero(maskable)
+    flat = rows * maskable.shape[1] + group[rows, cols]
+    length = np.bincount(flat, minlength=maskable.size).reshape(maskable.shape)
+    return np.maximum(group, 0), is_first, length
+
+
+def _choose_words(ids, maskable, n, sort_keys, word_start) -> np.ndarray:
+    """Whole-word masking as BERT: words in random order, each taken if it fits whole in the
+    n[b] left (a word that does not fit is skipped, later ones may still fit); bool [B, T]."""
+    group, is_first, length = _word_groups(ids, maskable, word_start)
+    word_keys = np.full(ids.shape, np.iinfo(np.uint64).max, np.uint64)
+    rows, cols = np.nonzero(is_first)
+    word_keys[rows, group[rows, cols]] = sort_keys[rows, cols]
+    order = np.argsort(word_keys, axis=1)
+    lengths = np.take_along_axis(length, order, axis=1)
+    taken, count = np.zeros(ids.shape, bool), np.zeros(len(ids), np.int64)
+    num_words = is_first.sum(axis=1)
+    for r in range(int(num_words.max(initial=0))):  # greedy over the shuffled words
+        fits = (lengths[:, r] > 0) & (count + lengths[:, r] <= n)
+        count += np.where(fits, lengths[:, r], 0)
+        taken[:, r] = fits
+        if ((count >= n) | (num_words <= r + 1)).all():
+            break
+    word_taken = np.zeros(ids.shape, bool)
+    np.put_along_axis(word_taken, order, taken, axis=1)
+    return maskable & np.take_along_axis(word_taken, group, axis=1)
+
+
+def mask_batch(
+    ids: np.ndarray, lengths: np.ndarray, spec: MaskingSpec, keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Masked LM for a batch: 15% of tokens, 80% -> [MASK], 10% -> random id, 10% unchanged.
+
+    As BERT: n = min(P, max(1, round(length * masked_lm_prob)), maskable tokens) positions per
+    example (the length counts special tokens), chosen uniformly among the tokens other than
+    [PAD] [CLS] [SEP] [MASK] (or as whole words).
+
+    Args:
+      ids: int32 [B, T] token ids, padded after `lengths`.
+      lengths: int [B] real tokens per row (special tokens included).
+      spec: masking parameters.
+      keys: uint64 [B] one random key per example (`keyed_random.derive_key`).
+
+    Returns:
+      input_ids int32 [B, T] (masked); masked_positions int32 [B, P] (ascending), masked_ids
+      int32 [B, P] (the original ids) and masked_weights float32 [B, P]; padding slots are
+      0, 0, 0.0.
+    """
+    batch, length = ids.shape
+    maskable = np.ones(spec.vocab_size, bool)
+    maskable[list(_NOT_MASKABLE)] = False
+    maskable = maskable[ids] & (np.arange(length) < np.asarray(lengths)[:, None])
+    # np.rint rounds half to even, as Python's round in BERT's code.
+    n = np.rint(np.asarray(lengths) * spec.masked_lm_prob).astype(np.int64)
+    n = np.minimum(np.minimum(np.maximum(n, 1), spec.max_predictions), maskable.sum(axis=1))
+    sort_keys = _selection_keys(keys, maskable)
+    if spec.whole_word:
+        chosen = _choose_words(ids, maskable, n, sort_keys, spec.word_start)
+    else:
+        chosen = _choose_tokens(sort_keys, n)
+    return _replace(ids, chosen, spec, keys)
+
+
+def _replace(ids, chosen, spec, keys) -> tuple[np.ndarray, ...]:
+    """80/10/10 replacement at the chosen positions bool [B, T], and the [B, P] targets."""
+    rows, cols = np.nonzero(chosen)  # row-major: ascending positions within each row
+    slot = (np.cumsum(chosen, axis=1) - 1)[rows, cols]
+    length, p = ids.shape[1], spec.max_predictions
+    # Counters T.. and 2T.. : other draws than the selection's (counters 0..T-1).
+    coin = keyed_random.uniform(keys[rows], cols + length)
+    draw = keyed_random.uniform(keys[rows], cols + 2 * length)
+    random_ids = NUM_SPECIAL + (draw * (spec.vocab_size - NUM_SPECIAL)).astype(np.int64)
+    original = ids[rows, cols]
     out = ids.copy()
-    u = rng.random(k)
-    replace = rng.integers(NUM_SPECIAL, spec.vocab_size, size=k)
-    out[pos] = np.where(u < 0.8, MASK_ID, np.where(u < 0.9, replace, ids[pos]))
-    positions, masked_ids = np.zeros(p, np.int32), np.zeros(p, np.int32)
-    weights = np.zeros(p, np.float32)
-    positions[:k], masked_ids[:k], weights[:k] = pos, ids[pos], 1.0
+    out[rows, cols] = np.where(coin < 0.8, MASK_ID, np.where(coin < 0.9, random_ids, original))
+    positions = np.zeros((len(ids), p), np.int32)
+    masked_ids = np.zeros((len(ids), p), np.int32)
+    weights = np.zeros((len(ids), p), np.float32)
+    positions[rows, slot], masked_ids[rows, slot], weights[rows, slot] = cols, original, 1.0
     return out, positions, masked_ids, weights
 
 
-def layout(
-    a: np.ndarray, b: np.ndarray | None, max_seq_length: int, doc_seps: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """`[CLS] A [SEP] B [SEP]` (or `[CLS] A [SEP]`) padded to T.
+# --------------------------------------------------------------------------------------------
+# Layout, a batch at a time
+# --------------------------------------------------------------------------------------------
 
-    Args:
-      a: segment A token ids; b: segment B or None (no-NSP mode).
-      max_seq_length: T.
-      doc_seps: positions in `a` before which a document-boundary [SEP] goes (no-NSP mode).
+
+def layout_pairs(tokens, a_start, a_end, b_start, b_end, max_seq_length: int):
+    """`[CLS] A [SEP] B [SEP]` padded to T, for a batch of token ranges (int [B] each).
 
     Returns:
-      input_ids int32 [T], segment_ids int32 [T] (0 for [CLS] A [SEP], 1 for B [SEP]) and the
-      number of real tokens.
+      input_ids int32 [B, T], segment_ids int32 [B, T] (0 for [CLS] A [SEP], 1 for B [SEP])
+      and lengths int64 [B] (real tokens).
     """
-    if doc_seps is not None and len(doc_seps):
-        a = np.insert(a.astype(np.int32), doc_seps, SEP_ID)
-    parts = [[CLS_ID], a, [SEP_ID]] + ([b, [SEP_ID]] if b is not None else [])
-    real = np.concatenate(parts).astype(np.int32)
-    length = len(real)
-    if length > max_seq_length:
-        raise ValueError(f"example of {length} tokens exceeds max_seq_length={max_seq_length}")
-    ids = np.zeros(max_seq_length, np.int32)
-    ids[:length] = real
-    segments = np.zeros(max_seq_length, np.int32)
-    if b is not None:
-        segments[len(a) + 2 : length] = 1
-    return ids, segments, length
+    t = np.arange(max_seq_length)
+    la, lb = (a_end - a_start)[:, None], (b_end - b_start)[:, None]
+    lengths = la + lb + 3
+    if (lengths > max_seq_length).any():
+        raise ValueError(f"an example of {lengths.max()} tokens exceeds T={max_seq_length}")
+    in_a, in_b = (t >= 1) & (t <= la), (t >= la + 2) & (t < lengths - 1)
+    src = np.where(in_a, a_start[:, None] + t - 1, np.where(in_b, b_start[:, None] + t - la - 2, 0))
+    ids = np.where(in_a | in_b, np.take(tokens, src), PAD_ID).astype(np.int32)
+    rows = np.arange(len(ids))
+    ids[:, 0] = CLS_ID
+    ids[rows, la[:, 0] + 1] = SEP_ID
+    ids[rows, lengths[:, 0] - 1] = SEP_ID
+    segments = ((t >= la + 2) & (t < lengths)).astype(np.int32)
+    return ids, segments, lengths[:, 0]
+
+
+def layout_packed(tokens, a_start, a_end, doc_token_starts, max_seq_length: int):
+    """`[CLS] S1 S2 [SEP] S3 ... [SEP]` padded to T: one token range per row (int [B] each),
+    with a [SEP] before every document that starts inside it.
+
+    Args:
+      doc_token_starts: int64 [D], the first token of each document.
+
+    Returns:
+      input_ids int32 [B, T], segment_ids int32 [B, T] (all 0), lengths int64 [B].
+    """
+    t = np.arange(max_seq_length)
+    la = (a_end - a_start)[:, None]
+    inside = t < la
+    src = np.where(inside, a_start[:, None] + t, a_start[:, None])
+    # Document starts in (a_start, token]: the [SEP]s placed before the token.
+    first_doc = np.searchsorted(doc_token_starts, a_start, "right")
+    seps = np.searchsorted(doc_token_starts, src, "right") - first_doc[:, None]
+    lengths = la[:, 0] + 2 + np.where(la[:, 0] > 0, seps[np.arange(len(la)), la[:, 0] - 1], 0)
+    if (lengths > max_seq_length).any():
+        raise ValueError(f"an example of {lengths.max()} tokens exceeds T={max_seq_length}")
+    ids = np.where(t < lengths[:, None], SEP_ID, PAD_ID).astype(np.int32)
+    ids[:, 0] = CLS_ID
+    rows, cols = np.nonzero(inside)
+    ids[rows, 1 + cols + seps[rows, cols]] = np.take(tokens, src[rows, cols])
+    return ids, np.zeros_like(ids), lengths
+
+
+# --------------------------------------------------------------------------------------------
+# Examples of a split
+# --------------------------------------------------------------------------------------------
 
 
 class PretrainingExamples:
-    """Random-access BERT examples of one corpus: `example(index, epoch)` -> dict of arrays.
+    """Random-access BERT examples of one corpus: `batch(indices, epochs)` -> dict of arrays.
 
-    Shapes (T = max_seq_length, P = spec.max_predictions): input_ids, segment_ids,
-    attention_mask int32 [T]; masked_positions, masked_ids int32 [P]; masked_weights float32 [P];
-    nsp_label int32 [].
+    Shapes (B = len(indices), T = max_seq_length, P = spec.max_predictions): input_ids,
+    segment_ids, attention_mask int32 [B, T]; masked_positions, masked_ids int32 [B, P];
+    masked_weights float32 [B, P]; nsp_label int32 [B]. `example(index, epoch)` is one row.
     """
 
     def __init__(
@@ -390,8 +353,9 @@ class PretrainingExamples:
         nsp: bool = True,
         seed: int = 0,
         stream: int = 0,
+        pairs: pairs_lib.PairIndex | None = None,
     ):
-        """Builds the pair structure (the costly part, once).
+        """Builds the pair index unless given one (`ln_jax.data.loader` caches it).
 
         Args:
           corpus: the tokenised split.
@@ -399,20 +363,21 @@ class PretrainingExamples:
           max_seq_length: T.
           short_seq_prob: probability of a shorter target length per document.
           nsp: sentence pairs with NSP labels; False = packed full sentences.
-          seed: seed of the pair structure and of the masks.
+          seed: seed of the pair index and of the masks.
           stream: which dataset of a mix this is, so mixed datasets get distinct masks.
+          pairs: the pair index of exactly these arguments; None = build it here.
         """
         if corpus.num_docs == 0:
             raise ValueError("the corpus split has no documents with text")
         self.corpus, self.spec, self.nsp = corpus, spec, nsp
         self.max_seq_length, self.seed, self.stream = max_seq_length, seed, stream
-        if nsp:
-            self.pairs = nsp_pairs(
-                corpus, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, seed=seed
-            )
-        else:
-            self.pairs = packed_sentences(corpus, max_seq_length=max_seq_length)
-        self._doc_token_starts = corpus.sent_starts[corpus.doc_starts[:-1]]
+        if pairs is None:
+            pairs = pairs_lib.build_pair_index(
+                corpus, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, nsp=nsp,
+                seed=seed,
+            )  # fmt: skip
+        self.pairs = pairs
+        self._doc_token_starts = np.asarray(corpus.sent_starts)[np.asarray(corpus.doc_starts)[:-1]]
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -420,10 +385,9 @@ class PretrainingExamples:
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         return self.example(index, 0)
 
-    def rng(self, index: int, epoch: int) -> np.random.Generator:
-        """The example's random source: a Philox stream keyed by (seed, stream, epoch, index)."""
-        key = np.random.SeedSequence([self.seed, self.stream, epoch, index])
-        return np.random.Generator(np.random.Philox(key))
+    def keys(self, indices: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+        """uint64 [B]: the random key of each (example, epoch), whatever else is in the batch."""
+        return keyed_random.derive_key(self.seed, self.stream, epochs, indices)
 
     def segments(self, index: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Token ids of A and B (B None without NSP) and the document-boundary positions in A."""
@@ -431,28 +395,46 @@ class PretrainingExamples:
         a0, a1 = int(p.a_start[index]), int(p.a_end[index])
         a = np.asarray(tokens[a0:a1], dtype=np.int32)
         if self.nsp:
-            return a, np.asarray(tokens[p.b_start[index] : p.b_end[index]], dtype=np.int32), None
+            b = np.asarray(tokens[int(p.b_start[index]) : int(p.b_end[index])], dtype=np.int32)
+            return a, b, None
         lo, hi = np.searchsorted(self._doc_token_starts, [a0 + 1, a1])
         return a, None, self._doc_token_starts[lo:hi] - a0
 
-    def example(self, index: int, epoch: int = 0) -> dict[str, np.ndarray]:
-        """Example `index` with the masks of `epoch`."""
-        if not 0 <= index < len(self):
-            raise IndexError(f"example {index} of {len(self)}")
-        a, b, seps = self.segments(index)
-        ids, segment_ids, length = layout(a, b, self.max_seq_length, seps)
-        input_ids, positions, masked_ids, weights = mask_tokens(
-            ids, length, self.spec, self.rng(index, epoch)
+    def batch(self, indices, epochs) -> dict[str, np.ndarray]:
+        """Examples `indices` (int [B]) with the masks of `epochs` (int [B] or a scalar)."""
+        indices = np.asarray(indices, np.int64)
+        epochs = np.broadcast_to(np.asarray(epochs, np.int64), indices.shape)
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"example indices {indices.min()}..{indices.max()} of {len(self)}")
+        p, tokens, length = self.pairs, self.corpus.tokens, self.max_seq_length
+        a0, a1 = np.asarray(p.a_start[indices]), np.asarray(p.a_end[indices])
+        if self.nsp:
+            b0, b1 = np.asarray(p.b_start[indices]), np.asarray(p.b_end[indices])
+            ids, segment_ids, lengths = layout_pairs(tokens, a0, a1, b0, b1, length)
+            nsp_label = np.asarray(p.nsp_label[indices], np.int32)
+        else:
+            ids, segment_ids, lengths = layout_packed(
+                tokens, a0, a1, self._doc_token_starts, length
+            )
+            nsp_label = np.zeros(len(indices), np.int32)
+        input_ids, positions, masked_ids, weights = mask_batch(
+            ids, lengths, self.spec, self.keys(indices, epochs)
         )
         return {
             "input_ids": input_ids,
             "segment_ids": segment_ids,
-            "attention_mask": (np.arange(self.max_seq_length) < length).astype(np.int32),
+            "attention_mask": (np.arange(length) < lengths[:, None]).astype(np.int32),
             "masked_positions": positions,
             "masked_ids": masked_ids,
             "masked_weights": weights,
-            "nsp_label": np.asarray(self.pairs.nsp_label[index] if self.nsp else 0, np.int32),
+            "nsp_label": nsp_label,
         }
+
+    def example(self, index: int, epoch: int = 0) -> dict[str, np.ndarray]:
+        """Example `index` with the masks of `epoch` (one row of `batch`)."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"example {index} of {len(self)}")
+        return {k: v[0] for k, v in self.batch([index], [epoch]).items()}
 
 
 def masking_spec(tokenizer: Any, cfg: Any) -> MaskingSpec:

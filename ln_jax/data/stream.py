@@ -1,0 +1,185 @@
+"""The global stream of examples: position g -> (dataset of the mix, example, epoch) -> batch.
+
+The training stream is endless. Position g of it belongs to dataset k of the mix by a fixed
+weighted interleaving (`Mix`), is position j of that dataset's own stream, which is example
+`permute(j mod n_k)` of epoch `j // n_k`: every epoch is a new keyed permutation
+(`keyed_random.permute`), and the masks depend on the epoch. Everything is a pure function of
+(seed, position), computed for a whole batch of positions with numpy, so global batch s (positions
+s*B .. s*B + B - 1) is the same whichever host, worker process or number of them computes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from ln_jax.data import keyed_random
+from ln_jax.data.pretraining import PretrainingExamples
+
+MIX_PERIOD = 10_000  # positions per period of the mix pattern: weights resolve to 1e-4
+_SHUFFLE_SALT = 0x5EED
+
+
+def mix_counts(weights: Sequence[float], period: int = MIX_PERIOD) -> np.ndarray:
+    """Positions per period for each dataset: weights rounded (largest remainder), each >= 1."""
+    exact = np.asarray(weights, np.float64) / np.sum(weights) * period
+    counts = np.maximum(np.floor(exact).astype(np.int64), 1)
+    short = period - counts.sum()
+    if short > 0:  # the largest remainders get the rest
+        counts[np.argsort(counts - exact, kind="stable")[:short]] += 1
+    elif short < 0:  # weights below 1/period were raised to 1: take it from the largest
+        counts[np.argmax(counts)] += short
+    return counts
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Mix:
+    """A fixed interleaving of K datasets: in each period dataset k gets counts[k] positions,
+    spread evenly (smooth weighted round robin).
+
+    Attributes:
+      counts: int64 [K], positions per period of each dataset.
+      pattern: int64 [L], the dataset of each position of a period (L = counts.sum()).
+      rank: int64 [L], how often that dataset came earlier in the period.
+    """
+
+    counts: np.ndarray
+    pattern: np.ndarray
+    rank: np.ndarray
+
+    @classmethod
+    def from_weights(cls, weights: Sequence[float]) -> Mix:
+        counts = mix_counts(weights) if len(weights) > 1 else np.ones(1, np.int64)
+        period = int(counts.sum())
+        pattern, rank = np.zeros(period, np.int64), np.zeros(period, np.int64)
+        credit, seen = np.zeros(len(counts), np.int64), np.zeros(len(counts), np.int64)
+        for position in range(period):
+            credit += counts
+            k = int(np.argmax(credit))
+            credit[k] -= period
+            pattern[position], rank[position] = k, seen[k]
+            seen[k] += 1
+        return cls(counts, pattern, rank)
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(dataset int64 [n], position in that dataset's stream int64 [n]) of positions [n]."""
+        cycle, offset = np.divmod(positions, len(self.pattern))
+        dataset = self.pattern[offset]
+        return dataset, cycle * self.counts[dataset] + self.rank[offset]
+
+
+class ExampleStream:
+    """The endless stream of examples of a mix of datasets, randomly accessible by position."""
+
+    def __init__(
+        self,
+        components: Sequence[PretrainingExamples],
+        weights: Sequence[float],
+        *,
+        seed: int,
+        shuffle: bool = True,
+    ):
+        """Args:
+        components: the examples of each dataset of the mix.
+        weights: mix weights (any positive numbers).
+        seed: seed of the epoch shuffles.
+        shuffle: False = corpus order in every epoch (evaluation).
+        """
+        self.components, self.seed, self.shuffle = list(components), seed, shuffle
+        self.mix = Mix.from_weights(list(weights))
+
+    def locate(self, positions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(dataset, example index, epoch), int64 [n] each, of stream positions int [n]."""
+        dataset, local = self.mix.locate(np.asarray(positions, np.int64))
+        index, epoch = np.zeros_like(local), np.zeros_like(local)
+        for k in np.unique(dataset):
+            here = dataset == k
+            n = len(self.components[k])
+            epoch[here], within = np.divmod(local[here], n)
+            index[here] = self._order(within, epoch[here], k, n)
+        return dataset, index, epoch
+
+    def _order(self, within: np.ndarray, epoch: np.ndarray, k: int, n: int) -> np.ndarray:
+        if not self.shuffle:
+            return within
+        out = np.empty_like(within)
+        for e in np.unique(epoch):  # a batch spans at most a few epochs
+            at = epoch == e
+            key = keyed_random.derive_key(self.seed, k, e, _SHUFFLE_SALT)
+            out[at] = keyed_random.permute(within[at], n, key)
+        return out
+
+    def batch(self, positions) -> dict[str, np.ndarray]:
+        """The examples at stream positions int [n], as one batch (leading dim n)."""
+        dataset, index, epoch = self.locate(positions)
+        if len(self.components) == 1:
+            return self.components[0].batch(index, epoch)
+        out: dict[str, np.ndarray] = {}
+        for k in np.unique(dataset):
+            here = np.flatnonzero(dataset == k)
+            part = self.components[k].batch(index[here], epoch[here])
+            for key, value in part.items():
+                if key not in out:
+                    out[key] = np.zeros((len(dataset), *value.shape[1:]), value.dtype)
+                out[key][here] = value
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class HostBatches:
+    """Global batch number -> this host's rows of it, a batch dict (the grain map function).
+
+    Attributes:
+      stream: the example stream.
+      global_batch_size: B.
+      rows: the rows of every global batch this host loads (`loader.host_rows`).
+    """
+
+    stream: ExampleStream
+    global_batch_size: int
+    rows: slice
+
+    def positions(self, step: int) -> np.ndarray:
+        """Stream positions int64 [b] of this host's rows of global batch `step`."""
+        return step * self.global_batch_size + np.arange(self.rows.start, self.rows.stop)
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        return self.stream.batch(self.positions(step))
+
+
+# One int32 block per batch: grain's worker processes pay per array they hand over (a shared
+# memory block or a pickle each), which cost more than building the batch; one block is cheap.
+Layout = tuple[tuple[str, str, tuple[int, ...]], ...]
+
+
+def batch_layout(batch: dict[str, np.ndarray]) -> Layout:
+    """(field, dtype, shape after the batch dim) of each field, in the packed order."""
+    return tuple((k, batch[k].dtype.str, batch[k].shape[1:]) for k in sorted(batch))
+
+
+def pack(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """A batch of 4-byte fields as one int32 array [b, width] (floats keep their bits)."""
+    rows = len(next(iter(batch.values())))
+    return np.concatenate([batch[k].reshape(rows, -1).view(np.int32) for k in sorted(batch)], 1)
+
+
+def unpack(block: np.ndarray, layout: Layout) -> dict[str, np.ndarray]:
+    """The inverse of `pack`: fields that own their memory (copies out of `block`)."""
+    out, col = {}, 0
+    for name, dtype, shape in layout:
+        width = int(np.prod(shape))
+        field = np.array(block[:, col : col + width]).view(np.dtype(dtype))
+        out[name], col = field.reshape(len(block), *shape), col + width
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedBatches:
+    """`HostBatches` whose batches come packed (`pack`): what worker processes send."""
+
+    batches: HostBatches
+
+    def __call__(self, step: int) -> np.ndarray:
+        return pack(self.batches(step))
