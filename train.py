@@ -58,9 +58,12 @@ def main(argv: list[str], values: dict) -> int:
     from ln_jax.trainer import NonFiniteError
 
     console.configure_logging()
-    return console.run_reporting_errors(
-        lambda: _train(values), _TRACEBACK.value, failures=(NonFiniteError,)
-    )
+    try:
+        return console.run_reporting_errors(
+            lambda: _train(values), _TRACEBACK.value, failures=(NonFiniteError,)
+        )
+    finally:
+        console.close_logging()  # a train.log on gs:// gets its last upload here
 
 
 def _train(values: dict) -> int:
@@ -71,11 +74,12 @@ def _train(values: dict) -> int:
     cfg = build_config(values)
     workdir = _WORKDIR.value or os.path.join("workdirs", cfg.name)
     run_identity.prepare_workdir(workdir)
-    console.configure_logging(os.path.join(workdir, "train.log"))
     _init_distributed()
+    log_file = _log_file_of_this_process(workdir)
+    console.configure_logging(log_file)
     print(
         f"ln_jax: {cfg.name}: {cfg.model.placement}-LN {cfg.model.size}, "
-        f"{cfg.total_steps} steps, workdir {workdir} (library logs: {workdir}/train.log)",
+        f"{cfg.total_steps} steps, workdir {workdir} (library logs: {log_file})",
         flush=True,
     )
     result = train_and_evaluate(cfg, workdir, accept_changes=_ACCEPT.value)
@@ -90,6 +94,21 @@ def _train(values: dict) -> int:
     if result["eval"]:
         print(f"final eval at step {result['step']}: " + _scalars(result["eval"]))
     return 0
+
+
+def _log_file_of_this_process(workdir: str) -> str:
+    """WORKDIR/train.log; on a URL, processes other than 0 of a multi-process job log to
+    train.process<i>.log: an object is uploaded whole, so shared, they would overwrite each
+    other (on a shared local disk they append to one file)."""
+    from ln_jax import paths
+
+    log_file = os.path.join(workdir, "train.log")
+    if not paths.is_url(workdir) or not (_COORDINATOR.value or _DISTRIBUTED.value):
+        return log_file
+    import jax
+
+    index = jax.process_index()
+    return log_file if index == 0 else os.path.join(workdir, f"train.process{index}.log")
 
 
 def _scalars(record: dict) -> str:

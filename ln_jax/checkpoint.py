@@ -27,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from ln_jax import paths
 from ln_jax.config import CheckpointConfig
 from ln_jax.validate import UserError
 
@@ -76,8 +77,8 @@ class Checkpointer:
     def __init__(self, directory: str | epath.Path, cfg: CheckpointConfig):
         if jax.default_backend() == "cpu":
             _write_replicated_arrays_once()
-        if "://" not in str(directory):  # orbax refuses relative paths (at the first save)
-            directory = os.path.abspath(directory)
+        if not paths.is_url(directory):  # orbax refuses relative paths (at the first save)
+            directory = os.path.abspath(os.path.expanduser(directory))
         self.directory = epath.Path(directory)
         self.cfg = cfg
         options = ocp.CheckpointManagerOptions(

@@ -14,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
+from ln_jax import paths
 from ln_jax.validate import UserError
 
 EXIT_USER_ERROR = 2
@@ -31,20 +32,55 @@ class _ConsoleFilter(logging.Filter):
 
 
 def configure_logging(log_file: str | None = None) -> None:
-    """Sends every log record at INFO and above to `log_file` (appended) and only what
-    `_ConsoleFilter` passes to stderr; replaces absl's and earlier handlers on the root."""
+    """Sends every log record at INFO and above to `log_file` (appended; it may be a URL) and
+    only what `_ConsoleFilter` passes to stderr; replaces absl's and earlier handlers on the
+    root."""
+    close_logging()
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
     root.setLevel(logging.INFO)
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(_ConsoleFilter())
     console.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     root.addHandler(console)
     if log_file is not None:
-        to_file = logging.FileHandler(log_file)
+        to_file = _log_file_handler(log_file)
         to_file.setFormatter(logging.Formatter(_FILE_FORMAT))
         root.addHandler(to_file)
+
+
+def close_logging() -> None:
+    """Removes and closes the root's handlers (a log file on a URL gets its last upload)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        if isinstance(handler, logging.FileHandler):
+            handler.close()
+
+
+def _log_file_handler(log_file: str) -> logging.FileHandler:
+    """A FileHandler; for a URL, one writing a local copy that is uploaded periodically."""
+    if not paths.is_url(log_file):
+        return logging.FileHandler(log_file)
+    folder, name = log_file.rsplit("/", 1)
+    return _StagedFileHandler(paths.Staging(folder), name)
+
+
+class _StagedFileHandler(logging.FileHandler):
+    """Appends to a local copy of a log file on a URL (object stores cannot append) and
+    uploads it at most every `Staging.sync_secs`, and on close (`close_logging`, or logging's
+    own shutdown at exit)."""
+
+    def __init__(self, staging: paths.Staging, name: str):
+        self.staging = staging
+        super().__init__(staging.fetch(name))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        self.staging.sync()
+
+    def close(self) -> None:
+        super().close()
+        self.staging.close()
 
 
 def wants_traceback(flag: bool = False) -> bool:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import sys
 import time
 from typing import Any, TextIO
 
 import jax
 import numpy as np
+
+from ln_jax import paths
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -32,6 +35,12 @@ class MetricsWriter:
     step `resume_step` first drops the records past it (written after that checkpoint, before
     the interruption), so every step is recorded once; TensorBoard's event files are rebuilt
     from the kept records.
+
+    The workdir may be a URL (gs://...): objects cannot be appended to, so both are written to
+    a local copy and uploaded at most every `sync_secs` and on `close`
+    (`ln_jax.paths.Staging`). TensorBoard is written that way too, rather than by
+    tensorboardX's own gs:// writer: that one needs google-cloud-storage's client, knows only
+    gs:// and s3://, and re-uploads each event file at every flush as well.
     """
 
     def __init__(
@@ -40,17 +49,22 @@ class MetricsWriter:
         enabled: bool = True,
         tensorboard: bool = True,
         resume_step: int | None = None,
+        sync_secs: float = paths.SYNC_SECS,
     ):
         self.enabled = enabled
         self._file: TextIO | None = None
         self._tb = None
+        self._staging: paths.Staging | None = None
         if not enabled:
             return
-        path = os.path.join(workdir, METRICS_FILE)
-        kept = prune_records(path, resume_step or 0) if os.path.exists(path) else []
+        self._staging = paths.Staging(workdir, sync_secs)
+        path = self._staging.fetch(METRICS_FILE)
+        kept = prune_records(path, resume_step or 0) if path.exists() else []
         self._file = open(path, "a", buffering=1)  # noqa: SIM115
         if tensorboard:
-            self._tb = _rebuilt_tensorboard(os.path.join(workdir, "tensorboard"), kept)
+            self._staging.remove("tensorboard", "events.out.tfevents")
+            self._tb = _tensorboard_writer(self._staging.local / "tensorboard", kept)
+        self._staging.sync(force=True)
 
     def write(self, step: int, split: str, scalars: dict[str, Any]) -> dict[str, Any]:
         record = {"step": int(step), "split": split, **{k: _plain(v) for k, v in scalars.items()}}
@@ -59,6 +73,7 @@ class MetricsWriter:
             self._file.write(json.dumps(record) + "\n")
             if self._tb is not None:
                 _to_tensorboard(self._tb, record)
+            self._staging.sync()
         return record
 
     def close(self) -> None:
@@ -66,27 +81,27 @@ class MetricsWriter:
             self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._staging is not None:
+            self._staging.close()
 
 
-def read_records(path: str) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl; a line cut short by a crash is skipped."""
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl (a local path or a URL); a line cut short by a crash is
+    skipped."""
     records = []
-    with open(path) as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in paths.as_path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return records
 
 
-def prune_records(path: str, last_step: int) -> list[dict[str, Any]]:
+def prune_records(path: str | os.PathLike, last_step: int) -> list[dict[str, Any]]:
     """Rewrites metrics.jsonl without the records past `last_step` (atomically); returns the
     records kept."""
     kept = [r for r in read_records(path) if r.get("step", 0) <= last_step]
-    with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in kept)
-    os.replace(path + ".tmp", path)
+    paths.write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
 
@@ -96,16 +111,12 @@ def _to_tensorboard(tb: Any, record: dict[str, Any]) -> None:
             tb.add_scalar(f"{record['split']}/{key}", val, record["step"], walltime=record["time"])
 
 
-def _rebuilt_tensorboard(directory: str, records: list[dict[str, Any]]) -> Any:
-    """A fresh TensorBoard writer holding `records`: earlier event files are replaced, so no
-    step shows twice after a resume."""
+def _tensorboard_writer(directory: pathlib.Path, records: list[dict[str, Any]]) -> Any:
+    """A fresh TensorBoard writer in the local `directory` holding `records` (the caller
+    removed the earlier event files, so no step shows twice after a resume)."""
     from tensorboardX import SummaryWriter
 
-    if os.path.isdir(directory):
-        for name in os.listdir(directory):
-            if name.startswith("events.out.tfevents"):
-                os.remove(os.path.join(directory, name))
-    tb = SummaryWriter(directory, flush_secs=30)
+    tb = SummaryWriter(str(directory), flush_secs=30)
     for record in records:
         _to_tensorboard(tb, record)
     return tb

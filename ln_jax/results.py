@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ln_jax import paths
 from ln_jax.metrics import METRICS_FILE, read_records
 
 # ------------------------------------------------------------------------------------ JSON
@@ -86,8 +87,8 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
     The trainer keeps each step once (`ln_jax.metrics.MetricsWriter`); in workdirs written
     before it did, of records with the same (split, step) the last one written is kept.
     """
-    path = os.path.join(workdir, METRICS_FILE)
-    if not os.path.exists(path):
+    path = paths.as_path(workdir) / METRICS_FILE  # a local folder or a URL
+    if not path.exists():
         return []
     by_key = {(r["split"], r["step"]): r for r in read_records(path)}
     return sorted(by_key.values(), key=lambda r: (r["step"], r["split"]))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
+from ln_jax import paths
 from ln_jax.validate import UserError
 
 CONFIG_FILE = "config.json"
@@ -94,40 +94,51 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
 
 
 def prepare_workdir(workdir: str) -> None:
-    """Creates `workdir` and checks that it can be written.
+    """Creates `workdir` (a local folder or a URL such as gs://bucket/run) and checks that it
+    can be written, before anything is compiled or loaded.
 
     Raises:
-      WorkdirError: naming the directory and the operating system's reason.
+      WorkdirError: naming the directory, the reason and the fix (for gs://: the packages to
+        install, or how to authenticate).
     """
-    probe = os.path.join(workdir, ".ln_jax_write_probe")
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as err:
+    missing = paths.missing_packages(workdir)
+    if missing:
         raise WorkdirError(
-            f"cannot write to workdir {workdir!r} ({type(err).__name__}: {err.strerror or err}); "
-            "give a writable directory with --workdir=PATH."
+            f"workdir {workdir!r} needs {', '.join(missing)}: `pip install {' '.join(missing)}`."
+        )
+    if problem := paths.credentials_problem(workdir):
+        raise WorkdirError(
+            f"cannot write to workdir {workdir!r}: no Google Cloud credentials ({problem}); "
+            f"{paths.GCS_AUTH_HINT}."
+        )
+    # Cloud clients raise many types (HTTP, auth, DNS errors); locally only OSError is expected.
+    expected = Exception if paths.is_url(workdir) else OSError
+    folder = paths.as_path(workdir)
+    probe = folder / ".ln_jax_write_probe"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except expected as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else None
+        reason = f"{type(err).__name__}: {reason}" if reason else paths.cause(err)
+        raise WorkdirError(
+            f"cannot write to workdir {workdir!r} ({reason}); {paths.access_hint(workdir)}."
         ) from None
 
 
 def read_config(workdir: str) -> dict[str, Any] | None:
     """The config recorded in `workdir`, or None if the run recorded none."""
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(path):
+    path = paths.as_path(workdir) / CONFIG_FILE
+    if not path.exists():
         return None
-    with open(path) as f:
-        return json.load(f)
+    return json.loads(path.read_text())
 
 
 def record_config(workdir: str, config: Mapping[str, Any]) -> None:
     """Writes `config` as the workdir's config.json (atomically: never half a file)."""
-    path = os.path.join(workdir, CONFIG_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(config, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    text = json.dumps(config, indent=1, sort_keys=True) + "\n"
+    paths.write_atomic(paths.as_path(workdir) / CONFIG_FILE, text)
 
 
 def schedule_change(old: Mapping[str, Any], new: Mapping[str, Any], step: int) -> str:

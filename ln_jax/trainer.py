@@ -20,7 +20,7 @@ import jax
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from ln_jax import accumulation, optim, run_identity, sharding, steps
+from ln_jax import accumulation, optim, paths, run_identity, sharding, steps
 from ln_jax.checkpoint import Checkpointer, CheckpointError
 from ln_jax.config import TrainConfig
 from ln_jax.data import make_pipeline
@@ -286,8 +286,8 @@ def _check_identity(config_dict, workdir, ckpt, accept_changes) -> int | None:
 
 def _already_done(workdir: str, step: int) -> dict[str, Any]:
     """The result of a run whose workdir already holds its last step (nothing is trained)."""
-    path = os.path.join(workdir, METRICS_FILE)
-    records = read_records(path) if os.path.exists(path) else []
+    path = paths.as_path(workdir) / METRICS_FILE  # a local folder or a URL
+    records = read_records(path) if path.exists() else []
     last = lambda split: next((r for r in reversed(records) if r["split"] == split), {})
     return {
         "step": step,

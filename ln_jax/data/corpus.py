@@ -29,6 +29,8 @@ import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core.utils import py_utils
 
+from ln_jax.validate import ConfigError
+
 # Documents per validation document: 1 in VALIDATION_MODULUS goes to validation.
 VALIDATION_MODULUS = 200
 # Documents shorter than this carry too little context for sentence pairs.
@@ -269,6 +271,11 @@ def textdir_config(folder: str | os.PathLike) -> tfds.core.BuilderConfig:
 
     Changing, adding or removing a file gives a new name, so stale prepared data is never reused.
     """
+    if "://" in os.fspath(folder):  # pathlib would turn gs://b/x into gs:/b/x
+        raise ConfigError(
+            f"textdir:{folder}: a folder of .txt files must be local; copy it first (e.g. "
+            "`gcloud storage cp -r gs://BUCKET/texts .`), then give textdir:./texts."
+        )
     folder = pathlib.Path(folder).expanduser().resolve()
     files = textdir_files(folder)
     if not files:

@@ -3,8 +3,12 @@
 Every source reads through `builder.as_data_source(split)` (array_record files, random access,
 no TensorFlow) and yields documents as lists of sentences. Local builders (`ln_jax_pydocs`,
 `textdir:`) are prepared on first use; a named TFDS dataset must already be prepared, or
-`download=True` lets TFDS try. When it is neither, `DatasetNotPreparedError` says which
-dataset, where it looked and the command that prepares it.
+`download=True` lets TFDS prepare it, as array_record. When it is neither,
+`DatasetNotPreparedError` says which dataset, where it looked and the command that prepares it;
+a dataset prepared as TFRecord (what `tfds build` writes by default) is an error at open time
+too, giving the command that converts it.
+
+The data dir may be a URL (gs://...): it is handled with `etils.epath`, never `pathlib`.
 """
 
 from __future__ import annotations
@@ -13,16 +17,18 @@ import dataclasses
 import importlib
 import inspect
 import os
-import pathlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import tensorflow_datasets as tfds
+from etils import epath
 
+from ln_jax import paths
 from ln_jax.data import corpus
 from ln_jax.validate import UserError
 
 TEXTDIR_PREFIX = "textdir:"
+ARRAY_RECORD = "array_record"  # the random-access format ln_jax reads
 _READ_CHUNK = 1024
 # TFDS imports its dataset catalogue lazily, by category; text datasets live in these.
 _TFDS_CATEGORIES = ("text", "summarization", "question_answering", "translate")
@@ -30,6 +36,10 @@ _TFDS_CATEGORIES = ("text", "summarization", "question_answering", "translate")
 
 class DatasetNotPreparedError(UserError, FileNotFoundError):
     """A named dataset is neither prepared in the data dir nor obtainable from here."""
+
+
+class DatasetFormatError(UserError):
+    """A dataset is prepared in a file format that cannot be read by random access (TFRecord)."""
 
 
 @dataclasses.dataclass
@@ -49,9 +59,10 @@ class TextSource:
     presplit: bool = False
 
     @property
-    def cache_dir(self) -> pathlib.Path:
-        """The prepared dataset's folder; tokenizers and token caches are stored beside it."""
-        return pathlib.Path(os.fspath(self.builder.data_dir))
+    def cache_dir(self) -> epath.Path:
+        """The prepared dataset's folder (a URL if the data dir is one); tokenizers and token
+        caches are stored beside it."""
+        return epath.Path(self.builder.data_dir)
 
     @property
     def key(self) -> str:
@@ -108,9 +119,10 @@ class TextSource:
 
 
 def default_data_dir(data_dir: str | os.PathLike | None) -> str:
-    """The data dir TFDS uses: the given one, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
+    """The data dir TFDS uses: the given one (a URL stays one), else $TFDS_DATA_DIR, else
+    ~/tensorflow_datasets."""
     if data_dir:
-        return os.fspath(pathlib.Path(data_dir).expanduser())
+        return os.fspath(paths.as_path(data_dir))
     return tfds.core.constants.get_default_data_dir()
 
 
@@ -131,22 +143,57 @@ def open_source(
 
     Raises:
       DatasetNotPreparedError: a named dataset is not prepared (and could not be prepared).
+      DatasetFormatError: it is prepared as TFRecord (the message gives the conversion).
     """
     root = default_data_dir(data_dir)
     if name == corpus.LnJaxPydocs.name:
-        return TextSource(name, corpus.prepare(corpus.pydocs_builder(root)), "text", True)
-    if name.startswith(TEXTDIR_PREFIX):
+        source = TextSource(name, corpus.prepare(corpus.pydocs_builder(root)), "text", True)
+    elif name.startswith(TEXTDIR_PREFIX):
         folder = name[len(TEXTDIR_PREFIX) :]
-        return TextSource(name, corpus.prepare(corpus.textdir_builder(folder, root)), "text", True)
+        builder = corpus.prepare(corpus.textdir_builder(folder, root))
+        source = TextSource(name, builder, "text", True)
+    else:
+        source = TextSource(name, _prepared_tfds_builder(name, root, download), text_feature)
+    check_random_access(name, source.builder)
+    return source
+
+
+def _prepared_tfds_builder(name: str, root: str, download: bool) -> tfds.core.DatasetBuilder:
+    """The builder of TFDS dataset `name`, prepared (as array_record) if `download`.
+
+    A dataset prepared earlier is checked by the caller; one prepared here is array_record, so
+    nothing fails after hours of preparation.
+    """
     builder = _tfds_builder(name, root)
-    if not builder.is_prepared():
-        if not download:
-            raise DatasetNotPreparedError(not_prepared_message(name, root, builder))
-        try:
-            builder.download_and_prepare()
-        except Exception as e:  # network, apache-beam, manual download: all end the same way
-            raise DatasetNotPreparedError(not_prepared_message(name, root, builder, e)) from e
-    return TextSource(name, builder, text_feature, False)
+    if builder.is_prepared():
+        return builder
+    if not download:
+        raise DatasetNotPreparedError(not_prepared_message(name, root, builder))
+    try:
+        builder.download_and_prepare(file_format=ARRAY_RECORD)
+    except Exception as e:  # network, apache-beam, manual download: all end the same way
+        raise DatasetNotPreparedError(not_prepared_message(name, root, builder, e)) from e
+    return builder
+
+
+def check_random_access(name: str, builder: tfds.core.DatasetBuilder) -> None:
+    """Raises DatasetFormatError, with the command that converts the dataset in place, if the
+    prepared `builder` has no random-access file format (`as_data_source` would raise
+    NotImplementedError). Reads only the prepared dataset's info: no data file is opened."""
+    formats = builder.info.available_file_formats()
+    random_access = set(tfds.core.FileFormat.with_random_access())
+    if not formats or formats & random_access:
+        return
+    stored = ", ".join(sorted(f.value for f in formats))
+    raise DatasetFormatError(
+        f"dataset {name!r} is prepared in {builder.data_dir} as {stored}, which ln_jax cannot "
+        f"read (it reads {ARRAY_RECORD} by random access, without TensorFlow). Convert it once, "
+        "in place (the tfds command needs `pip install tensorflow`):\n"
+        f"  tfds convert_format --dataset_version_dir={builder.data_dir} "
+        f"--out_file_format={ARRAY_RECORD}\n"
+        f"or prepare it again as {ARRAY_RECORD} under another data_dir:\n"
+        f"  tfds build {name} --data_dir=NEW_DIR --file_format={ARRAY_RECORD}"
+    )
 
 
 def _tfds_builder(name: str, root: str) -> tfds.core.DatasetBuilder:
@@ -218,9 +265,11 @@ def not_prepared_message(
             f"(looked in {builder.data_dir})."
         )
     cmd = (
-        f"Prepare it once with:\n  tfds build {name} --data_dir={data_dir}\nor\n"
+        f"Prepare it once, as {ARRAY_RECORD} (what ln_jax reads), with:\n"
         f"  python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', "
-        f"data_dir='{data_dir}').download_and_prepare()\""
+        f"data_dir='{data_dir}').download_and_prepare(file_format='{ARRAY_RECORD}')\"\n"
+        "or, where TensorFlow is installed (the tfds command needs it):\n"
+        f"  tfds build {name} --data_dir={data_dir} --file_format={ARRAY_RECORD}"
     )
     notes = []
     if builder is not None and _needs_beam(builder):

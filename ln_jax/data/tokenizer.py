@@ -2,7 +2,8 @@
 
 Ids 0-4 are `[PAD] [UNK] [CLS] [SEP] [MASK]`. A trained model is cached beside the prepared
 data of the corpus it was trained on, keyed by corpus, version, model type and vocabulary size
-(`<data_dir>/ln_jax_pydocs/1.0.0/spm_unigram_8000.model`), so reruns reuse it.
+(`<data_dir>/ln_jax_pydocs/1.0.0/spm_unigram_8000.model`), so reruns reuse it. Model paths and
+the data dir may be URLs (gs://...): they are read and written through `etils.epath`.
 
 CLI:
   python -m ln_jax.data.tokenizer train [--dataset ln_jax_pydocs] [--vocab_size 8000]
@@ -17,16 +18,16 @@ import argparse
 import hashlib
 import io
 import os
-import pathlib
 import re
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import sentencepiece as spm
+from etils import epath
 
+from ln_jax import paths
 from ln_jax.validate import ConfigError
 
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -52,7 +53,7 @@ class Tokenizer:
 
     def __init__(self, model_proto: bytes, path: str | os.PathLike | None = None):
         self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
-        self.path = None if path is None else pathlib.Path(path)
+        self.path = None if path is None else paths.as_path(path)
         self.vocab_size = self.sp.get_piece_size()
         self.fingerprint = hashlib.md5(model_proto).hexdigest()
         _check_specials(self.sp, path)
@@ -61,7 +62,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
-        path = pathlib.Path(path).expanduser()
+        path = paths.as_path(path)
         if not path.is_file():
             raise FileNotFoundError(f"sentencepiece model {str(path)!r} does not exist")
         return cls(path.read_bytes(), path)
@@ -141,22 +142,13 @@ def train_sentencepiece(
 
 def cache_path(
     cache_dir: str | os.PathLike, vocab_size: int, model_type: str, split: str = "train"
-) -> pathlib.Path:
+) -> epath.Path:
     """Where the tokenizer trained on a corpus's `split` is cached (the corpus's folder)."""
     tag = "" if split == "train" else "_" + hashlib.md5(split.encode()).hexdigest()[:8]
-    return pathlib.Path(cache_dir) / f"spm_{model_type}_{vocab_size}{tag}.model"
+    return paths.as_path(cache_dir) / f"spm_{model_type}_{vocab_size}{tag}.model"
 
 
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-    # Concurrent runs (or hosts on a shared disk) must never read a half-written model.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def corpus_cache_dir(cfg: Any, sources: Sequence[Any]) -> pathlib.Path:
+def corpus_cache_dir(cfg: Any, sources: Sequence[Any]) -> epath.Path:
     """Folder for a corpus's tokenizer: the dataset's folder, or for a mix a shared folder."""
     if len(sources) == 1:
         return sources[0][0].cache_dir
@@ -164,7 +156,7 @@ def corpus_cache_dir(cfg: Any, sources: Sequence[Any]) -> pathlib.Path:
 
     spec = ",".join(f"{s.key}:{w:.6g}" for s, w in sources)
     digest = hashlib.md5(spec.encode()).hexdigest()[:12]
-    return pathlib.Path(default_data_dir(cfg.data_dir)) / "ln_jax_mixes" / digest
+    return paths.as_path(default_data_dir(cfg.data_dir)) / "ln_jax_mixes" / digest
 
 
 def get_tokenizer(cfg: Any, sources: Sequence[Any] | None = None) -> Tokenizer:
@@ -189,7 +181,8 @@ def get_tokenizer(cfg: Any, sources: Sequence[Any] | None = None) -> Tokenizer:
         model_type=cfg.tokenizer_type,
         corpus_name=_describe(cfg),
     )
-    _atomic_write(path, proto)
+    # Concurrent runs (or hosts on a shared disk) must never read a half-written model.
+    paths.write_atomic(path, proto)
     return Tokenizer(proto, path)
 
 
@@ -236,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tok = get_tokenizer(cfg)
         print(f"{tok.path}  (vocab {tok.vocab_size}, md5 {tok.fingerprint})")
         if args.output:
-            _atomic_write(pathlib.Path(args.output), tok.path.read_bytes())
+            paths.write_atomic(args.output, tok.path.read_bytes())
             print(f"copied to {args.output}")
         return 0
     tok = Tokenizer.load(args.model)
