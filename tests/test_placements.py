@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 
 import jax
 import numpy as np
@@ -215,7 +216,12 @@ def test_trainer_profiles_once_and_reuses_on_resume(data_dir, tmp_path, monkeypa
         **{"model.placement": "post", "model.init": "admin", "total_steps": 3, "eval_every": 0},
     )
     assert cfg.model.placement == "admin"
-    trainer.train_and_evaluate(cfg, str(tmp_path))
+
+    def preempt_at_2(step, run):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer saves step 2 and stops
+
+    assert trainer.train_and_evaluate(cfg, str(tmp_path), hooks=[preempt_at_2])["step"] == 2
     path = os.path.join(tmp_path, "admin_profile.json")
     omegas = read_omegas(path)
     assert len(omegas) == 2 * cfg.model.num_layers and omegas[0] == 1.0
@@ -225,8 +231,8 @@ def test_trainer_profiles_once_and_reuses_on_resume(data_dir, tmp_path, monkeypa
         raise AssertionError("re-profiled on resume")
 
     monkeypatch.setattr(admin, "admin_profile", fail)
-    result = trainer.train_and_evaluate(cfg, str(tmp_path))
-    assert result["step"] == 3 and read_omegas(path) == omegas
+    result = trainer.train_and_evaluate(cfg, str(tmp_path))  # resumes at step 2: set-up again
+    assert result["step"] == 3 and not result["already_done"] and read_omegas(path) == omegas
 
 
 @pytest.mark.parametrize(
