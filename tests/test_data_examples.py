@@ -212,6 +212,10 @@ def test_truncation_matches_bert_loop():
 
 
 def test_keyed_permutation_is_a_bijection_per_key():
+    # One key computed with Python ints equals the same key computed in an array.
+    scalar = keyed_random.derive_key(3, -1, 2**63, 11)
+    array = keyed_random.derive_key(np.array([3]), -1, np.array([2**63], np.uint64), [11])
+    assert scalar.dtype == np.uint64 and scalar[0] == array[0]
     for n in (1, 2, 3, 17, 1000, 4099):
         perm = keyed_random.permute(np.arange(n), n, keyed_random.derive_key(5, n))
         np.testing.assert_array_equal(np.sort(perm), np.arange(n))

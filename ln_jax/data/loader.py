@@ -292,7 +292,8 @@ class HostBatchIterator(Iterator[Batch]):
             self._layout = stream_lib.batch_layout(one_row)
             ds = steps.map(stream_lib.PackedBatches(self.batches)).to_iter_dataset(_read_options(0))
             ds = grain.experimental.WithOptionsIterDataset(ds, _NO_SHARED_MEMORY)
-            it = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers))
+            options = grain.MultiprocessingOptions(self.workers, per_worker_buffer_size=2)
+            it = ds.mp_prefetch(options)
         else:
             it = steps.map(self.batches).to_iter_dataset(_read_options(self.threads))
         self._it = iter(it)
