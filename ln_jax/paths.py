@@ -17,6 +17,7 @@ This module imports nothing from ln_jax.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -25,6 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 from etils import epath
 
@@ -40,6 +42,8 @@ GCS_AUTH_HINT = (
     "the VM's service account is used: give it write access to the bucket)"
 )
 _MAX_CAUSE = 300
+# Loggers of the cloud clients: a failing first request logs tracebacks (gcsfs: one per retry).
+_CLOUD_LOGGERS = ("gcsfs", "fsspec", "google", "urllib3", "aiohttp")
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -60,6 +64,21 @@ def cause(err: BaseException) -> str:
     if len(text) > _MAX_CAUSE:
         text = text[:_MAX_CAUSE] + " [...]"
     return f"{type(err).__name__}: {text}"
+
+
+@contextlib.contextmanager
+def quiet_cloud_logs() -> Iterator[None]:
+    """Silences the cloud clients' loggers: while a start-up check fails, the one-line error
+    that follows says it all (without this, gcsfs printed ~90 lines of tracebacks first)."""
+    loggers = [logging.getLogger(name) for name in _CLOUD_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:

@@ -101,6 +101,12 @@ def prepare_workdir(workdir: str) -> None:
       WorkdirError: naming the directory, the reason and the fix (for gs://: the packages to
         install, or how to authenticate).
     """
+    with paths.quiet_cloud_logs():
+        _check_workdir(workdir)
+
+
+def _check_workdir(workdir: str) -> None:
+    """`prepare_workdir`'s checks: packages, credentials, then a write."""
     missing = paths.missing_packages(workdir)
     if missing:
         raise WorkdirError(

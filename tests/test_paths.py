@@ -127,9 +127,12 @@ def test_a_run_in_a_gs_workdir_writes_everything_there_and_resumes(data_dir, fak
 
 
 def test_gs_workdir_without_credentials_fails_in_one_line_before_compiling(
-    data_dir, fake_gcs, monkeypatch, capsys
+    data_dir, fake_gcs, monkeypatch, capsys, file_log
 ):
+    console.configure_logging()  # train.py's console: other libraries' warnings show
+
     def no_credentials(*args, **kwargs):
+        logging.getLogger("gcsfs").error("_request non-retriable exception: ...")  # as gcsfs
         raise DefaultCredentialsError(
             "Your default credentials were not found. To set up Application Default "
             "Credentials, see https://cloud.google.com/docs/authentication/external/set-up-adc"
