@@ -119,8 +119,9 @@ class MlmHead(nnx.Module):
         # gave wrong gradients on a data x fsdp x tensor mesh (measured in tests/test_sharding).
         h = constrain(h, ("act_batch", "act_predictions", "act_embed"))
         table = constrain(word_embeddings, ("vocab", "act_embed")).astype(self.dtype)
-        logits = jnp.einsum("bpd,vd->bpv", h, table)
-        logits = logits.astype(jnp.float32) + self.bias[...]
+        # Accumulated in float32 from bf16 operands: the logits are never rounded to bf16.
+        logits = jnp.einsum("bpd,vd->bpv", h, table, preferred_element_type=jnp.float32)
+        logits = logits + self.bias[...]
         return constrain(logits, ("act_batch", "act_predictions", "act_vocab"))
 
 
@@ -182,6 +183,18 @@ class BertForPreTraining(nnx.Module):
         return out
 
 
+def mlm_nll(logits: Array, ids: Array) -> Array:
+    """-log softmax(logits)[ids]: logits [B, P, V] float32, ids [B, P] -> [B, P].
+
+    In the logsumexp form with the target logit picked by a compare-and-sum, which XLA fuses
+    into the reductions: neither the forward nor the backward pass writes a [B, P, V] array
+    beyond the logits' own gradient (a gather's backward would scatter into one).
+    """
+    vocab = jnp.arange(logits.shape[-1], dtype=ids.dtype)
+    target = jnp.sum(jnp.where(vocab == ids[..., None], logits, 0.0), axis=-1)
+    return jax.nn.logsumexp(logits, axis=-1) - target
+
+
 def pretraining_loss(
     outputs: dict,
     batch: dict[str, Array],
@@ -203,7 +216,7 @@ def pretraining_loss(
     """
     logits = outputs["mlm_logits"].astype(jnp.float32)
     ids, weights = batch["masked_ids"], batch["masked_weights"].astype(jnp.float32)
-    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), ids[..., None], axis=-1)[..., 0]
+    nll = mlm_nll(logits, ids)
     denom = jnp.maximum(weights.sum(), 1.0) if mlm_weight is None else mlm_weight
     metrics = {
         "mlm_loss": (nll * weights).sum() / denom,

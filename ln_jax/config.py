@@ -136,6 +136,7 @@ def parse_placement(placement: str | tuple[str, ...], num_layers: int) -> tuple[
 
 
 ATTENTION_IMPLS = ("xla", "cudnn")
+RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}  # -> JAX's
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES = ("none", "full", "dots")
 
@@ -182,7 +183,8 @@ class ModelConfig:
         (for Admin on Xavier weights say placement="admin", init="xavier").
       init_std: standard deviation of the "bert" initialiser.
       dtype: compute dtype name; parameters are always float32.
-      attention_impl: "xla" or "cudnn" (GPU, bf16/fp16, no attention dropout).
+      attention_impl: "xla" or "cudnn" (GPU, bf16/fp16, no attention dropout: other settings
+        are errors). Both take the padding as sequence lengths of a right-padded mask.
       remat: "none", "full" (recompute each layer in the backward pass) or "dots".
       scan_layers: stack layer parameters [num_layers, ...] and lax.scan over them.
       nsp_head: build the next-sentence-prediction head.
@@ -228,6 +230,24 @@ class ModelConfig:
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1).")
+        self._check_cudnn()
+
+    def _check_cudnn(self) -> None:
+        """cuDNN's fused attention runs in bf16/fp16 and has no dropout on the probabilities;
+        asking for either is an error, never a silent switch to another implementation."""
+        if self.attention_impl != "cudnn":
+            return
+        if self.dtype not in ("bfloat16", "float16"):
+            raise ValueError(
+                f"model.attention_impl='cudnn' needs model.dtype bfloat16 or float16, not "
+                f"{self.dtype!r}; set --config.model.dtype=bfloat16 or attention_impl='xla'."
+            )
+        if self.attention_dropout > 0.0:
+            raise ValueError(
+                f"model.attention_impl='cudnn' has no attention dropout, but "
+                f"model.attention_dropout={self.attention_dropout}; set "
+                "--config.model.attention_dropout=0 or attention_impl='xla'."
+            )
 
     def _resolve_admin_init(self) -> None:
         """init="admin" -> placement="admin" with BERT's weight initialiser."""
@@ -364,6 +384,9 @@ class TrainConfig:
       eval_batches: evaluation batches (None = one pass over the validation split).
       grad_accum_steps: micro-batches per update (the global batch is split into them);
         0 = "auto": the fewest that fit the device's memory by XLA's estimate.
+      dropout_rng: PRNG of the dropout masks: "threefry" (JAX's default: the same bits on every
+        backend and sharding), "rbg" or "unsafe_rbg" (the accelerator's bit generator: far
+        cheaper for BERT-base's ~1.2e9 dropout bits per step; bits depend on the backend).
       nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
         last good checkpoint is kept) or "skip" (drop that update and go on).
     """
@@ -377,6 +400,7 @@ class TrainConfig:
     eval_batches: int | None = None
     grad_accum_steps: int = 1
     nan_policy: str = "stop"
+    dropout_rng: str = "threefry"
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -385,6 +409,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("nan_policy", self.nan_policy, ("stop", "skip"))
+        check_choice("dropout_rng", self.dropout_rng, tuple(RNG_IMPLS))
         if self.total_steps <= 0:
             raise ValueError(f"total_steps={self.total_steps} must be positive.")
         if self.grad_accum_steps < 0:

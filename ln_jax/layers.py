@@ -190,6 +190,19 @@ def attention_mask(mask: Array | None) -> Array | None:
     return None if mask is None else (mask > 0)[:, None, None, :]
 
 
+def sequence_lengths(mask: Array | None) -> Array | None:
+    """[batch, length] right-padded 1/0 mask (tokens first, then padding) -> [batch] int32
+    token counts: the form both attention implementations take (cuDNN has no [B,1,1,S] mask)."""
+    return None if mask is None else (mask > 0).sum(-1).astype(jnp.int32)
+
+
+def key_mask(lengths: Array | None, length: int) -> Array | None:
+    """[batch] token counts -> [batch, 1, 1, length] boolean mask of the keys < count."""
+    if lengths is None:
+        return None
+    return (jnp.arange(length)[None, :] < lengths[:, None])[:, None, None, :]
+
+
 class SelfAttention(nnx.Module):
     """Multi-head self-attention with separate q/k/v projections.
 
@@ -209,17 +222,21 @@ class SelfAttention(nnx.Module):
     def __call__(
         self, x: Array, *, mask: Array | None = None, dropout_key: Array | None = None
     ) -> Array:
-        """x [batch, length, embed], mask [batch, length] (1 = token) -> [batch, length, embed]."""
+        """x [batch, length, embed], mask [batch, length] (1 = token, right-padded: tokens
+        first) -> [batch, length, embed]. Padded keys are masked through sequence lengths, the
+        same way for the "xla" and "cudnn" implementations."""
         names = ("act_batch", "act_length", "act_heads", "act_kv")
         q = constrain(self.query(x), names)
         k = constrain(self.key(x), names)
         v = constrain(self.value(x), names)
-        bool_mask = attention_mask(mask)
+        lengths = sequence_lengths(mask)
         if dropout_key is not None and self.dropout_rate > 0.0:
+            bool_mask = key_mask(lengths, x.shape[1])
             ctx = _attention_with_dropout(q, k, v, bool_mask, self.dropout_rate, dropout_key)
         else:
-            impl = "cudnn" if self.impl == "cudnn" else "xla"
-            ctx = jax.nn.dot_product_attention(q, k, v, mask=bool_mask, implementation=impl)
+            ctx = jax.nn.dot_product_attention(
+                q, k, v, key_value_seq_lengths=lengths, implementation=self.impl
+            )
         return self.out(constrain(ctx, names))
 
 
@@ -228,7 +245,8 @@ def _attention_with_dropout(
 ) -> Array:
     """Softmax attention with dropout on the probabilities (as BERT); q/k/v [B, T, N, H]."""
     scale = q.shape[-1] ** -0.5
-    logits = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32) * scale
+    # Accumulated and kept in float32 (bf16 q/k): the softmax sees unrounded logits.
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * scale
     if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     probs = dropout(jax.nn.softmax(logits, axis=-1), rate, key).astype(v.dtype)

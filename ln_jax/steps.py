@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ln_jax import optim, sharding
 from ln_jax.bert import BertForPreTraining, create_model, pretraining_loss
-from ln_jax.config import TrainConfig
+from ln_jax.config import RNG_IMPLS, TrainConfig
 from ln_jax.validate import ConfigError
 
 Batch = dict[str, jax.Array]
@@ -209,6 +209,12 @@ def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig):
     return total
 
 
+def dropout_key(cfg: TrainConfig, step: Any) -> jax.Array:
+    """The dropout key of update `step` (0-based; traced or not), of `cfg.dropout_rng`."""
+    base = jax.random.key(cfg.seed, impl=RNG_IMPLS[cfg.dropout_rng])
+    return jax.random.fold_in(base, step)
+
+
 def make_train_step(graphdef, tx, schedule, cfg: TrainConfig) -> Callable:
     """(state, rest, batch) -> (state, metrics): one update; non-finite updates are dropped.
 
@@ -216,11 +222,10 @@ def make_train_step(graphdef, tx, schedule, cfg: TrainConfig) -> Callable:
     "stop", the first non-finite step sets `halted` and freezes the state at the last good
     parameters; `nonfinite_step` records that step (with "skip", the first skipped one).
     """
-    base_key = jax.random.key(cfg.seed)
 
     def step_fn(state: State, rest, batch: Batch):
         step = state["step"]
-        key = jax.random.fold_in(base_key, step)
+        key = dropout_key(cfg, step)
         metrics, grads = _grads(graphdef, state["params"], rest, batch, key, cfg)
         grad_norm = optim.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)

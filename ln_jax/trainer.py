@@ -66,9 +66,20 @@ class Run:
     eval_batches: Any
 
 
+def _check_device(cfg: TrainConfig) -> None:
+    """Settings that cannot run on this backend are errors before anything is compiled."""
+    backend = jax.default_backend()
+    if cfg.model.attention_impl == "cudnn" and backend != "gpu":
+        raise ConfigError(
+            f"model.attention_impl='cudnn' needs an NVIDIA GPU, but JAX runs on {backend}; "
+            "use --config.model.attention_impl=xla here."
+        )
+
+
 def setup(cfg: TrainConfig) -> Run:
     """Builds the mesh, the data pipelines, the sharded state and the jitted steps of `cfg`;
     with `grad_accum_steps=0` the accumulation is chosen here (`ln_jax.accumulation`)."""
+    _check_device(cfg)
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     train_iter, tokenizer = make_pipeline(cfg.data, split="train", seed=cfg.data.seed, mesh=mesh)
     if tokenizer.vocab_size != cfg.model.vocab_size:
@@ -210,7 +221,7 @@ def _setup_placements(run: Run, workdir: str) -> None:
     """The placements' set-up hooks on the fresh parameters (`ln_jax.placement_setup`), with
     step 0's dropout key; before a restore, which then overwrites what they set."""
     model = nnx.merge(run.graphdef, run.state["params"], run.rest)
-    key = jax.random.fold_in(jax.random.key(run.cfg.seed), 0)
+    key = steps.dropout_key(run.cfg, 0)
     with sharding.use_mesh(run.mesh):
         done = setup_placements(model, _peek(run.train_iter), key, workdir)
     if done:

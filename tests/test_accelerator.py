@@ -1,0 +1,160 @@
+"""Accelerator paths checked on CPU (issue 18): padding as sequence lengths (the form cuDNN
+takes), cuDNN's limits as config errors, float32 logits from bf16 matmuls, the logsumexp MLM
+loss, and the dropout PRNG choice. The cuDNN kernel itself runs where a GPU is present."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ln_jax
+from ln_jax import bert, layers, steps
+from ln_jax.config import TrainConfig
+from tests.test_models import ODD, batch
+
+pytest_plugins = ("tests.data_fixtures",)
+
+HAS_GPU = jax.default_backend() == "gpu"
+
+
+def _qkv(seed: int, dtype=jnp.float32, b=4, t=10, n=2, h=8):
+    keys = jax.random.split(jax.random.key(seed), 3)
+    return [jax.random.normal(k, (b, t, n, h), dtype) for k in keys]
+
+
+def _right_padded(lengths, t=10):
+    return (np.arange(t)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
+
+
+def test_sequence_lengths_mask_the_same_keys_as_the_boolean_mask():
+    q, k, v = _qkv(0)
+    mask = _right_padded([10, 7, 3, 1])
+    lengths = layers.sequence_lengths(mask)
+    np.testing.assert_array_equal(lengths, [10, 7, 3, 1])
+    by_lengths = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths)
+    by_mask = jax.nn.dot_product_attention(q, k, v, mask=layers.attention_mask(mask))
+    np.testing.assert_allclose(by_lengths, by_mask, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(layers.key_mask(lengths, 10), layers.attention_mask(mask))
+    # A padded key changes nothing: the keys past each length are ignored.
+    k2 = k.at[1, 7:].set(100.0)
+    np.testing.assert_allclose(
+        jax.nn.dot_product_attention(q, k2, v, key_value_seq_lengths=lengths), by_lengths, atol=1e-6
+    )
+
+
+def test_the_model_ignores_padding_through_sequence_lengths():
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, attention_dropout=0.0, hidden_dropout=0.0)
+    model = ln_jax.create_model(cfg)
+    ids, seg, mask, pos = batch(np.random.default_rng(3))
+    out = model(ids, seg, mask, pos)["mlm_logits"]
+    noisy = np.where(mask > 0, ids, 7)  # other tokens in the padding
+    np.testing.assert_allclose(model(noisy, seg, mask, pos)["mlm_logits"], out, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"dtype": "float32", "attention_dropout": 0.0}, "needs model.dtype bfloat16 or float16"),
+        ({"dtype": "bfloat16", "attention_dropout": 0.1}, "has no attention dropout"),
+    ],
+)
+def test_cudnn_settings_that_cannot_work_are_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        ln_jax.ModelConfig.from_mapping({"size": "tiny", "attention_impl": "cudnn", **overrides})
+    ok = {"size": "tiny", "attention_impl": "cudnn", "dtype": "bfloat16", "attention_dropout": 0}
+    assert ln_jax.ModelConfig.from_mapping(ok).attention_impl == "cudnn"
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the error off a GPU")
+def test_cudnn_off_a_gpu_is_an_error_before_any_compile(data_dir, tmp_path):
+    from ln_jax import trainer
+    from ln_jax.validate import ConfigError
+    from tests.test_trainer import tiny_config
+
+    cudnn = {"model.attention_impl": "cudnn", "model.dtype": "bfloat16"}
+    cfg = tiny_config(data_dir, **cudnn, **{"model.attention_dropout": 0.0})
+    with pytest.raises(ConfigError, match="needs an NVIDIA GPU, but JAX runs on cpu"):
+        trainer.setup(cfg)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="cuDNN attention needs an NVIDIA GPU")
+def test_cudnn_attention_with_padding_equals_xla_on_gpu():
+    q, k, v = _qkv(1, jnp.bfloat16, b=2, t=128, n=4, h=64)
+    lengths = layers.sequence_lengths(jnp.asarray(_right_padded([128, 57], t=128)))
+    xla = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths)
+    cudnn = jax.nn.dot_product_attention(
+        q, k, v, key_value_seq_lengths=lengths, implementation="cudnn"
+    )
+    np.testing.assert_allclose(
+        np.asarray(cudnn, np.float32), np.asarray(xla, np.float32), atol=2e-2
+    )
+
+
+def test_mlm_loss_in_logsumexp_form_equals_log_softmax():
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(3, 5, 97)) * 4, jnp.float32)
+    ids = jnp.asarray(rng.integers(0, 97, (3, 5)), jnp.int32)
+
+    def reference(x):
+        return -jnp.take_along_axis(jax.nn.log_softmax(x), ids[..., None], axis=-1)[..., 0]
+
+    np.testing.assert_allclose(bert.mlm_nll(logits, ids), reference(logits), rtol=1e-5)
+    grad = jax.grad(lambda x: bert.mlm_nll(x, ids).sum())(logits)
+    np.testing.assert_allclose(grad, jax.grad(lambda x: reference(x).sum())(logits), atol=1e-6)
+
+
+def _dots(cfg) -> list[tuple[str, str]]:
+    """(operand types, result type) of every dot_general in the jitted forward of `cfg`."""
+    model = ln_jax.create_model(cfg)
+    ids, seg, mask, pos = batch(np.random.default_rng(1))
+    text = jax.jit(lambda m: m(ids, seg, mask, pos)["mlm_logits"]).lower(model).as_text()
+    lines = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    return [re.search(r": \((.*)\) -> (.*)$", line).groups() for line in lines]
+
+
+def test_bf16_step_multiplies_in_bf16_and_accumulates_logits_in_float32():
+    """Ahead of time: every matmul of a bf16 forward takes bf16 operands; the MLM logits
+    (vocabulary 23) come out of their matmul as float32, never rounded to bf16 first."""
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, dtype="bfloat16")
+    dots = _dots(cfg)
+    assert dots and all(ops.count("bf16") == 2 for ops, _ in dots), dots
+    vocab_dots = [out for _, out in dots if re.search(r"x23x\w+>$", out)]
+    assert len(vocab_dots) == 1 and vocab_dots[0].endswith("xf32>"), dots
+    # The attention logits too (XLA's attention, q.k^T: [B, N, T, 1, S]) are float32.
+    scores = [out for ops, out in dots if re.search(r"x9x1x9x\w+>$", out)]
+    assert scores and all(out.endswith("xf32>") for out in scores), dots
+
+
+def test_bf16_loss_tracks_float32_loss():
+    ids, seg, mask, pos = batch(np.random.default_rng(5))
+    tgt = {
+        "masked_ids": jnp.asarray(ids[np.arange(3)[:, None], pos]),
+        "masked_weights": jnp.ones(pos.shape),
+    }
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        model = ln_jax.create_model(ln_jax.ModelConfig(**ODD, num_layers=2, dtype=dtype))
+        out = model(ids, seg, mask, pos)
+        losses[dtype] = float(bert.pretraining_loss(out, tgt, use_nsp=False)[0])
+    assert abs(losses["bfloat16"] - losses["float32"]) < 0.02 * losses["float32"], losses
+
+
+def test_dropout_rng_choice_sets_the_key_implementation():
+    cfg = TrainConfig()
+    for name, impl in (("threefry", "threefry2x32"), ("rbg", "rbg"), ("unsafe_rbg", "unsafe_rbg")):
+        key = steps.dropout_key(dataclasses.replace(cfg, dropout_rng=name), 3)
+        assert str(jax.random.key_impl(key)) == impl
+    a = steps.dropout_key(dataclasses.replace(cfg, dropout_rng="rbg"), 3)
+    b = steps.dropout_key(dataclasses.replace(cfg, dropout_rng="rbg"), 4)
+    mask = lambda k: np.asarray(jax.random.bernoulli(k, 0.5, (64,)))
+    assert np.array_equal(
+        mask(a), mask(steps.dropout_key(dataclasses.replace(cfg, dropout_rng="rbg"), 3))
+    )
+    assert not np.array_equal(mask(a), mask(b))
+    with pytest.raises(ValueError, match="unknown dropout_rng 'philox'"):
+        TrainConfig(dropout_rng="philox")
