@@ -24,6 +24,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.log_every = 100  # progress line, metrics.jsonl and TensorBoard every N steps
     c.eval_batches = 50  # validation batches per evaluation (None = one pass)
     c.grad_accum_steps = 0  # micro-batches per update; 0 = auto: the fewest that fit in memory
+    c.dropout_rng = "threefry"  # dropout PRNG: threefry (portable bits), rbg, unsafe_rbg (fast)
     c.nan_policy = "stop"  # non-finite loss/gradient: "stop" (keep last checkpoint) or "skip"
 
     c.model = ml_collections.ConfigDict()
