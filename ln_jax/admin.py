@@ -16,7 +16,6 @@ import functools
 import json
 import logging
 import math
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ln_jax import paths
 from ln_jax.bert import BertForPreTraining, create_model
 from ln_jax.init import admin_closed_form
 
@@ -185,17 +185,16 @@ def setup_admin(
     if set(model.cfg.layer_placements) != {"admin"}:
         log.warning("admin in a per-layer list: omega is not profiled (it stays 1)")
         return
-    path = os.path.join(workdir, ADMIN_PROFILE) if workdir else None
-    if path and os.path.exists(path):
-        with open(path) as f:
-            omegas = json.load(f)["omega"]
+    path = paths.as_path(workdir) / ADMIN_PROFILE if workdir else None  # gs:// too
+    if path and path.exists():
+        omegas = json.loads(path.read_text())["omega"]
         set_admin_omega(model, omegas)
         log.info("admin: reusing the profile in %s: omega = %s", path, omegas)
         return
     omegas = [float(w) for w in admin_profile(model, peek_batch(), key)]
     if path and jax.process_index() == 0:
-        with open(path, "w") as f:
-            json.dump({"omega": omegas, "num_sublayers": len(omegas)}, f, indent=1)
+        profile = {"omega": omegas, "num_sublayers": len(omegas)}
+        paths.write_atomic(path, json.dumps(profile, indent=1))
     log.info("admin: profiled omega per sub-layer = %s (saved to %s)", omegas, path)
 
 
