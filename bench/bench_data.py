@@ -314,17 +314,41 @@ def compare_old(cfg: DataConfig, rev: str, batch: int, rounds: int, seconds: flo
         shutil.rmtree(tree, ignore_errors=True)
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds used so far by this process's child processes (the data workers)."""
+    total, me = 0.0, str(os.getpid())
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if fields[1] == me:  # ppid; utime and stime follow at 11, 12
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def compare_workers(cfg: DataConfig, counts: list[int], batch: int, rounds: int, seconds: float):
-    """Examples/s with 0 (in-process), 1, 2, ... worker processes, alternating."""
+    """Examples/s with 0 (in-process), 1, 2, ... worker processes, alternating; and the CPU
+    time per batch of the trainer's process and of the workers, which projects the scaling on
+    idle cores when other programs hold some of them."""
     c = dataclasses.replace(cfg, global_batch_size=batch)
     pipelines = {w: loader.make_host_pipeline(c, seed=0, threads=0, workers=w)[0] for w in counts}
     for it in pipelines.values():
         next(it)  # starts the workers
+    cpu: dict[int, list[tuple[float, float]]] = {w: [] for w in counts}  # (main, workers) ms
 
     def measure(it, workers: int) -> float:
         for _ in range(2 * workers + 2):  # what the workers buffered while the others ran
             next(it)
-        return _rate(it, batch, seconds)[0]
+        main, children, start, n = time.process_time(), _children_cpu_s(), time.perf_counter(), 0
+        while time.perf_counter() - start < seconds or n < 3:
+            next(it)
+            n += 1
+        rate = n * batch / (time.perf_counter() - start)
+        used = (time.process_time() - main, _children_cpu_s() - children)
+        cpu[workers].append(tuple(1e3 * u / n for u in used))
+        return rate
 
     print(f"\nloader with worker processes, batch {batch}, CPUs {sorted(os.sched_getaffinity(0))}")
     arms = {f"{w} workers": (lambda it=it, w=w: measure(it, w)) for w, it in pipelines.items()}
@@ -333,6 +357,14 @@ def compare_workers(cfg: DataConfig, counts: list[int], batch: int, rounds: int,
     summarize(values, "ex/s", base)
     for it in pipelines.values():
         it.close()
+    for w, pairs_ms in cpu.items():
+        main = statistics.median(m for m, _ in pairs_ms)
+        work = statistics.median(k for _, k in pairs_ms)
+        line = f"  {w} workers: CPU per batch: trainer process {main:.2f} ms, workers {work:.2f} ms"
+        if w > 1:  # w idle cores for the workers, the trainer's share spread over them too
+            single = statistics.median(k for _, k in cpu[1]) if 1 in cpu else work
+            line += f"; on {w} idle cores: {w * single / (work + main):.2f}x one worker"
+        print(line)
     best = max(counts)
     per_core = statistics.median(values[f"{best} workers"]) / max(best, 1)
     print(

@@ -11,6 +11,8 @@ s*B .. s*B + B - 1) is the same whichever host, worker process or number of them
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -141,45 +143,93 @@ class HostBatches:
     global_batch_size: int
     rows: slice
 
-    def positions(self, step: int) -> np.ndarray:
-        """Stream positions int64 [b] of this host's rows of global batch `step`."""
-        return step * self.global_batch_size + np.arange(self.rows.start, self.rows.stop)
+    def positions(self, step: int, count: int = 1) -> np.ndarray:
+        """Stream positions int64 [count * b] of this host's rows of global batches
+        `step .. step + count - 1`."""
+        starts = (step + np.arange(count))[:, None] * self.global_batch_size
+        return (starts + np.arange(self.rows.start, self.rows.stop)).reshape(-1)
 
-    def __call__(self, step: int) -> dict[str, np.ndarray]:
-        return self.stream.batch(self.positions(step))
-
-
-# One int32 block per batch: grain's worker processes pay per array they hand over (a shared
-# memory block or a pickle each), which cost more than building the batch; one block is cheap.
-Layout = tuple[tuple[str, str, tuple[int, ...]], ...]
+    def __call__(self, step: int, count: int = 1) -> dict[str, np.ndarray]:
+        """This host's rows of `count` consecutive global batches, stacked: [count * b, ...]."""
+        return self.stream.batch(self.positions(step, count))
 
 
-def batch_layout(batch: dict[str, np.ndarray]) -> Layout:
-    """(field, dtype, shape after the batch dim) of each field, in the packed order."""
-    return tuple((k, batch[k].dtype.str, batch[k].shape[1:]) for k in sorted(batch))
+# Worker processes hand the trainer's process one block of bytes per batch, each field in the
+# narrowest type that holds its values: grain pays per array handed over (a shared-memory
+# block or a pickle each) and per byte (pickle, pipe, unpickle), and both cost more than
+# building the batch (ids fit 16 bits, masks and labels 8).
+Layout = tuple[tuple[str, str, str, tuple[int, ...]], ...]  # field, dtype, wire dtype, shape
 
 
-def pack(batch: dict[str, np.ndarray]) -> np.ndarray:
-    """A batch of 4-byte fields as one int32 array [b, width] (floats keep their bits)."""
-    rows = len(next(iter(batch.values())))
-    return np.concatenate([batch[k].reshape(rows, -1).view(np.int32) for k in sorted(batch)], 1)
+def _wire_dtype(largest: int) -> str:
+    """The narrowest unsigned dtype that holds 0..largest."""
+    for t in (np.uint8, np.uint16, np.uint32):
+        if largest <= np.iinfo(t).max:
+            return np.dtype(t).str
+    return np.dtype(np.uint64).str
+
+
+def batch_layout(batch: dict[str, np.ndarray], largest: dict[str, int]) -> Layout:
+    """(field, dtype, wire dtype, shape after the batch dim) of each field, in packed order.
+
+    Args:
+      batch: a batch (one row is enough) of the fields and dtypes to pack.
+      largest: the largest value each field can hold (0/1 fields: 1).
+    """
+    return tuple(
+        (k, batch[k].dtype.str, _wire_dtype(largest[k]), batch[k].shape[1:]) for k in sorted(batch)
+    )
+
+
+def pack(batch: dict[str, np.ndarray], layout: Layout) -> np.ndarray:
+    """A batch as one uint8 array: field after field, each in its wire dtype."""
+    return np.concatenate(
+        [batch[k].astype(wire).reshape(-1).view(np.uint8) for k, _, wire, _ in layout]
+    )
 
 
 def unpack(block: np.ndarray, layout: Layout) -> dict[str, np.ndarray]:
-    """The inverse of `pack`: fields that own their memory (copies out of `block`)."""
-    out, col = {}, 0
-    for name, dtype, shape in layout:
-        width = int(np.prod(shape))
-        field = np.array(block[:, col : col + width]).view(np.dtype(dtype))
-        out[name], col = field.reshape(len(block), *shape), col + width
+    """The inverse of `pack`: fields in their own dtypes (new arrays)."""
+    row_bytes = sum(int(np.prod(shape)) * np.dtype(wire).itemsize for _, _, wire, shape in layout)
+    rows, out, start = len(block) // row_bytes, {}, 0
+    for name, dtype, wire, shape in layout:
+        size = rows * int(np.prod(shape)) * np.dtype(wire).itemsize
+        field = block[start : start + size].view(np.dtype(wire)).astype(np.dtype(dtype))
+        out[name], start = field.reshape(rows, *shape), start + size
     return out
 
 
 @dataclasses.dataclass(frozen=True)
-class PackedBatches:
-    """`HostBatches` whose batches come packed (`pack`): what worker processes send."""
+class PackedChunks:
+    """Chunk c = global batches start + c*count .. start + c*count + count - 1 of `batches`,
+    packed (`pack`): what a worker process sends. A chunk of several batches pays grain's
+    per-element costs once.
+    """
 
     batches: HostBatches
+    layout: Layout
+    start: int
+    count: int
 
-    def __call__(self, step: int) -> np.ndarray:
-        return pack(self.batches(step))
+    @classmethod
+    def of(cls, batches: HostBatches, start: int, count: int) -> PackedChunks:
+        """The chunks of `batches` from global batch `start` on, `count` batches each."""
+        first = batches.stream.components[0]
+        ids, length = first.spec.vocab_size - 1, first.max_seq_length - 1
+        largest = {"input_ids": ids, "masked_ids": ids, "masked_positions": length}
+        one_row = batches.stream.batch(batches.positions(start)[:1])
+        layout = batch_layout(one_row, {k: largest.get(k, 1) for k in one_row})
+        return cls(batches, layout, start, count)
+
+    def first_step(self, chunk: int) -> int:
+        return self.start + chunk * self.count
+
+    def __call__(self, chunk: int) -> np.ndarray:
+        return pack(self.batches(self.first_step(chunk), self.count), self.layout)
+
+
+def record_worker_pid(folder: str, index: int, count: int) -> None:
+    """grain's `worker_init_fn`: worker `index` of `count` leaves its pid in `folder`, so that
+    the trainer's process can tell which worker died."""
+    del count
+    pathlib.Path(folder, f"worker-{index}").write_text(str(os.getpid()))
