@@ -1,14 +1,33 @@
-"""ln_jax: LayerNorm placement in Transformers (Post-LN, Pre-LN, ...) in JAX / Flax NNX."""
+"""ln_jax: LayerNorm placement in Transformers (Post-LN, Pre-LN, ...) in JAX / Flax NNX.
 
-from ln_jax.bert import BertEncoder, BertForPreTraining, create_model
-from ln_jax.config import PLACEMENTS, SIZES, ModelConfig, model_config
+The names below import on first use (PEP 562), so that `import ln_jax.data...` in a data
+worker process does not load JAX and Flax.
+"""
 
-__all__ = [
-    "PLACEMENTS",
-    "SIZES",
-    "BertEncoder",
-    "BertForPreTraining",
-    "ModelConfig",
-    "create_model",
-    "model_config",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BertEncoder": "ln_jax.bert",
+    "BertForPreTraining": "ln_jax.bert",
+    "create_model": "ln_jax.bert",
+    "PLACEMENTS": "ln_jax.config",
+    "SIZES": "ln_jax.config",
+    "ModelConfig": "ln_jax.config",
+    "model_config": "ln_jax.config",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ln_jax' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

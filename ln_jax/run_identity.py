@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +41,9 @@ SAFE_FIELDS = frozenset(
         "data.download",
         "data.eval_batch_size",
         "data.eval_num_batches",
+        "data.worker_count",  # the same batches for any number of workers (tested)
+        "data.device_prefetch",
+        "data.prepare_timeout_s",
     }
 )
 # Safe too, but they move the learning-rate schedule: the change is shown before it is taken.
@@ -120,7 +125,8 @@ def _check_workdir(workdir: str) -> None:
     # Cloud clients raise many types (HTTP, auth, DNS errors); locally only OSError is expected.
     expected = Exception if paths.is_url(workdir) else OSError
     folder = paths.as_path(workdir)
-    probe = folder / ".ln_jax_write_probe"
+    # One probe per process: the processes of a multi-host job check the same workdir at once.
+    probe = folder / f".ln_jax_write_probe.{socket.gethostname()}.{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe.write_text("ok")

@@ -253,7 +253,7 @@ def train_and_evaluate(
     run_identity.prepare_workdir(workdir)
     is_main = jax.process_index() == 0
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.checkpoint)
-    writer = None
+    writer = run = None
     try:
         latest = _check_identity(config_dict, workdir, ckpt, accept_changes)
         if latest is not None and latest >= cfg.total_steps:
@@ -275,6 +275,8 @@ def train_and_evaluate(
         with _Preemption(shared=jax.process_count() > 1) as preemption:
             return _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks)
     finally:
+        if run is not None:
+            run.train_iter.close()  # stops the data workers
         ckpt.close()
         if writer is not None:
             writer.close()
