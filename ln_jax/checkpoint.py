@@ -287,6 +287,22 @@ def _drop_closed_loop_reports(previous: Callable[[Any], None]) -> Callable[[Any]
     return hook
 
 
+class _OrphanedReadFilter(logging.Filter):
+    """Drops asyncio's "Task/Future exception was never retrieved" reports of tensorstore
+    reads: the same leftover reads of a failed restore as below, when their task is collected
+    before the loop closes (the restore's own error already names the checkpoint)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("exception was never retrieved" in text and "tensorstore" in text)
+
+
+def _drop_orphaned_read_errors() -> None:
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _OrphanedReadFilter) for f in logger.filters):
+        logger.addFilter(_OrphanedReadFilter())
+
+
 @contextlib.contextmanager
 def _quiet_stray_reads() -> Iterator[None]:
     """Silences the "Event loop is closed" reports of a failed restore's leftover reads.
@@ -299,6 +315,7 @@ def _quiet_stray_reads() -> Iterator[None]:
     Such reports are dropped while the restore runs and, if it fails, for the rest of the
     process (they come late); every other unraisable report is passed on.
     """
+    _drop_orphaned_read_errors()
     previous = sys.unraisablehook
     if getattr(previous, "drops_closed_loop_reports", False):
         yield

@@ -248,7 +248,8 @@ def test_nan_policy_skip_drops_the_update_and_goes_on(data_dir, tmp_path):
 
 
 def test_corrupt_checkpoint_names_its_path_and_can_fall_back(data_dir, tmp_path):
-    cfg = tiny_config(data_dir, total_steps=3, checkpoint_every=1)
+    # 6 steps: the train step the resume tests compile (shared through the compilation cache).
+    cfg = tiny_config(data_dir, total_steps=6, checkpoint_every=1)
 
     def preempt_at_2(step, run):
         if step == 2:
@@ -261,12 +262,12 @@ def test_corrupt_checkpoint_names_its_path_and_can_fall_back(data_dir, tmp_path)
     with pytest.raises(trainer.CheckpointError, match=str(tmp_path / "checkpoints" / "2")):
         trainer.train_and_evaluate(cfg, str(tmp_path))
     fallback = tiny_config(
-        data_dir, total_steps=3, checkpoint_every=1, **{"checkpoint.fallback": True}
+        data_dir, total_steps=6, checkpoint_every=1, **{"checkpoint.fallback": True}
     )
     result = trainer.train_and_evaluate(fallback, str(tmp_path), accept_changes=True)
-    assert result["step"] == 3
+    assert result["step"] == 6
     assert (tmp_path / "checkpoints" / "corrupt_2").is_dir()
-    assert read_metrics(tmp_path)[-1]["step"] == 3
+    assert read_metrics(tmp_path)[-1]["step"] == 6
 
 
 def test_sigterm_saves_and_exits_zero(data_dir, tmp_path):
