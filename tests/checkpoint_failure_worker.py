@@ -41,9 +41,14 @@ def save_after_dir_replaced(directory: pathlib.Path) -> None:
     ckpt.wait()
     shutil.rmtree(directory)
     directory.write_text("not a directory")
+    save_and_close(ckpt, 20)
+
+
+def save_and_close(ckpt: Checkpointer, step: int) -> None:
+    """Saves `step` and closes, reporting the error either raises."""
     try:
         try:
-            ckpt.save(20, STATE, {"position": 20}, {"name": "w"})
+            ckpt.save(step, STATE, {"position": step}, {"name": "w"})
         finally:
             ckpt.close()
     except Exception as err:
@@ -56,14 +61,7 @@ async def _no_space(self, item, directory):
 
 def save_failing_in_background(directory: pathlib.Path) -> None:
     ocp.JsonCheckpointHandler._save_fn = _no_space
-    ckpt = Checkpointer(directory, CheckpointConfig(async_save=True))
-    try:
-        try:
-            ckpt.save(20, STATE, {"position": 20}, {"name": "w"})
-        finally:
-            ckpt.close()
-    except Exception as err:
-        report(err)
+    save_and_close(Checkpointer(directory, CheckpointConfig(async_save=True)), 20)
 
 
 def restore_corrupt(directory: pathlib.Path, keep_metadata: bool) -> None:

@@ -224,20 +224,31 @@ def build_pair_index(corpus, *, max_seq_length: int, short_seq_prob: float, nsp:
     return packed_sentences(corpus, max_seq_length=max_seq_length)
 
 
-def save_pair_index(pairs: PairIndex, folder: str | os.PathLike, meta: dict[str, Any]) -> None:
-    """Writes the arrays and `meta.json` atomically (a temporary folder renamed into place)."""
+def save_arrays(
+    folder: str | os.PathLike, arrays: dict[str, np.ndarray], texts: dict[str, str] | None = None
+) -> None:
+    """Writes `name.npy` per array (and text files) into `folder` atomically: a temporary
+    folder renamed into place; if another process finished first, its copy is kept."""
     folder = pathlib.Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
-    for name in _ARRAYS:
-        np.save(tmp / f"{name}.npy", getattr(pairs, name))
-    (tmp / "meta.json").write_text(json.dumps({**meta, "examples": len(pairs)}, sort_keys=True))
+    for name, array in arrays.items():
+        np.save(tmp / f"{name}.npy", array)
+    for name, text in (texts or {}).items():
+        (tmp / name).write_text(text)
     try:
         os.replace(tmp, folder)
-    except OSError:  # another process finished first: keep its copy
+    except OSError:
         for f in tmp.iterdir():
             f.unlink()
         tmp.rmdir()
+
+
+def save_pair_index(pairs: PairIndex, folder: str | os.PathLike, meta: dict[str, Any]) -> None:
+    """Writes the arrays and `meta.json` atomically (`save_arrays`)."""
+    meta_text = json.dumps({**meta, "examples": len(pairs)}, sort_keys=True)
+    arrays = {name: getattr(pairs, name) for name in _ARRAYS}
+    save_arrays(folder, arrays, {"meta.json": meta_text})
 
 
 def load_pair_index(folder: str | os.PathLike) -> PairIndex:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -117,18 +116,8 @@ _CORPUS_ARRAYS = ("tokens", "sent_starts", "doc_starts")
 
 
 def save_corpus(corpus: TokenizedCorpus, folder: str | os.PathLike) -> None:
-    """Writes a corpus as .npy files, atomically (a temporary folder renamed into place)."""
-    folder = pathlib.Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
-    for name in _CORPUS_ARRAYS:
-        np.save(tmp / f"{name}.npy", getattr(corpus, name))
-    try:
-        os.replace(tmp, folder)
-    except OSError:  # another process finished first: keep its copy
-        for f in tmp.iterdir():
-            f.unlink()
-        tmp.rmdir()
+    """Writes a corpus as .npy files, atomically (`pairs.save_arrays`)."""
+    pairs_lib.save_arrays(folder, {name: getattr(corpus, name) for name in _CORPUS_ARRAYS})
 
 
 def load_corpus(folder: str | os.PathLike) -> TokenizedCorpus:
