@@ -76,6 +76,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict()
     c.data.dataset = "ln_jax_pydocs"  # embedded corpus; or e.g. "wikipedia/20230601.en"
     c.data.data_dir = placeholder(str)  # TFDS data dir (None = $TFDS_DATA_DIR or default)
+    # token/pair-index caches of a gs:// data_dir, per host (None = $LN_JAX_CACHE_DIR or
+    # ~/.cache/ln_jax); a local data_dir keeps them beside the data
+    c.data.cache_dir = placeholder(str)
     c.data.train_split = "train"  # TFDS split of the training documents
     c.data.eval_split = "validation"  # TFDS split of the held-out documents
     c.data.text_feature = "text"  # text feature of external TFDS datasets

@@ -38,6 +38,7 @@ SAFE_FIELDS = frozenset(
         "mesh.fsdp",
         "mesh.tensor",
         "data.data_dir",
+        "data.cache_dir",  # where caches of a URL data dir go; they are rebuilt identically
         "data.download",
         "data.eval_batch_size",
         "data.eval_num_batches",

@@ -5,26 +5,34 @@ code path it takes on a Cloud TPU VM without TensorFlow: `etils.epath` -> its fs
 the fsspec filesystem registered for `gs`/`gcs` (gcsfs there; here `FakeGCS`, a folder under
 tmp). Orbax reaches GCS in two more ways, replaced likewise: TensorStore's `gcs` kvstore (here
 the `file` driver on the same folder) and google-cloud-storage's bucket metadata (here a bucket
-without hierarchical namespace).
+without hierarchical namespace). A TFDS dataset in a bucket is opened through epath too, but its
+records are read by array_record's C++ reader, which goes to the network for gs:// itself: the
+reader is opened on the fake's folder instead (`array_record_data_source._create_reader`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import json
 import logging
 import os
 import re
+import shutil
 import signal
 import types
 
+import numpy as np
 import pytest
+from array_record.python import array_record_data_source
 from etils.epath import backend as epath_backend
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from orbax.checkpoint._src.path import gcs_utils
 
-from ln_jax import console, paths, run_identity, trainer
+from ln_jax import console, paths, run_identity, sharding, trainer
+from ln_jax.data import loader, sources
 from ln_jax.data import tokenizer as tk
 from tests.test_trainer import read_metrics, tiny_config
 
@@ -70,6 +78,15 @@ def fake_gcs(tmp_path, monkeypatch):
     monkeypatch.setattr(gcs_utils, "get_bucket", lambda name: no_hns)
     monkeypatch.setattr(paths, "missing_packages", lambda path: [])
     monkeypatch.setattr(paths, "credentials_problem", lambda path: None)
+    open_reader = array_record_data_source._create_reader
+
+    def reader_on_the_fake(filename, options: str):  # array_record reads gs:// in C++
+        local = os.fspath(filename)
+        if local.startswith(("gs://", "gcs://")):
+            local = str(root / local.split("://", 1)[1])
+        return open_reader(local, options)
+
+    monkeypatch.setattr(array_record_data_source, "_create_reader", reader_on_the_fake)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
@@ -174,6 +191,54 @@ def test_tokenizer_models_and_data_dirs_keep_their_urls(tokenizer, fake_gcs):
     from ln_jax.data.sources import default_data_dir
 
     assert default_data_dir(f"gs://{BUCKET}/tfds") == f"gs://{BUCKET}/tfds"
+
+
+def test_a_gs_data_dir_gives_the_local_batches_with_caches_on_the_host(
+    data_dir, make_config, tokenizer, fake_gcs, tmp_path, monkeypatch
+):
+    """Data dir gs://BUCKET/tfds: the tokenizer is read from the bucket, the token ids and
+    pair indexes are cached in ~/.cache/ln_jax/<hash>/ (nothing in the bucket), every process
+    builds its own pair index, and the batches equal those of the same data on a local disk."""
+    caches = shutil.ignore_patterns("tokens-*", "pairs-*")  # the bucket starts without caches
+    shutil.copytree(data_dir, fake_gcs / BUCKET / "tfds", ignore=caches)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(sources.CACHE_DIR_ENV, raising=False)
+    url = f"gs://{BUCKET}/tfds"
+    in_bucket = functools.partial(dataclasses.replace, data_dir=url)
+    mesh = sharding.make_mesh(2, 2, 2)
+
+    remote, tok = loader.make_pipeline(in_bucket(make_config()), seed=0, mesh=mesh)
+    assert str(tok.path).startswith(f"{url}/") and tok.fingerprint == tokenizer.fingerprint
+    local, _ = loader.make_pipeline(make_config(), seed=0, mesh=mesh)
+    for a, b in zip([next(remote) for _ in range(2)], [next(local) for _ in range(2)], strict=True):
+        for key in a:
+            np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]), err_msg=key)
+
+    cached = [p for p in fake_gcs.rglob("*") if p.name.startswith(("tokens-", "pairs-"))]
+    assert not cached, cached
+    (folder,) = (tmp_path / "home" / ".cache" / "ln_jax").iterdir()
+    assert sorted(p.name.split("-")[0] for p in folder.iterdir()) == ["pairs", "tokens"]
+    source = sources.open_source("ln_jax_pydocs", data_dir=url)
+    assert source.per_host_cache and str(source.cache_dir) == str(folder)
+    assert str(source.dataset_dir).startswith(f"{url}/")
+
+    # A process other than 0 builds its own pair index: process 0's would never reach it.
+    cfg = in_bucket(make_config(prepare_timeout_s=0))
+    corpora, tok = loader._corpora(cfg, "train")
+    loader._components(cfg, "train", 7, corpora, tok, builder=False)  # no CacheWaitError
+    assert len(list(folder.glob("pairs-*"))) == 2
+
+    # The cache folder: DataConfig.cache_dir, else $LN_JAX_CACHE_DIR, else ~/.cache/ln_jax.
+    monkeypatch.setenv(sources.CACHE_DIR_ENV, str(tmp_path / "env"))
+    assert sources.local_cache_root() == tmp_path / "env"
+    assert sources.local_cache_root(str(tmp_path / "cfg")) == tmp_path / "cfg"
+    moved = sources.open_source("ln_jax_pydocs", data_dir=url, cache_dir=str(tmp_path / "cfg"))
+    assert str(moved.cache_dir) == str(tmp_path / "cfg" / folder.name)
+    with pytest.raises(sources.ConfigError, match="memory-mapped"):
+        sources.local_cache_root(f"gs://{BUCKET}/cache")
+    assert str(sources.open_source("ln_jax_pydocs", data_dir=data_dir).cache_dir).startswith(
+        data_dir
+    )  # a local data dir keeps its caches beside the data
 
 
 def test_staged_files_upload_periodically_and_on_close(fake_gcs, monkeypatch):

@@ -41,7 +41,11 @@ class DataConfig:
 
     Attributes:
       dataset: dataset name, `textdir:` folder or weighted mix (see the module docstring).
-      data_dir: TFDS data dir; None = $TFDS_DATA_DIR or ~/tensorflow_datasets.
+      data_dir: TFDS data dir (a local folder or a URL such as gs://bucket/tfds); None =
+        $TFDS_DATA_DIR or ~/tensorflow_datasets.
+      cache_dir: local folder of the token-id and pair-index caches when `data_dir` is a URL
+        (each host builds its own there); None = $LN_JAX_CACHE_DIR or ~/.cache/ln_jax. A local
+        data dir keeps them beside the prepared data.
       train_split: TFDS split (or slice) of the training documents.
       eval_split: TFDS split (or slice) of the held-out documents.
       text_feature: feature holding the document text in external TFDS datasets.
@@ -72,6 +76,7 @@ class DataConfig:
 
     dataset: DatasetSpec = DEFAULT_DATASET
     data_dir: str | None = None
+    cache_dir: str | None = None
     train_split: str = "train"
     eval_split: str = "validation"
     text_feature: str = "text"

@@ -130,7 +130,8 @@ def _split_name(cfg: DataConfig, split: str) -> str:
 def tokenized_corpus(
     source: sources_lib.TextSource, split_name: str, tokenizer: Tokenizer
 ) -> pretraining.TokenizedCorpus:
-    """The split's token ids, computed once and cached beside the prepared data."""
+    """The split's token ids, computed once and cached in `source.cache_dir` (beside the
+    prepared data; for a URL data dir, a local folder of this host)."""
     tag = hashlib.md5(split_name.encode()).hexdigest()[:8]
     folder = source.cache_dir / f"tokens-{tag}-{tokenizer.fingerprint[:12]}"
     if not (folder / "doc_starts.npy").is_file():
@@ -155,7 +156,8 @@ def pair_index_meta(cfg: DataConfig, split_name: str, tokenizer: Tokenizer, seed
 
 
 def pair_index_folder(source: sources_lib.TextSource, meta: dict[str, Any]):
-    """The cache folder of a pair index: beside the dataset's token ids, named by `meta`."""
+    """The cache folder of a pair index: beside the dataset's token ids (`source.cache_dir`),
+    named by `meta`."""
     tag = hashlib.md5(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:12]
     return source.cache_dir / f"pairs-{tag}"
 
@@ -171,7 +173,8 @@ def pair_index(
     """The split's pair index, cached beside its token ids and memory-mapped.
 
     One process builds it (`builder`: process 0 of a multi-host job); the others wait for its
-    file, up to `timeout_s`.
+    file, up to `timeout_s`. Callers make every process a builder when the cache is per host
+    (`source.per_host_cache`): a file of process 0 would never appear there.
 
     Raises:
       CacheWaitError: a waiting process timed out, naming the file and what to check.
@@ -202,12 +205,28 @@ def _wait_for(folder, timeout_s: float) -> None:
         time.sleep(_POLL_S)
 
 
-def _corpora(cfg: DataConfig, split: str):
-    """Opens every dataset of the config: [(source, token ids, weight), ...] and the tokenizer."""
+def _corpora(cfg: DataConfig, split: str, per_host: bool = True):
+    """Opens every dataset of the config: [(source, token ids, weight), ...] and the tokenizer.
+
+    With `per_host=False` the token ids of sources whose caches are per host are left out
+    (None): `make_pipeline` lets process 0 write only what the processes share first.
+    """
     opened = sources_lib.open_sources(cfg)
     tokenizer = get_tokenizer(cfg, opened)
     name = _split_name(cfg, split)
-    return [(s, tokenized_corpus(s, name, tokenizer), w) for s, w in opened], tokenizer
+    corpora = [
+        (s, tokenized_corpus(s, name, tokenizer) if per_host or not s.per_host_cache else None, w)
+        for s, w in opened
+    ]
+    return corpora, tokenizer
+
+
+def _tokenize_rest(cfg: DataConfig, split: str, corpora, tokenizer):
+    """`corpora` with the token ids `_corpora(per_host=False)` left out computed (or loaded)."""
+    name = _split_name(cfg, split)
+    return [
+        (s, c if c is not None else tokenized_corpus(s, name, tokenizer), w) for s, c, w in corpora
+    ]
 
 
 def _components(cfg, split, seed, corpora, tokenizer, builder: bool):
@@ -215,7 +234,8 @@ def _components(cfg, split, seed, corpora, tokenizer, builder: bool):
     meta = pair_index_meta(cfg, _split_name(cfg, split), tokenizer, seed)
     components = []
     for stream, (source, corpus, weight) in enumerate(corpora):
-        pairs = pair_index(source, corpus, meta, builder=builder, timeout_s=cfg.prepare_timeout_s)
+        builds = builder or source.per_host_cache  # a per-host cache: every process builds
+        pairs = pair_index(source, corpus, meta, builder=builds, timeout_s=cfg.prepare_timeout_s)
         examples = pretraining.PretrainingExamples(
             corpus, spec, max_seq_length=cfg.max_seq_length, nsp=cfg.nsp, seed=seed,
             stream=stream, pairs=pairs,
@@ -595,7 +615,9 @@ def make_pipeline(
     with `jax.make_array_from_process_local_data`. On several processes, process 0 prepares the
     data, the tokenizer and the token ids first while the others wait (then find them in the
     shared data dir or rebuild them identically); then process 0 builds the pair indexes while
-    the others wait for their files (`data.prepare_timeout_s`).
+    the others wait for their files (`data.prepare_timeout_s`). For a data dir that is a URL
+    the token ids and pair indexes are cached on each host (`TextSource.cache_dir`), so every
+    process builds its own, identical ones; only the tokenizer is shared (in the data dir).
 
     Args:
       cfg: the data config.
@@ -615,7 +637,8 @@ def make_pipeline(
     size = size or cfg.global_batch_size
     check_global_batch(size, sharding_lib.batch_divisor(mesh), jax.process_count())
     block, num_blocks = mesh_rows(mesh, size)
-    corpora, tokenizer = _prepare_once(lambda: _corpora(cfg, split))
+    corpora, tokenizer = _prepare_once(lambda: _corpora(cfg, split, per_host=False))
+    corpora = _tokenize_rest(cfg, split, corpora, tokenizer)
     builder = jax.process_index() == 0
     components = _components(cfg, split, seed, corpora, tokenizer, builder)
     args = (cfg, split, seed, block, num_blocks, num_batches, threads, workers)

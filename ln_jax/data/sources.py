@@ -8,15 +8,19 @@ no TensorFlow) and yields documents as lists of sentences. Local builders (`ln_j
 a dataset prepared as TFRecord (what `tfds build` writes by default) is an error at open time
 too, giving the command that converts it.
 
-The data dir may be a URL (gs://...): it is handled with `etils.epath`, never `pathlib`.
+The data dir may be a URL (gs://...): it is handled with `etils.epath`, never `pathlib`. The
+tokenizer is stored beside the prepared dataset even then, but the token-id and pair-index caches,
+which are memory-mapped, go to a local folder of each host (`TextSource.cache_dir`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import inspect
 import os
+import pathlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,13 +29,15 @@ from etils import epath
 
 from ln_jax import paths
 from ln_jax.data import corpus
-from ln_jax.validate import UserError
+from ln_jax.validate import ConfigError, UserError
 
 TEXTDIR_PREFIX = "textdir:"
 ARRAY_RECORD = "array_record"  # the random-access format ln_jax reads
 _READ_CHUNK = 1024
 # TFDS imports its dataset catalogue lazily, by category; text datasets live in these.
 _TFDS_CATEGORIES = ("text", "summarization", "question_answering", "translate")
+CACHE_DIR_ENV = "LN_JAX_CACHE_DIR"  # the per-host cache folder of URL data dirs
+DEFAULT_CACHE_ROOT = "~/.cache/ln_jax"
 
 
 class DatasetNotPreparedError(UserError, FileNotFoundError):
@@ -51,18 +57,37 @@ class TextSource:
       builder: the prepared TFDS builder.
       text_feature: feature holding the text.
       presplit: True when `text` already holds one sentence per line (ln_jax's own builders).
+      cache_root: `DataConfig.cache_dir`: the per-host cache folder of a URL data dir (None =
+        `local_cache_root`'s default).
     """
 
     name: str
     builder: tfds.core.DatasetBuilder
     text_feature: str = "text"
     presplit: bool = False
+    cache_root: str | None = None
+
+    @property
+    def dataset_dir(self) -> epath.Path:
+        """The prepared dataset's folder (a URL if the data dir is one); its tokenizer is
+        stored there."""
+        return epath.Path(self.builder.data_dir)
+
+    @property
+    def per_host_cache(self) -> bool:
+        """True when `cache_dir` is a folder of this host only (the data dir is a URL): every
+        process then builds its own caches instead of reading those of process 0."""
+        return paths.is_url(self.builder.data_dir)
 
     @property
     def cache_dir(self) -> epath.Path:
-        """The prepared dataset's folder (a URL if the data dir is one); tokenizers and token
-        caches are stored beside it."""
-        return epath.Path(self.builder.data_dir)
+        """Where the token ids and pair indexes are cached (always a local folder, since they
+        are memory-mapped): beside the prepared data for a local data dir; for a URL data dir
+        `local_cache_root(cache_root)/<md5 of the dataset folder's URL, 12 digits>`."""
+        if not self.per_host_cache:
+            return self.dataset_dir
+        digest = hashlib.md5(os.fspath(self.builder.data_dir).encode()).hexdigest()[:12]
+        return epath.Path(os.fspath(local_cache_root(self.cache_root) / digest))
 
     @property
     def key(self) -> str:
@@ -118,6 +143,23 @@ class TextSource:
         return corpus.split_sentences(text)
 
 
+def local_cache_root(cache_dir: str | None = None) -> pathlib.Path:
+    """The local folder of per-host caches: `cache_dir` (`DataConfig.cache_dir`), else
+    $LN_JAX_CACHE_DIR, else ~/.cache/ln_jax.
+
+    Raises:
+      ConfigError: if the folder given is a URL (the caches are memory-mapped).
+    """
+    folder = cache_dir or os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_ROOT
+    if paths.is_url(folder):
+        what = "data.cache_dir" if cache_dir else f"${CACHE_DIR_ENV}"
+        raise ConfigError(
+            f"{what}={folder!r} is a URL; the token and pair-index caches are memory-mapped, so "
+            "give a local folder."
+        )
+    return pathlib.Path(os.path.expanduser(folder))
+
+
 def default_data_dir(data_dir: str | os.PathLike | None) -> str:
     """The data dir TFDS uses: the given one (a URL stays one), else $TFDS_DATA_DIR, else
     ~/tensorflow_datasets."""
@@ -132,6 +174,7 @@ def open_source(
     data_dir: str | None = None,
     text_feature: str = "text",
     download: bool = False,
+    cache_dir: str | None = None,
 ) -> TextSource:
     """Opens one dataset by name, preparing local builders on first use.
 
@@ -140,6 +183,7 @@ def open_source(
       data_dir: TFDS data dir (None = TFDS default).
       text_feature: text feature of a TFDS dataset.
       download: let TFDS download and prepare a named dataset that is not prepared.
+      cache_dir: per-host cache folder if `data_dir` is a URL (see `local_cache_root`).
 
     Raises:
       DatasetNotPreparedError: a named dataset is not prepared (and could not be prepared).
@@ -147,13 +191,14 @@ def open_source(
     """
     root = default_data_dir(data_dir)
     if name == corpus.LnJaxPydocs.name:
-        source = TextSource(name, corpus.prepare(corpus.pydocs_builder(root)), "text", True)
+        builder, presplit = corpus.prepare(corpus.pydocs_builder(root)), True
     elif name.startswith(TEXTDIR_PREFIX):
         folder = name[len(TEXTDIR_PREFIX) :]
-        builder = corpus.prepare(corpus.textdir_builder(folder, root))
-        source = TextSource(name, builder, "text", True)
+        builder, presplit = corpus.prepare(corpus.textdir_builder(folder, root)), True
     else:
-        source = TextSource(name, _prepared_tfds_builder(name, root, download), text_feature)
+        builder, presplit = _prepared_tfds_builder(name, root, download), False
+    feature = "text" if presplit else text_feature
+    source = TextSource(name, builder, feature, presplit, cache_dir)
     check_random_access(name, source.builder)
     return source
 
@@ -293,6 +338,7 @@ def open_sources(cfg: Any) -> list[tuple[TextSource, float]]:
                 data_dir=cfg.data_dir,
                 text_feature=cfg.text_feature,
                 download=cfg.download,
+                cache_dir=cfg.cache_dir,
             ),
             weight,
         )

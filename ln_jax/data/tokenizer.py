@@ -151,7 +151,7 @@ def cache_path(
 def corpus_cache_dir(cfg: Any, sources: Sequence[Any]) -> epath.Path:
     """Folder for a corpus's tokenizer: the dataset's folder, or for a mix a shared folder."""
     if len(sources) == 1:
-        return sources[0][0].cache_dir
+        return sources[0][0].dataset_dir
     from ln_jax.data.sources import default_data_dir
 
     spec = ",".join(f"{s.key}:{w:.6g}" for s, w in sources)
