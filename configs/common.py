@@ -42,6 +42,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.num_heads = placeholder(int)  # None = from size
     c.model.mlp_dim = placeholder(int)  # None = from size
     c.model.vocab_size = placeholder(int)  # None = data.vocab_size
+    c.model.vocab_multiple = 128  # embedding/decoder rows padded to this (GPU/TPU tiles)
     c.model.max_position_embeddings = 512  # learned positions
     c.model.type_vocab_size = 2  # segment ids (sentence A / B)
     c.model.activation = "gelu"  # gelu (BERT) | relu (the papers' theory) | gelu_tanh
@@ -52,6 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.hidden_dropout = 0.1  # dropout on embeddings and residual branches
     c.model.attention_dropout = 0.1  # dropout on attention probabilities
     c.model.dtype = "float32"  # compute dtype (bfloat16 on GPU/TPU); params stay float32
+    c.model.residual_float32 = False  # with bf16: keep the residual sum in float32
     c.model.attention_impl = "xla"  # xla | cudnn (GPU, bf16, needs attention_dropout=0)
     c.model.remat = "none"  # none | full | dots: recompute activations in the backward pass
     c.model.scan_layers = False  # lax.scan over stacked layers (fast compiles for deep stacks)

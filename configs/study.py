@@ -36,6 +36,7 @@ def get_config(variant: str | None = None):
     c.model.num_heads = 4
     c.model.mlp_dim = 512
     c.model.init = "xavier"  # sigma ~ 1/sqrt(d), the papers' theoretical setting
+    c.model.vocab_multiple = 1  # as the recorded studies ran (a padded table draws other inits)
     c.model.hidden_dropout = 0.0  # short runs: no regularisation needed, less noise
     c.model.attention_dropout = 0.0
     c.model.max_position_embeddings = 64

@@ -14,6 +14,9 @@ from ln_jax.layers import Dense, LayerNorm, activation, dropout, split_key
 from ln_jax.sharding import constrain
 
 Array = jax.Array
+# The logit of a padded vocabulary row: exp() of it is 0 after any softmax's max-subtraction,
+# and unlike -inf it keeps 0 * logit finite (entropies, KL).
+MASKED_LOGIT = -1e9
 
 
 class Embeddings(nnx.Module):
@@ -23,7 +26,7 @@ class Embeddings(nnx.Module):
         init = embed_init(cfg)
         d = cfg.hidden_size
         self.word = nnx.Param(
-            init(rngs.params(), (cfg.vocab_size, d)), out_sharding=("vocab", "embed")
+            init(rngs.params(), (cfg.padded_vocab_size, d)), out_sharding=("vocab", "embed")
         )
         self.position = nnx.Param(
             init(rngs.params(), (cfg.max_position_embeddings, d)),
@@ -32,10 +35,13 @@ class Embeddings(nnx.Module):
         self.segment = nnx.Param(
             init(rngs.params(), (cfg.type_vocab_size, d)), out_sharding=("segment", "embed")
         )
-        self.norm = LayerNorm(d, cfg) if cfg.embedding_layernorm else None
+        # The embedding output starts the residual stream: in the residual dtype.
+        self.norm = (
+            LayerNorm(d, cfg, out_dtype=cfg.residual_dtype) if cfg.embedding_layernorm else None
+        )
         self.dropout_rate = cfg.hidden_dropout
         self.max_len = cfg.max_position_embeddings
-        self.dtype = cfg.compute_dtype
+        self.dtype = cfg.residual_dtype
 
     def __call__(
         self, input_ids: Array, segment_ids: Array | None, dropout_key: Array | None = None
@@ -104,12 +110,14 @@ class MlmHead(nnx.Module):
         d = cfg.hidden_size
         self.transform = Dense((d,), (d,), ("embed", "embed_proj"), cfg, rngs=rngs)
         self.norm = LayerNorm(d, cfg, name="embed_proj")
-        self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,)), out_sharding=("vocab",))
+        self.bias = nnx.Param(jnp.zeros((cfg.padded_vocab_size,)), out_sharding=("vocab",))
         self.activation = cfg.activation
         self.dtype = cfg.compute_dtype
+        self.vocab_size = cfg.vocab_size
 
     def __call__(self, hidden: Array, positions: Array, word_embeddings: Array) -> Array:
-        """hidden [batch, length, embed], positions [batch, P] -> float32 logits [batch, P, vocab].
+        """hidden [batch, length, embed], positions [batch, P] -> float32 logits [batch, P,
+        padded vocab]; the logits of padding rows (>= vocab_size) are MASKED_LOGIT.
 
         Only the P given positions are transformed and decoded.
         """
@@ -122,6 +130,9 @@ class MlmHead(nnx.Module):
         # Accumulated in float32 from bf16 operands: the logits are never rounded to bf16.
         logits = jnp.einsum("bpd,vd->bpv", h, table, preferred_element_type=jnp.float32)
         logits = logits + self.bias[...]
+        if logits.shape[-1] > self.vocab_size:  # padded rows: never a prediction
+            real = jnp.arange(logits.shape[-1]) < self.vocab_size
+            logits = jnp.where(real, logits, MASKED_LOGIT)
         return constrain(logits, ("act_batch", "act_predictions", "act_vocab"))
 
 

@@ -22,9 +22,11 @@ Record = dict[str, Array]
 ACT = ("act_batch", "act_length", "act_embed")
 
 
-def make_norm(cfg: ModelConfig) -> LayerNorm | RMSNorm:
-    """The encoder's normaliser (`cfg.norm`)."""
-    return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(cfg.hidden_size, cfg)
+def make_norm(cfg: ModelConfig, out_dtype: Any = None) -> LayerNorm | RMSNorm:
+    """The encoder's normaliser (`cfg.norm`), output in `out_dtype` (None = compute dtype)."""
+    return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(
+        cfg.hidden_size, cfg, out_dtype=out_dtype
+    )
 
 
 # DeepNet scales these branch projections by beta at initialisation (not query and key).
@@ -58,13 +60,15 @@ class ResidualSublayer(nnx.Module):
         self.branch = branch
         self.pre_norm = make_norm(cfg) if rule.pre_norm else None
         self.branch_norm = make_norm(cfg) if rule.branch_norm else None
-        self.post_norm = make_norm(cfg) if rule.post_norm else None
+        # Post-LN's norm output is the residual stream.
+        self.post_norm = make_norm(cfg, cfg.residual_dtype) if rule.post_norm else None
         self.omega = _admin_omega(cfg) if rule.skip == "omega" else None
         self.gate = nnx.Param(jnp.zeros((1,)), out_sharding=(None,)) if rule.branch_gate else None
         self.alpha = deepnorm_alpha(cfg.num_layers) if rule.skip == "alpha" else 1.0
         if rule.skip == "alpha":
             _scale_init(branch, deepnorm_beta(cfg.num_layers))
         self.dropout_rate = cfg.hidden_dropout
+        self.residual_dtype = cfg.residual_dtype
 
     def __call__(
         self,
@@ -75,6 +79,9 @@ class ResidualSublayer(nnx.Module):
         record: bool = False,
     ) -> tuple[Array, Record]:
         """x: [batch, length, embed] -> (y [batch, length, embed], intermediates).
+
+        y is in the residual dtype (`ModelConfig.residual_dtype`): with a float32 residual the
+        branch computes in the compute dtype and its output is added to the float32 sum.
 
         The intermediates (only when `record`) are, each [batch, length, embed]: `branch_out`
         (F's output), `<norm>_in` / `<norm>_out` for each of `pre_norm`, `branch_norm`,
@@ -88,8 +95,8 @@ class ResidualSublayer(nnx.Module):
         f = self._norm("branch_norm", f, rec)
         if self.gate is not None:
             f = f * self.gate[...].astype(f.dtype)
-        y = self._skip(x) + dropout(f, self.dropout_rate, drop_key)
-        y = self._norm("post_norm", y, rec)
+        y = self._skip(x).astype(self.residual_dtype) + dropout(f, self.dropout_rate, drop_key)
+        y = self._norm("post_norm", y, rec).astype(self.residual_dtype)
         rec["output"] = y
         return constrain(y, ACT), (rec if record else {})
 

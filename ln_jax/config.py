@@ -183,6 +183,14 @@ class ModelConfig:
         (for Admin on Xavier weights say placement="admin", init="xavier").
       init_std: standard deviation of the "bert" initialiser.
       dtype: compute dtype name; parameters are always float32.
+      residual_float32: keep the residual stream (embedding output, every sub-layer's output,
+        Post-LN's norm outputs) in float32 while the branches compute in `dtype`: each branch
+        output is added to a float32 sum, so a deep Pre-LN stack does not round its running
+        sum to bf16 at every sub-layer. No effect when dtype is float32.
+      vocab_multiple: the word-embedding table and the MLM decoder have `padded_vocab_size`
+        rows, vocab_size rounded up to a multiple of this (128 fills GPU/TPU matmul tiles);
+        the padded rows are never looked up and their logits are masked (-1e9), so losses
+        and predictions are those of the unpadded model. HF import/export use vocab_size rows.
       attention_impl: "xla" or "cudnn" (GPU, bf16/fp16, no attention dropout: other settings
         are errors). Both take the padding as sequence lengths of a right-padded mask.
       remat: "none", "full" (recompute each layer in the backward pass) or "dots".
@@ -210,6 +218,8 @@ class ModelConfig:
     init: str = "bert"
     init_std: float = 0.02
     dtype: str = "float32"
+    residual_float32: bool = False
+    vocab_multiple: int = 1
     attention_impl: str = "xla"
     remat: str = "none"
     scan_layers: bool = False
@@ -286,6 +296,7 @@ class ModelConfig:
             "mlp_dim",
             "max_position_embeddings",
             "type_vocab_size",
+            "vocab_multiple",
         ):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be positive.")
@@ -319,6 +330,17 @@ class ModelConfig:
     @property
     def compute_dtype(self) -> Any:
         return DTYPES[self.dtype]
+
+    @property
+    def residual_dtype(self) -> Any:
+        """The residual stream's dtype: float32 with `residual_float32`, else compute_dtype."""
+        return jnp.float32 if self.residual_float32 else self.compute_dtype
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the word embeddings and MLM decoder: vocab_size rounded up to
+        a multiple of `vocab_multiple`."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)

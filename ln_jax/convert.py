@@ -443,6 +443,16 @@ def _param_shapes(model: nnx.Module) -> dict[ParamPath, tuple[int, ...]]:
     return {path: tuple(var.get_value().shape) for path, var in flat}
 
 
+def _is_vocab_table(path: ParamPath) -> bool:
+    """The word embeddings and the MLM bias: ln_jax's may have `padded_vocab_size` rows."""
+    return path[-2:] == ("embeddings", "word") or path == ("mlm", "bias")
+
+
+def _pad_vocab(x: np.ndarray, rows: int) -> np.ndarray:
+    """HF's [vocab_size, ...] table with zero rows appended up to `rows` (never looked up)."""
+    return np.concatenate([x, np.zeros((rows - x.shape[0], *x.shape[1:]), x.dtype)])
+
+
 def _ln_arrays(
     cfg: ModelConfig,
     hf: Arrays,
@@ -457,6 +467,9 @@ def _ln_arrays(
     for key, path, kind, layer in entries:
         stacked = cfg.scan_layers and layer is not None
         shape = shapes[path][1:] if stacked else shapes[path]
+        padded = _is_vocab_table(path) and shape[0] != cfg.vocab_size
+        if padded:
+            shape, padded_rows = (cfg.vocab_size, *shape[1:]), shape[0]
         want = _hf_shape(kind, shape)
         if tuple(hf[key].shape) != want:
             raise ValueError(
@@ -464,6 +477,8 @@ def _ln_arrays(
                 f"the model expects {want} (HF layout)."
             )
         x = _to_ln(np.asarray(hf[key], np.float32), kind, shape)
+        if padded:
+            x = _pad_vocab(x, padded_rows)
         if stacked:
             per_layer.setdefault(path, []).append(x)
         else:
@@ -533,6 +548,8 @@ def to_hf_state_dict(model: BertForPreTraining, *, tied: bool = False) -> Arrays
     out: Arrays = {}
     for key, path, kind, layer in _entries(cfg):
         x = host[path][layer] if cfg.scan_layers and layer is not None else host[path]
+        if _is_vocab_table(path):
+            x = x[: cfg.vocab_size]  # padded rows are not part of the vocabulary
         out[key] = np.ascontiguousarray(_to_hf(np.array(x, np.float32), kind))  # a copy
     if tied:
         out.update({copy: out[original].copy() for copy, original in _TIED_KEYS.items()})

@@ -157,30 +157,32 @@ def rms_normalize(x: Array, eps: float) -> Array:
 
 
 class LayerNorm(nnx.Module):
-    """LayerNorm over the last axis, statistics in float32, output in the compute dtype."""
+    """LayerNorm over the last axis, statistics in float32, output in `out_dtype` (default:
+    the compute dtype; the residual dtype where the output is the residual stream)."""
 
-    def __init__(self, dim: int, cfg: ModelConfig, *, name: str = "embed"):
+    def __init__(self, dim: int, cfg: ModelConfig, *, name: str = "embed", out_dtype=None):
         self.scale = nnx.Param(jnp.ones((dim,)), out_sharding=(name,))
         self.bias = nnx.Param(jnp.zeros((dim,)), out_sharding=(name,))
         self.eps = cfg.layer_norm_eps
-        self.dtype = cfg.compute_dtype
+        self.dtype = out_dtype or cfg.compute_dtype
 
     def __call__(self, x: Array) -> Array:
-        """x [..., dim] -> [..., dim] in the compute dtype."""
+        """x [..., dim] -> [..., dim] in the output dtype."""
         y = normalize(x.astype(jnp.float32), self.eps)
         return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
 
 
 class RMSNorm(nnx.Module):
-    """RMSNorm over the last axis (scale only, no bias), statistics in float32."""
+    """RMSNorm over the last axis (scale only, no bias), statistics in float32; output dtype
+    as LayerNorm's."""
 
-    def __init__(self, dim: int, cfg: ModelConfig, *, name: str = "embed"):
+    def __init__(self, dim: int, cfg: ModelConfig, *, name: str = "embed", out_dtype=None):
         self.scale = nnx.Param(jnp.ones((dim,)), out_sharding=(name,))
         self.eps = cfg.layer_norm_eps
-        self.dtype = cfg.compute_dtype
+        self.dtype = out_dtype or cfg.compute_dtype
 
     def __call__(self, x: Array) -> Array:
-        """x [..., dim] -> [..., dim] in the compute dtype."""
+        """x [..., dim] -> [..., dim] in the output dtype."""
         y = rms_normalize(x.astype(jnp.float32), self.eps)
         return (y * self.scale[...]).astype(self.dtype)
 
