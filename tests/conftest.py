@@ -12,8 +12,12 @@ import os
 import shutil
 import tempfile
 
+from tests.xla_env import xla_flags
+
 # Must be set before JAX initialises its backends (first jax import anywhere in the session).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# 8 devices unless XLA_FLAGS names a count; fast-compile flags added (see tests/xla_env.py).
+_flags = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = xla_flags(None if "device_count" in _flags else 8, _flags)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 

@@ -23,6 +23,7 @@ import pytest
 
 from ln_jax.checkpoint import Checkpointer, CheckpointError
 from ln_jax.config import CheckpointConfig
+from tests.xla_env import xla_flags
 
 WORKER = Path(__file__).with_name("checkpoint_failure_worker.py")
 EXIT_WITHIN_S = 60  # the old code hung for orbax's 300 s coordination timeout
@@ -37,7 +38,7 @@ def run_worker(mode: str, directory: Path) -> subprocess.CompletedProcess:
             capture_output=True,
             text=True,
             timeout=EXIT_WITHIN_S,
-            env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
+            env={**os.environ, "XLA_FLAGS": xla_flags(1)},
         )
     except subprocess.TimeoutExpired as hung:
         pytest.fail(f"{mode}: the process did not exit within {EXIT_WITHIN_S} s: {hung.stdout}")

@@ -27,6 +27,7 @@ import pytest
 
 from ln_jax.data import sources
 from ln_jax.data.loader import tokenized_corpus
+from tests.xla_env import xla_flags
 
 pytest_plugins = ("tests.data_fixtures",)  # fixtures: data_dir, tokenizer, make_config
 pytestmark = pytest.mark.slow
@@ -93,7 +94,7 @@ class _Proc:
         env.update(
             JAX_PLATFORMS="cpu",
             PYTHONPATH=os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            XLA_FLAGS=xla_flags(devices),
             TF_CPP_MIN_LOG_LEVEL="3",
         )
         cmd = [

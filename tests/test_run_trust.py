@@ -26,6 +26,7 @@ from ln_jax import console, optim, run_identity, trainer
 from ln_jax.metrics import Progress
 from tests.test_checkpoint_failures import _no_space
 from tests.test_trainer import read_metrics, tiny_config
+from tests.xla_env import xla_flags
 
 try:
     import tomllib
@@ -216,7 +217,7 @@ def test_7_the_nan_stop_names_the_exact_step_and_the_checkpoint_kept(data_dir, t
 
 
 def _train_py(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(8)}
     env.pop("LN_JAX_TRACEBACK", None)
     cmd = [sys.executable, str(ROOT / "train.py"), *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

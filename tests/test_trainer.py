@@ -20,6 +20,7 @@ from configs import bert_postln, bert_preln
 from ln_jax import sharding, steps, trainer
 from ln_jax.config import TrainConfig
 from ln_jax.data import make_pipeline
+from tests.xla_env import xla_flags
 
 pytest_plugins = ("tests.data_fixtures",)
 ROOT = Path(__file__).resolve().parents[1]
@@ -273,7 +274,7 @@ def test_corrupt_checkpoint_names_its_path_and_can_fall_back(data_dir, tmp_path)
 def test_sigterm_saves_and_exits_zero(data_dir, tmp_path):
     env = {
         **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        "XLA_FLAGS": xla_flags(1),
         "JAX_PLATFORMS": "cpu",
     }
     proc = subprocess.Popen(
