@@ -1,0 +1,148 @@
+"""notebooks/colab_tpu.ipynb, executed end to end on CPU at a tiny size, and its outputs.
+
+The parameters cell keeps the Colab defaults; a cell after it (as papermill injects one) sets
+BERT-tiny, 6 steps, batch 8, float32 and a small theory-setting analysis. The kernel is a
+child process: it inherits the 8 fake CPU devices and the persistent compilation cache of
+tests/conftest.py through the environment, and the sizes are those other tests compile
+(the Pre-LN run is tests/test_trainer.py's `tiny_config` at 6 steps; the analysis is
+tests/test_analysis.py's theory setting), so in a whole-suite run most programs compile once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import jax
+import pytest
+
+nbclient = pytest.importorskip("nbclient")
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("ipykernel")
+
+pytest_plugins = ("tests.data_fixtures",)
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "colab_tpu.ipynb"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def tiny_parameters(workdir: Path, data_dir: str) -> dict:
+    return {
+        "SIZE": "tiny",
+        "STEPS": 6,
+        "BATCH": 8,
+        "WARMUP": None,  # the recipe's 1% of the run: 1 step
+        "DTYPE": "float32",
+        "MESH": (2, 2, 2),  # tiny_config's mesh (the notebook's own choice would be 8 x 1 x 1)
+        "EVAL_EVERY": 3,
+        "EVAL_BATCHES": 1,
+        "LOG_EVERY": 1,
+        "WORKDIR": str(workdir),
+        "DATA_DIR": data_dir,
+        # tests/test_analysis.py's theory setting: d = 32, 8 sequences of 16 vectors.
+        "ANALYSIS_OVERRIDES": {
+            "model.hidden_size": 32,
+            "data.global_batch_size": 8,
+            "data.max_seq_length": 16,
+        },
+        "ANALYSIS_DEPTHS": (6, 14),
+        "ANALYSIS_SEEDS": 1,
+        "ANALYSIS_BATCHES": 1,
+    }
+
+
+def with_parameters(nb, values: dict):
+    """`nb` with a cell setting `values` right after the cell tagged "parameters"."""
+    (index,) = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
+    declared = set(re.findall(r"^([A-Z_]+) = ", nb.cells[index].source, re.M))
+    assert set(values) <= declared, set(values) - declared  # no parameter the notebook lacks
+    source = "\n".join(f"{name} = {value!r}" for name, value in values.items())
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
+    nb.cells.insert(index + 1, cell)
+    return nb
+
+
+def cell_text(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+def cell_images(cell) -> list[str]:
+    return [o for o in cell.outputs if "image/png" in o.get("data", {})]
+
+
+def records(workdir: Path, split: str) -> list[dict]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+def assert_png(path: Path, min_bytes: int = 10_000) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > min_bytes, (path, len(data))
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory, data_dir):
+    """(the executed notebook, its WORKDIR)."""
+    workdir = tmp_path_factory.mktemp("notebook") / "runs"
+    nb = with_parameters(nbformat.read(NOTEBOOK, as_version=4), tiny_parameters(workdir, data_dir))
+    client = nbclient.NotebookClient(
+        nb,
+        kernel_name="python3",  # jupyter_client starts it with this interpreter
+        timeout=300,
+        resources={"metadata": {"path": str(workdir.parent)}},
+    )
+    # ln_jax importable in the kernel even where it is not installed (pytest finds it from the
+    # checkout's root): the install cell must skip, never clone.
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    client.execute(env={**os.environ, "PYTHONPATH": path})
+    return nb, workdir
+
+
+def test_committed_notebook_has_no_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert [c for c in code if "parameters" in c.metadata.get("tags", [])]
+
+
+def test_notebook_runs_both_recipes_and_draws_the_figures(executed):
+    nb, workdir = executed
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    text = "\n".join(cell_text(c) for c in code)
+    n = jax.device_count()  # the kernel sees the same fake devices
+    assert f"backend cpu, {n} devices:" in text and text.count("  cpu: ") == n
+    assert f"mesh: data=2 fsdp=2 tensor=2 ({n} devices)" in text
+    assert "TFLOP per step" in text
+
+    pre, post = workdir / "bert_preln_tiny", workdir / "bert_postln_tiny"
+    for run in (pre, post):
+        evals = records(run, "eval")
+        assert [r["step"] for r in evals] == [3, 6], run
+        assert all(math.isfinite(r["mlm_loss"]) and math.isfinite(r["loss"]) for r in evals)
+        assert [r["step"] for r in records(run, "train")] == list(range(1, 7))
+        assert (run / "checkpoints" / "6").is_dir()
+    # The recipes: Pre-LN starts at its peak (no warm-up); Post-LN warms up for 1 step.
+    pre_lr = [r["learning_rate"] for r in records(pre, "train")]
+    post_lr = [r["learning_rate"] for r in records(post, "train")]
+    assert pre_lr[0] == pytest.approx(3e-4) and pre_lr[-1] < pre_lr[0]
+    assert post_lr[0] < post_lr[1] == pytest.approx(1e-4, rel=0.25)
+    pre_final, post_final = records(pre, "eval")[-1], records(post, "eval")[-1]
+    assert pre_final["mlm_loss"] != post_final["mlm_loss"]
+    assert "bert_preln_tiny: step 6 in" in text
+    assert f"validation MLM loss {pre_final['mlm_loss']:.4f}" in text
+    assert f"validation MLM loss {post_final['mlm_loss']:.4f}" in text
+
+    # Figures: saved as PNGs and shown inline, one per figure cell.
+    assert_png(workdir / "validation_curves.png")
+    assert_png(workdir / "gradients_at_init.png")
+    images = [c for c in code if cell_images(c)]
+    assert len(images) == 2 and all(len(cell_images(c)) == 1 for c in images)
+    assert f"last {post_final['mlm_loss']:.4f} at step 6" in text
+    for placement in ("post", "pre"):
+        norms = re.search(rf"^{placement}-LN \|\|dL/dW2\|\| at init: (.*)$", text, re.M)
+        values = [float(v) for v in re.findall(r"L=\d+: ([0-9.]+)", norms.group(1))]
+        assert len(values) == 2 and all(v > 0 for v in values), norms.group(0)
