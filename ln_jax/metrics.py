@@ -111,12 +111,31 @@ def _to_tensorboard(tb: Any, record: dict[str, Any]) -> None:
             tb.add_scalar(f"{record['split']}/{key}", val, record["step"], walltime=record["time"])
 
 
+def _summary_writer_class() -> type:
+    """tensorboardX's SummaryWriter, imported without PyTorch.
+
+    tensorboardX imports torch, when installed, only to recognise its tensors (3.5-4 s at
+    every start of a run on the test machine); ln_jax writes Python floats. While it imports,
+    `torch` is marked absent unless something imported it already.
+    """
+    import sys
+
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which it catches
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 def _tensorboard_writer(directory: pathlib.Path, records: list[dict[str, Any]]) -> Any:
     """A fresh TensorBoard writer in the local `directory` holding `records` (the caller
     removed the earlier event files, so no step shows twice after a resume)."""
-    from tensorboardX import SummaryWriter
-
-    tb = SummaryWriter(str(directory), flush_secs=30)
+    tb = _summary_writer_class()(str(directory), flush_secs=30)
     for record in records:
         _to_tensorboard(tb, record)
     return tb
