@@ -68,6 +68,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.measure import (  # noqa: E402
+    compiled_flops,
+    make_batch,
+    model_flops,
+    run_alternating,
+    timing_summary,
+    xla_matmul,
+)
 from ln_jax.config import SIZES  # noqa: E402
 
 IMPLS = ("ln_jax", "hf_flax", "hf_torch")
@@ -116,39 +124,12 @@ def shape(args: argparse.Namespace) -> dict[str, int]:
     )  # fmt: skip
 
 
-def make_batch(s: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """A synthetic pretraining batch with ln_jax's documented keys (numpy)."""
-    rng = np.random.default_rng(seed)
-    b, t, p, v = s["batch"], s["seq"], s["predictions"], s["vocab"]
-    positions = np.sort(
-        np.stack([rng.choice(np.arange(1, t - 1), p, replace=False) for _ in range(b)]), axis=1
-    )
-    return {
-        "input_ids": rng.integers(5, v, (b, t), dtype=np.int32),
-        "segment_ids": (np.arange(t)[None, :] >= t // 2).repeat(b, 0).astype(np.int32),
-        "attention_mask": np.ones((b, t), np.int32),
-        "masked_positions": positions.astype(np.int32),
-        "masked_ids": rng.integers(5, v, (b, p), dtype=np.int32),
-        "masked_weights": np.ones((b, p), np.float32),
-        "nsp_label": rng.integers(0, 2, (b,), dtype=np.int32),
-    }
-
-
 def mlm_labels(batch: dict[str, np.ndarray]) -> np.ndarray:
     """HuggingFace labels [B, T]: the masked ids at the masked positions, -100 elsewhere."""
     labels = np.full(batch["input_ids"].shape, -100, np.int64)
     rows = np.arange(labels.shape[0])[:, None]
     labels[rows, batch["masked_positions"]] = batch["masked_ids"]
     return labels
-
-
-def model_flops(s: dict[str, int]) -> float:
-    """Model FLOPs of one training step (formula in the module docstring)."""
-    L, d, f, t = s["layers"], s["d"], s["mlp"], s["seq"]
-    p, v = s["predictions"], s["vocab"]
-    forward = L * t * (8 * d * d + 4 * d * f) + L * 4 * t * t * d
-    forward += p * (2 * d * d + 2 * d * v) + 2 * d * d + 4 * d
-    return 3.0 * s["batch"] * forward
 
 
 def hf_config(s: dict[str, int], dropout: float) -> Any:
@@ -236,9 +217,7 @@ def build_ln_jax(
 
 
 def _xla_flops(jitted: Any, *args: Any) -> float:
-    costs = jitted.lower(*args).compile().cost_analysis()
-    costs = costs[0] if isinstance(costs, (list, tuple)) else costs
-    return float(costs.get("flops", 0.0))
+    return compiled_flops(jitted.lower(*args).compile()) or 0.0
 
 
 def _hf_flax_loss(model: Any, params: Any, batch: dict, rng: Any) -> jax.Array:
@@ -351,11 +330,9 @@ def matmul_steps(n: int) -> dict[str, Step]:
     """Float32 n x n x n matmuls, XLA on the JAX device and torch: timed with the steps."""
     import torch
 
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    mm = jax.jit(lambda x, y: x @ y)
     t = torch.randn(n, n)
     return {
-        "matmul_xla": lambda: mm(a, a).block_until_ready(),
+        "matmul_xla": xla_matmul(n, jnp.float32),
         "matmul_torch": lambda: torch.mm(t, t),
     }
 
@@ -366,36 +343,6 @@ def matmul_peaks(times: dict[str, list[float]], n: int) -> dict[str, float]:
     return {
         "xla": flops / statistics.median(times.pop("matmul_xla")),
         "torch": flops / statistics.median(times.pop("matmul_torch")),
-    }
-
-
-def run_alternating(steps: dict[str, Step], warmup: int, timed: int) -> dict[str, list[float]]:
-    """Calls the steps in turn (A B C A B C ...); the seconds of each timed call."""
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for i in range(warmup + timed):
-        last = {}
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            last[name] = time.perf_counter() - start
-            if i >= warmup:
-                times[name].append(last[name])
-        line = ", ".join(f"{n} {t:.3f}s" for n, t in last.items())
-        print(f"  round {i + 1}/{warmup + timed}: {line}", flush=True)
-    return times
-
-
-def timing_summary(times: list[float], s: dict[str, int], flops: float, peak: float) -> dict:
-    """Median step time, tokens/s and MFU of one implementation."""
-    median = statistics.median(times)
-    quart = statistics.quantiles(times, n=4) if len(times) > 1 else [median] * 3
-    return {
-        "median_s": median,
-        "p25_s": quart[0],
-        "p75_s": quart[2],
-        "min_s": min(times),
-        "tokens_per_s": s["batch"] * s["seq"] / median,
-        "mfu": flops / median / peak,
     }
 
 
