@@ -116,6 +116,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint.keep = 3  # keep the last K checkpoints
     c.checkpoint.async_save = True  # save in the background while training continues
     c.checkpoint.fallback = False  # a corrupt latest checkpoint: try the previous ones
+
+    # per-layer measurements during training (ln_jax/monitor.py) and early warnings
+    c.monitor = ml_collections.ConfigDict()
+    c.monitor.every = placeholder(int)  # measure every N steps; None = log_every; 0 = off
+    c.monitor.window = 20  # earlier logged values the spike rules compare with
+    c.monitor.loss_spike = 6.0  # warn: loss > window median + this many robust stds (0 = off)
+    c.monitor.grad_jump = 10.0  # warn: a gradient norm > this x its window median (0 = off)
+    c.monitor.collapse = 0.99  # warn: a layer's mean cosine between positions crosses this
+    c.monitor.keep_checkpoint = True  # on a warning, never delete the checkpoint before it
     return c
 
 

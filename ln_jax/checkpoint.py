@@ -16,6 +16,7 @@ Failures are `CheckpointError`s that name the step directory and the cause:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -33,6 +34,7 @@ from ln_jax.validate import UserError
 
 log = logging.getLogger(__name__)
 ITEMS = ("state", "data_iter", "config")
+KEPT_FILE = "kept_steps.json"  # steps never deleted by `keep` (early warnings; a JSON list)
 _MAX_CAUSE = 400  # characters of an orbax/tensorstore message kept (they embed JSON specs)
 _MAX_NAMES = 6  # mismatching parameter names listed in an incompatibility error
 
@@ -81,8 +83,13 @@ class Checkpointer:
             directory = os.path.abspath(os.path.expanduser(directory))
         self.directory = epath.Path(directory)
         self.cfg = cfg
+        self.kept = self._read_kept()
+        preserve = ocp.checkpoint_managers
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=cfg.keep,
+            # The last `keep` steps, and the steps `keep_before` protected.
+            preservation_policy=preserve.AnyPreservationPolicy(
+                [preserve.LatestN(cfg.keep), _KeptSteps(self.kept)]
+            ),
             enable_async_checkpointing=cfg.async_save,
             create=True,
             # Step directories are made in the calling thread. Made in orbax's background
@@ -96,6 +103,25 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
+
+    def keep_before(self, step: int) -> int | None:
+        """Protects the latest saved checkpoint before `step` from deletion by `keep` (for
+        good: the protected steps are listed in `<directory>/kept_steps.json`); returns its
+        step, None if there is none."""
+        self.wait()
+        earlier = [s for s in self.manager.all_steps() if s < step]
+        if not earlier:
+            return None
+        kept = max(earlier)
+        if kept not in self.kept:
+            self.kept.add(kept)
+            if jax.process_index() == 0:
+                paths.write_atomic(self.directory / KEPT_FILE, json.dumps(sorted(self.kept)))
+        return kept
+
+    def _read_kept(self) -> set[int]:
+        path = self.directory / KEPT_FILE
+        return set(json.loads(path.read_text())) if path.exists() else set()
 
     def save(self, step: int, state: Any, data_state: dict, config: dict) -> None:
         """Starts saving `step` (async); returns once the arrays are safe to donate.
@@ -218,6 +244,17 @@ class Checkpointer:
         return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))[
             "config"
         ]
+
+
+class _KeptSteps(ocp.checkpoint_managers.PreservationPolicy):
+    """Orbax preservation policy: preserve the steps of a set that may grow during the run."""
+
+    def __init__(self, steps: set[int]):
+        self.steps = steps
+
+    def should_preserve(self, checkpoints, *, context) -> list[bool]:
+        del context
+        return [c.step in self.steps for c in checkpoints]
 
 
 def _stored_tree(item_dir: epath.Path) -> Any:

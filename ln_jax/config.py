@@ -30,6 +30,7 @@ __all__ = [
     "ConfigError",
     "MeshConfig",
     "ModelConfig",
+    "MonitorConfig",
     "PlacementRule",
     "TrainConfig",
     "build_config",
@@ -395,6 +396,40 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MonitorConfig:
+    """Training-time measurements per layer (`ln_jax.monitor`) and the early-warning rule
+    (`ln_jax.early_warning`).
+
+    Attributes:
+      every: measure every N steps (and at steps 1 and the last); None = at the logging
+        cadence (`log_every`); 0 = off. Only those steps run the measured train step.
+      window: how many earlier logged values the spike rules compare with.
+      loss_spike: warn when the loss exceeds the median of the window by this many robust
+        standard deviations (1.4826 x the median absolute deviation, at least 1% of the
+        median); 0 = off.
+      grad_jump: warn when a gradient norm (global or a sub-layer's) exceeds this multiple of
+        its median over the window; 0 = off.
+      collapse: warn when a layer's mean cosine between positions crosses this value upwards
+        (rank collapse); 0 = off.
+      keep_checkpoint: on a warning, keep the latest checkpoint from before it from the
+        deletion of old checkpoints (`checkpoint.keep`).
+    """
+
+    every: int | None = None
+    window: int = 20
+    loss_spike: float = 6.0
+    grad_jump: float = 10.0
+    collapse: float = 0.99
+    keep_checkpoint: bool = True
+
+    def __post_init__(self) -> None:
+        if self.every is not None and self.every < 0:
+            raise ValueError(f"monitor.every={self.every}: use 0 (off), N > 0 or None.")
+        if self.window < 2:
+            raise ValueError(f"monitor.window={self.window} must be at least 2.")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything a run needs, typed and validated once from the ml_collections config.
 
@@ -411,6 +446,7 @@ class TrainConfig:
         cheaper for BERT-base's ~1.2e9 dropout bits per step; bits depend on the backend).
       nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
         last good checkpoint is kept) or "skip" (drop that update and go on).
+      monitor: per-layer measurements and early warnings (`MonitorConfig`).
     """
 
     name: str = "run"
@@ -428,6 +464,13 @@ class TrainConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
+
+    @property
+    def monitor_every(self) -> int:
+        """Steps between measurements (0 = off): `monitor.every`, or `log_every` if None."""
+        every = self.monitor.every
+        return self.log_every if every is None else every
 
     def __post_init__(self) -> None:
         check_choice("nan_policy", self.nan_policy, ("stop", "skip"))
@@ -473,6 +516,7 @@ class TrainConfig:
         sections = {
             "mesh": (MeshConfig, values.pop("mesh", {})),
             "checkpoint": (CheckpointConfig, values.pop("checkpoint", {})),
+            "monitor": (MonitorConfig, values.pop("monitor", {})),
         }
         typed = {}
         for key, (kind, given) in sections.items():

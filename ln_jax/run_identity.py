@@ -45,6 +45,12 @@ SAFE_FIELDS = frozenset(
         "data.worker_count",  # the same batches for any number of workers (tested)
         "data.device_prefetch",
         "data.prepare_timeout_s",
+        "monitor.every",  # what is measured and warned about, not what is trained
+        "monitor.window",
+        "monitor.loss_spike",
+        "monitor.grad_jump",
+        "monitor.collapse",
+        "monitor.keep_checkpoint",
     }
 )
 # Safe too, but they move the learning-rate schedule: the change is shown before it is taken.

@@ -16,6 +16,7 @@ sharding constraints apply.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -26,7 +27,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import optim, sharding
+from ln_jax import monitor, optim, sharding
 from ln_jax.bert import BertForPreTraining, create_model, pretraining_loss
 from ln_jax.config import RNG_IMPLS, TrainConfig
 from ln_jax.validate import ConfigError
@@ -41,6 +42,7 @@ __all__ = [
     "in_mesh",
     "init_state",
     "jit_steps",
+    "jit_train_step",
     "make_eval_step",
     "make_train_step",
 ]
@@ -151,7 +153,12 @@ def abstract_batch(data_cfg: Any, mesh: jax.sharding.Mesh) -> dict[str, jax.Shap
 # --------------------------------------------------------------------------- steps
 
 
-def _forward(graphdef, params, rest, batch: Batch, key, use_nsp: bool, *denominators):
+def _forward(
+    graphdef, params, rest, batch: Batch, key, use_nsp: bool, *denominators, measure: int = 0
+):
+    """(loss, metrics) of one (micro-)batch; with `measure` > 0, metrics["monitor"] holds the
+    activation measures of `ln_jax.monitor.forward_stats`, divided by `measure` (the number of
+    micro-batches, so that their sum is the mean)."""
     model = nnx.merge(graphdef, params, rest)
     outputs = model(
         batch["input_ids"],
@@ -159,8 +166,16 @@ def _forward(graphdef, params, rest, batch: Batch, key, use_nsp: bool, *denomina
         batch["attention_mask"],
         batch["masked_positions"],
         dropout_key=key,
+        record=bool(measure),
     )
-    return pretraining_loss(outputs, batch, use_nsp, *denominators)
+    loss, metrics = pretraining_loss(outputs, batch, use_nsp, *denominators)
+    if not measure:
+        return loss, metrics
+    rec = outputs["intermediates"]
+    hidden = rec.get("final_norm_out", rec["ffn/output"][-1])  # what the heads read
+    stats = monitor.forward_stats(rec, hidden, params, batch["attention_mask"], model.cfg)
+    metrics["monitor"] = jax.tree.map(lambda x: x / measure, stats)
+    return loss, metrics
 
 
 def _micro_batches(batch: Batch, accum: int) -> Batch:
@@ -176,17 +191,18 @@ def _micro_batches(batch: Batch, accum: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig):
+def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig, measure: bool = False):
     """Loss metrics and gradients of the whole batch, summed over `grad_accum_steps`
-    micro-batches.
+    micro-batches (with `measure`, metrics["monitor"]: `_forward`'s activation measures).
 
     Each micro-batch's MLM loss is divided by the whole batch's masked-token weight (and NSP by
     the whole batch's sequences), so the sum over micro-batches is the big batch's loss: a
     micro-batch with fewer masked tokens weighs exactly as much as its tokens.
     """
     use_nsp = cfg.data.nsp and cfg.model.nsp_head
-    grad_fn = jax.value_and_grad(_forward, argnums=1, has_aux=True)
     accum = cfg.grad_accum_steps
+    forward = functools.partial(_forward, measure=accum if measure else 0)
+    grad_fn = jax.value_and_grad(forward, argnums=1, has_aux=True)
     if accum == 1:
         (_, metrics), grads = grad_fn(graphdef, params, rest, batch, key, use_nsp)
         return metrics, grads
@@ -215,18 +231,22 @@ def dropout_key(cfg: TrainConfig, step: Any) -> jax.Array:
     return jax.random.fold_in(base, step)
 
 
-def make_train_step(graphdef, tx, schedule, cfg: TrainConfig) -> Callable:
+def make_train_step(graphdef, tx, schedule, cfg: TrainConfig, measure: bool = False) -> Callable:
     """(state, rest, batch) -> (state, metrics): one update; non-finite updates are dropped.
 
     state = {"params", "opt_state", "step", "halted", "nonfinite_step"}. With nan_policy
     "stop", the first non-finite step sets `halted` and freezes the state at the last good
     parameters; `nonfinite_step` records that step (with "skip", the first skipped one).
+
+    With `measure` the same update also returns metrics["monitor"], the per-layer measurements
+    of `ln_jax.monitor` (a second compiled program that the trainer calls on logging steps
+    only; the update itself is the same).
     """
 
     def step_fn(state: State, rest, batch: Batch):
         step = state["step"]
         key = dropout_key(cfg, step)
-        metrics, grads = _grads(graphdef, state["params"], rest, batch, key, cfg)
+        metrics, grads = _grads(graphdef, state["params"], rest, batch, key, cfg, measure)
         grad_norm = optim.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -243,6 +263,9 @@ def make_train_step(graphdef, tx, schedule, cfg: TrainConfig) -> Callable:
             ),
         }
         metrics.update(grad_norm=grad_norm, learning_rate=schedule(step), finite=finite)
+        if measure:
+            stats = monitor.parameter_stats(grads, updates, state["params"], cfg.model)
+            metrics["monitor"] = {**metrics["monitor"], **stats}
         return new_state, metrics
 
     return step_fn
@@ -272,22 +295,33 @@ def make_eval_step(graphdef, cfg: TrainConfig) -> Callable:
     return eval_fn
 
 
+def jit_train_step(
+    cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: TrainState, measure: bool = False
+) -> Callable:
+    """The train step jitted with the shardings of `pieces`: state, rest and batch shardings
+    in; the same state shardings and replicated metrics out; the state donated. `measure`: the
+    variant with per-layer measurements (`make_train_step`)."""
+    shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
+    rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
+    schedule = optim.make_schedule(cfg.optim)
+    return jax.jit(
+        make_train_step(pieces.graphdef, pieces.tx, schedule, cfg, measure),
+        in_shardings=(shardings, rest_sh, sharding.batch_sharding(mesh)),
+        out_shardings=(shardings, _replicated(mesh)),
+        donate_argnums=(0,),
+    )
+
+
 def jit_steps(cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: TrainState):
     """(train, evaluate), jitted with the shardings of `pieces` (concrete or abstract).
 
-    train: state, rest and batch shardings in; the same state shardings and replicated
-    metrics out; the state donated. evaluate: parameters, rest and batch in; replicated sums.
+    train: `jit_train_step` (without measurements). evaluate: parameters, rest and batch in;
+    replicated sums.
     """
     shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
     batch_sh = sharding.batch_sharding(mesh)
-    schedule = optim.make_schedule(cfg.optim)
-    train = jax.jit(
-        make_train_step(pieces.graphdef, pieces.tx, schedule, cfg),
-        in_shardings=(shardings, rest_sh, batch_sh),
-        out_shardings=(shardings, _replicated(mesh)),
-        donate_argnums=(0,),
-    )
+    train = jit_train_step(cfg, mesh, pieces)
     evaluate = jax.jit(
         make_eval_step(pieces.graphdef, cfg),
         in_shardings=(shardings["params"], rest_sh, batch_sh),

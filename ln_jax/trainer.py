@@ -20,10 +20,11 @@ import jax
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from ln_jax import accumulation, optim, paths, run_identity, sharding, steps
+from ln_jax import accumulation, monitor, optim, paths, run_identity, sharding, steps
 from ln_jax.checkpoint import Checkpointer, CheckpointError
 from ln_jax.config import TrainConfig
 from ln_jax.data import make_pipeline
+from ln_jax.early_warning import EarlyWarning
 from ln_jax.metrics import METRICS_FILE, MetricsWriter, Progress, read_records
 from ln_jax.placement_setup import setup_placements
 from ln_jax.validate import ConfigError
@@ -64,6 +65,7 @@ class Run:
     schedule: Callable
     train_iter: Any
     eval_batches: Any
+    monitor_step: Callable | None = None  # the train step with measurements (None = off)
 
 
 def _check_device(cfg: TrainConfig) -> None:
@@ -97,6 +99,7 @@ def setup(cfg: TrainConfig) -> Run:
         accum = accumulation.auto_accumulation(probe, args, cfg.data, mesh)
         cfg = dataclasses.replace(cfg, grad_accum_steps=accum)
     train, evaluate = steps.jit_steps(cfg, mesh, pieces)
+    measured = steps.jit_train_step(cfg, mesh, pieces, measure=True) if cfg.monitor_every else None
     return Run(
         cfg,
         mesh,
@@ -108,6 +111,7 @@ def setup(cfg: TrainConfig) -> Run:
         optim.make_schedule(cfg.optim),
         train_iter,
         eval_batches,
+        measured and steps.in_mesh(measured, mesh),
     )
 
 
@@ -311,16 +315,45 @@ def _already_done(workdir: str, step: int) -> dict[str, Any]:
     }
 
 
+def _measured(run: Run, step: int) -> bool:
+    """Whether `step` runs the measured train step: every `monitor_every` steps, the first
+    and the last."""
+    every = run.cfg.monitor_every
+    return run.monitor_step is not None and (step in (1, run.cfg.total_steps) or step % every == 0)
+
+
+def _watch(run, ckpt, writer, watcher, step, metrics, measures) -> None:
+    """Writes the step's measurements (split "monitor") and applies the early-warning rules:
+    each warning is logged, written (split "warning") and may keep the checkpoint before it."""
+    named = monitor.named(measures) if measures is not None else {}
+    if named:
+        writer.write(step, "monitor", named)
+    alerts = watcher.check(step, {**{k: float(v) for k, v in metrics.items()}, **named})
+    # The checkpoint before an episode of warnings (not one from its middle) is kept.
+    keep = run.cfg.monitor.keep_checkpoint and watcher.episode_start
+    kept = ckpt.keep_before(step) if keep else None
+    for alert in alerts:
+        message = alert.message
+        if kept is not None:
+            message += f"; checkpoint {kept} is kept ({ckpt.directory / str(kept)})"
+        log.warning("early warning: %s", message)
+        writer.write(step, "warning", {**alert.record(), "message": message})
+
+
 def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks):
     cfg, last = run.cfg, run.cfg.total_steps
+    watcher = EarlyWarning(cfg.monitor)
     for step in range(start + 1, last + 1):
-        run.state, metrics = run.train_step(run.state, run.rest, next(run.train_iter))
+        measured = _measured(run, step)
+        train_step = run.monitor_step if measured else run.train_step
+        run.state, metrics = train_step(run.state, run.rest, next(run.train_iter))
         for hook in hooks:
             hook(step, run)
         stop = preemption.stop_after(step)
         # Steps 1-2 are always shown: step 1's time (compilation included), then the first rate.
-        if _due(step, cfg.log_every, last) or step - start <= 2 or stop:
+        if _due(step, cfg.log_every, last) or step - start <= 2 or stop or measured:
             metrics = jax.device_get(metrics)
+            measures = metrics.pop("monitor", None)
             steps_s, tokens_s = progress.rates(step)
             result["train"] = writer.write(
                 step, "train", {**metrics, "steps_per_s": steps_s, "tokens_per_s": tokens_s}
@@ -328,6 +361,7 @@ def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, h
             progress.show(step, steps_s, tokens_s, float(metrics["loss"]))
             _check_finite(run, ckpt)
             ckpt.check()  # a background save that failed stops the run now
+            _watch(run, ckpt, writer, watcher, step, metrics, measures)
         if _due(step, cfg.eval_every, last):
             _check_finite(run, ckpt)
             result["eval"] = writer.write(step, "eval", evaluate(run))

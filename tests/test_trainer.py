@@ -34,6 +34,7 @@ def tiny_config(data_dir: str, **overrides) -> TrainConfig:
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
     c.eval_batches = 1
     c.log_every = 1
+    c.monitor.every = 0  # tests/test_monitor.py turns the measurements on
     for key, value in overrides.items():
         node = c
         *parents, leaf = key.split(".")

@@ -5,6 +5,8 @@
   python -m ln_jax.analysis lemma2 --out=/tmp/a --setting=theory,bert --num_layers=12
   python -m ln_jax.analysis output-change --out=/tmp/a --placements=post,pre,admin
   python -m ln_jax.analysis dependency --out=/tmp/a --checkpoint=workdirs/bert_postln_tiny
+  python -m ln_jax.analysis monitor WORKDIR [WORKDIR ...] --out=DIR   (training-time
+      measurements of runs: see ln_jax/analysis/training.py)
 
 The model and data come from `--config=FILE[:variant]` (default configs/bert_preln.py:tiny)
 with the analysis defaults on top (Xavier initialisation, sequences of 64, batches of 16) and
@@ -156,6 +158,10 @@ def command_config(argv: Sequence[str]) -> tuple[Any, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["monitor"]:  # plots of runs' logged measurements: no model, no config
+        from ln_jax.analysis import training
+
+        return training.main(argv[1:])
     try:
         config, rest = command_config(argv)
     except ValueError as err:

@@ -1,0 +1,149 @@
+"""Training-time measurements (ln_jax.monitor), early warnings and their plots.
+
+One monitored 6-step run (the 6-step tiny train config of tests/test_trainer.py, monitoring on)
+is shared by the tests of the records, the warnings, the kept checkpoint and the plots.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ln_jax import monitor, sharding, steps, trainer
+from ln_jax.analysis import training
+from ln_jax.config import MonitorConfig
+from ln_jax.data import make_pipeline
+from ln_jax.early_warning import EarlyWarning
+from tests.test_trainer import read_metrics, tiny_config
+
+pytest_plugins = ("tests.data_fixtures",)
+SPIKE_AFTER = 4  # the hook scales the word embeddings after this step: step 5's loss spikes
+
+
+def monitored_config(data_dir, **overrides):
+    return tiny_config(data_dir, total_steps=6, **{"monitor.every": 1, **overrides})
+
+
+# --------------------------------------------------------------------------- measures
+
+
+def test_collapse_is_1_for_identical_rows_and_0_for_orthogonal_rows():
+    rng = np.random.default_rng(0)
+    row = rng.normal(size=16)
+    same = np.tile(3.0 * row, (6, 1))
+    orthogonal, _ = np.linalg.qr(rng.normal(size=(16, 6)))  # 6 orthonormal columns
+    x = jnp.asarray(np.stack([same, orthogonal.T]), jnp.float32)  # [2, 6, 16]
+    mask = jnp.ones((2, 6))
+    np.testing.assert_allclose(monitor.mean_pairwise_cosine(x, mask), [1.0, 0.0], atol=1e-5)
+    # Padded positions do not count: rows 4-5 replaced by noise, masked out.
+    noisy = x.at[:, 4:].set(jnp.asarray(rng.normal(size=(2, 2, 16)), jnp.float32))
+    masked = jnp.ones((2, 6)).at[:, 4:].set(0)
+    np.testing.assert_allclose(monitor.mean_pairwise_cosine(noisy, masked), [1.0, 0.0], atol=1e-5)
+
+
+def test_a_forced_spike_warns_and_names_the_layer():
+    watch = EarlyWarning(MonitorConfig(window=5))
+    calm = {"loss": 7.0, "grad_norm": 1.0, "grad_norm/layer_02/ffn": 0.1, "collapse/layer_01": 0.5}
+    for step, wiggle in enumerate((0.01, -0.02, 0.0, 0.015), start=1):
+        values = {k: v * (1 + wiggle) for k, v in calm.items()}
+        assert watch.check(step, values) == []
+    spike = {**calm, "loss": 9.0, "grad_norm/layer_02/ffn": 5.0, "collapse/layer_01": 0.995}
+    alerts = {a.rule: a for a in watch.check(5, spike)}
+    assert set(alerts) == {"loss_spike", "grad_jump", "collapse"}
+    assert alerts["grad_jump"].measurement == "grad_norm/layer_02/ffn"
+    assert alerts["grad_jump"].layer == 2 and "in layer 2" in alerts["grad_jump"].message
+    assert alerts["collapse"].layer == 1 and "collapse/layer_01" in alerts["collapse"].message
+    assert watch.check(6, spike)[0].rule != "collapse"  # collapse warns once per crossing
+
+
+# --------------------------------------------------------------------------- in a run
+
+
+@pytest.fixture(scope="module")
+def monitored_run(data_dir, tmp_path_factory):
+    """A 6-step monitored run whose word embeddings are scaled x30 after step 4."""
+    workdir = tmp_path_factory.mktemp("monitored")
+    cfg = monitored_config(data_dir, checkpoint_every=1, **{"checkpoint.keep": 1})
+
+    def spike(step, run):
+        if step == SPIKE_AFTER:
+            word = run.state["params"]["bert"]["embeddings"]["word"]
+            word[...] = word[...] * 30.0
+
+    trainer.train_and_evaluate(cfg, str(workdir), hooks=[spike])
+    return workdir, read_metrics(workdir)
+
+
+def test_measurements_are_logged_with_readable_names(monitored_run):
+    _, records = monitored_run
+    measured = [r for r in records if r["split"] == "monitor"]
+    assert [r["step"] for r in measured] == list(range(1, 7))
+    names = set(measured[0])
+    for layer in ("00", "01"):
+        for part in ("attention", "ffn"):
+            for measure in ("grad_norm", "update_ratio", "stream_rms", "branch_rms"):
+                assert f"{measure}/layer_{layer}/{part}" in names
+            assert f"norm_in_rms/layer_{layer}/{part}/pre_norm" in names  # Pre-LN
+        assert {f"collapse/layer_{layer}", f"attention_entropy/layer_{layer}"} <= names
+    assert "collapse/output" in names
+    first = measured[0]
+    assert 0 < first["attention_entropy/layer_00"] <= np.log(128) + 1e-4
+    assert -1 <= first["collapse/layer_01"] <= 1
+
+
+def test_sublayer_grad_norms_equal_a_separate_grad(data_dir, monitored_run):
+    """Step 1's logged norms against jax.grad of the same loss on the same batch and key."""
+    _, records = monitored_run
+    logged = next(r for r in records if r["split"] == "monitor" and r["step"] == 1)
+    cfg = monitored_config(data_dir)
+    mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    pieces = steps.init_state(cfg, mesh)
+    batches, _ = make_pipeline(cfg.data, split="train", seed=cfg.data.seed, mesh=mesh)
+    batch = next(batches)
+    batches.close()
+    use_nsp = cfg.data.nsp and cfg.model.nsp_head
+    loss = lambda p: steps._forward(
+        pieces.graphdef, p, pieces.rest, batch, steps.dropout_key(cfg, 0), use_nsp
+    )[0]
+    with sharding.use_mesh(mesh):
+        grads = jax.jit(jax.grad(loss))(pieces.state["params"])
+    layers = grads["bert"]["encoder"]["layers"]
+    for i in range(cfg.model.num_layers):
+        for part in ("attention", "ffn"):
+            leaves = jax.tree.leaves(layers[i][part])
+            expected = float(np.sqrt(sum(float(jnp.sum(jnp.square(g))) for g in leaves)))
+            np.testing.assert_allclose(logged[f"grad_norm/layer_{i:02d}/{part}"], expected, 1e-4)
+
+
+def test_the_spike_warns_and_keeps_the_checkpoint_before_it(monitored_run):
+    workdir, records = monitored_run
+    warnings = [r for r in records if r["split"] == "warning"]
+    spike = [w for w in warnings if w["rule"] == "loss_spike"]
+    assert spike[0]["step"] == SPIKE_AFTER + 1  # and on, while the loss stays high
+    assert "loss spike at step 5" in spike[0]["message"]
+    assert "checkpoint 4 is kept" in spike[0]["message"]
+    kept = sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert kept == ["4", "6"]  # keep=1 would have deleted 4
+    assert json.loads((workdir / "checkpoints" / "kept_steps.json").read_text()) == [4]
+
+
+def test_plots_show_the_logged_values(monitored_run, tmp_path):
+    workdir, records = monitored_run
+    out = tmp_path / "plots"
+    assert training.main([str(workdir), f"--out={out}", "--measures=grad_norm,collapse"]) == 0
+    data = json.loads((out / "monitor.json").read_text())
+    run = data["runs"][workdir.name]
+    heat = run["grad_norm/ffn"]
+    assert heat["steps"] == list(range(1, 7)) and heat["layers"] == [0, 1]
+    measured = {r["step"]: r for r in records if r["split"] == "monitor"}
+    expected = [
+        [measured[s][f"grad_norm/layer_{i:02d}/ffn"] for s in heat["steps"]] for i in (0, 1)
+    ]
+    np.testing.assert_allclose(heat["values"], expected, rtol=1e-6)
+    names = {p.name for p in out.iterdir()}
+    assert {"grad_norm_heatmap.png", "grad_norm_layers.png", "collapse_heatmap.png"} <= names
+    assert "gradients_by_layer.png" in names  # Xiong Fig. 3 across training
