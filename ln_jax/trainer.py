@@ -342,7 +342,7 @@ def _watch(run, ckpt, writer, watcher, step, metrics, measures) -> None:
 
 def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks):
     cfg, last = run.cfg, run.cfg.total_steps
-    watcher = EarlyWarning(cfg.monitor)
+    watcher = EarlyWarning(cfg.monitor) if run.monitor_step is not None else None
     for step in range(start + 1, last + 1):
         measured = _measured(run, step)
         train_step = run.monitor_step if measured else run.train_step
@@ -361,7 +361,8 @@ def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, h
             progress.show(step, steps_s, tokens_s, float(metrics["loss"]))
             _check_finite(run, ckpt)
             ckpt.check()  # a background save that failed stops the run now
-            _watch(run, ckpt, writer, watcher, step, metrics, measures)
+            if watcher is not None:
+                _watch(run, ckpt, writer, watcher, step, metrics, measures)
         if _due(step, cfg.eval_every, last):
             _check_finite(run, ckpt)
             result["eval"] = writer.write(step, "eval", evaluate(run))

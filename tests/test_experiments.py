@@ -28,6 +28,7 @@ def base_config(data_dir: str, **overrides) -> dict:
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
     c.model.num_layers, c.model.hidden_size, c.model.mlp_dim = 1, 32, 64
     c.total_steps, c.eval_every, c.checkpoint_every, c.log_every, c.eval_batches = 4, 2, 2, 1, 1
+    c.monitor.every = 0  # tests/test_monitor.py measures
     # No NSP: with 8 sequences a batch's NSP labels can be 7 to 1 (the pipeline draws them
     # per example), and that loss alone moves a 4-step run's train curve by ~0.8 nats, which
     # the divergence rule (last losses above the first) would read as a failure.

@@ -31,6 +31,15 @@ def monitored_config(data_dir, **overrides):
 # --------------------------------------------------------------------------- measures
 
 
+def test_measurements_are_on_at_the_logging_cadence_by_default(data_dir):
+    from configs import bert_preln
+    from ln_jax.config import TrainConfig
+
+    cfg = TrainConfig.from_mapping(bert_preln.get_config("mini").to_dict())
+    assert cfg.monitor.every is None and cfg.monitor_every == cfg.log_every == 10
+    assert tiny_config(data_dir).monitor_every == 0  # the other tests' runs measure nothing
+
+
 def test_collapse_is_1_for_identical_rows_and_0_for_orthogonal_rows():
     rng = np.random.default_rng(0)
     row = rng.normal(size=16)

@@ -66,6 +66,7 @@ def _train_flags(data_dir: str, workdir: str) -> list[str]:
         "--config=" + os.path.join(REPO, "configs", "bert_preln.py") + ":tiny",
         f"--config.total_steps={STEPS}",
         "--config.log_every=1",
+        "--config.monitor.every=0",  # tests/test_monitor.py measures
         "--config.eval_every=0",  # one evaluation, at the end
         "--config.eval_batches=1",
         "--config.checkpoint_every=0",  # one checkpoint, at the end

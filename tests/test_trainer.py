@@ -203,6 +203,8 @@ def test_train_end_to_end_on_8_devices(data_dir, tmp_path):
     assert [r["step"] for r in evals] == [8, 16]
     for r in train:
         assert {"loss", "learning_rate", "grad_norm", "mlm_accuracy", "tokens_per_s"} <= set(r)
+        assert not any(k.startswith(("grad_norm/", "collapse/")) for k in r)
+    assert {r["split"] for r in records} == {"train", "eval"}  # monitoring off: no "monitor"
     np.testing.assert_allclose(train[0]["learning_rate"], 1e-3)  # no warm-up: peak at step 0
     first, last = np.mean([r["loss"] for r in train[:3]]), np.mean([r["loss"] for r in train[-3:]])
     assert last < first - 0.5, (first, last)
@@ -286,6 +288,7 @@ def test_sigterm_saves_and_exits_zero(data_dir, tmp_path):
             f"--config.data.data_dir={data_dir}",
             "--config.total_steps=100000",
             "--config.log_every=1",
+            "--config.monitor.every=0",
             "--config.checkpoint_every=0",
             f"--workdir={tmp_path}",
         ],
