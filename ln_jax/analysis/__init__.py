@@ -4,6 +4,11 @@
 
 Each subcommand writes DIR/<name>.json (the numbers, mean and std over seeds, and the config
 used) and DIR/<name>.png; the same measurements are these functions.
+
+  python -m ln_jax.analysis monitor WORKDIR [WORKDIR ...] --out=DIR
+
+draws the measurements logged during training (`ln_jax.monitor`) by layer and step
+(`ln_jax.analysis.training`).
 """
 
 from ln_jax.analysis.gradients import grad_norm_by_depth, grad_norm_by_layer

@@ -20,6 +20,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import matplotlib
 import numpy as np
 from matplotlib.colors import LogNorm
 
@@ -109,8 +110,6 @@ def layers_figure(runs: dict[str, dict[str, Series]], measure: str):
     """`measure` against the step, one curve per layer (dark = first layer, light = last)."""
     parts = _parts(runs, measure)
     fig, axes = new_figure(len(runs), len(parts), width=4.5, height=2.8, squeeze=False)
-    import matplotlib
-
     cmap = matplotlib.colormaps["viridis"]
     for row, key in enumerate(parts):
         for col, (name, run) in enumerate(runs.items()):
