@@ -42,8 +42,9 @@ class Alert:
     message: str
 
     def record(self) -> dict[str, Any]:
-        """The fields metrics.jsonl holds (split "warning")."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "step"}
+        """The fields metrics.jsonl holds (split "warning/<rule>": one record per rule and step,
+        as readers key records by split and step)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("step", "rule")}
 
 
 def _layer(name: str) -> int | None:

@@ -324,7 +324,8 @@ def _measured(run: Run, step: int) -> bool:
 
 def _watch(run, ckpt, writer, watcher, step, metrics, measures) -> None:
     """Writes the step's measurements (split "monitor") and applies the early-warning rules:
-    each warning is logged, written (split "warning") and may keep the checkpoint before it."""
+    each warning is logged, written (split "warning/<rule>") and may keep the checkpoint
+    before it."""
     named = monitor.named(measures) if measures is not None else {}
     if named:
         writer.write(step, "monitor", named)
@@ -337,7 +338,7 @@ def _watch(run, ckpt, writer, watcher, step, metrics, measures) -> None:
         if kept is not None:
             message += f"; checkpoint {kept} is kept ({ckpt.directory / str(kept)})"
         log.warning("early warning: %s", message)
-        writer.write(step, "warning", {**alert.record(), "message": message})
+        writer.write(step, f"warning/{alert.rule}", {**alert.record(), "message": message})
 
 
 def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks):

@@ -130,8 +130,7 @@ def test_sublayer_grad_norms_equal_a_separate_grad(data_dir, monitored_run):
 
 def test_the_spike_warns_and_keeps_the_checkpoint_before_it(monitored_run):
     workdir, records = monitored_run
-    warnings = [r for r in records if r["split"] == "warning"]
-    spike = [w for w in warnings if w["rule"] == "loss_spike"]
+    spike = [r for r in records if r["split"] == "warning/loss_spike"]
     assert spike[0]["step"] == SPIKE_AFTER + 1  # and on, while the loss stays high
     assert "loss spike at step 5" in spike[0]["message"]
     assert "checkpoint 4 is kept" in spike[0]["message"]

@@ -2,9 +2,9 @@
 
   python -m ln_jax.analysis monitor WORKDIR [WORKDIR ...] --out=DIR [--measures=grad_norm,...]
 
-reads each workdir's metrics.jsonl (records of split "monitor", and "warning") and writes, per
-measurement (grad_norm, update_ratio, stream_rms, branch_rms, norm_in_rms, collapse,
-attention_entropy, omega, gate):
+reads each workdir's metrics.jsonl (records of split "monitor", and "warning/<rule>") and
+writes, per measurement (grad_norm, update_ratio, stream_rms, branch_rms, norm_in_rms,
+collapse, attention_entropy, omega, gate):
   DIR/<measure>_heatmap.png   layer x step, one column per workdir, one row per sub-layer part
   DIR/<measure>_layers.png    the same values as one curve per layer against the step
 and DIR/gradients_by_layer.png (Xiong et al. Fig. 3 across training: each sub-layer's gradient
@@ -69,7 +69,7 @@ def load_runs(workdirs: Sequence[str]) -> tuple[dict[str, dict[str, Series]], di
         records = read_records(path)
         name = os.path.basename(os.path.normpath(workdir))
         runs[name] = series(records)
-        warnings[name] = [r for r in records if r.get("split") == "warning"]
+        warnings[name] = [r for r in records if r.get("split", "").startswith("warning/")]
         if not runs[name]:
             raise ValueError(f"{path} holds no measurements (split 'monitor'): monitor.every=0?")
     return runs, warnings
