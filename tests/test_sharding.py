@@ -250,8 +250,12 @@ def test_initialisers_equal_the_default_compilation_bit_for_bit():
     def build():
         return ln_jax.BertForPreTraining(cfg, rngs=nnx.Rngs(params=3))
 
+    # XLA's defaults, whatever the test process's XLA_FLAGS say (tests/xla_env.py).
+    defaults = {"xla_backend_optimization_level": 3, "xla_llvm_disable_expensive_passes": False}
     with nnx.use_eager_sharding(False):
-        want = jax.jit(lambda: nnx.to_pure_dict(nnx.state(build(), nnx.Param)))()
+        want = jax.jit(
+            lambda: nnx.to_pure_dict(nnx.state(build(), nnx.Param)), compiler_options=defaults
+        )()
     got = nnx.to_pure_dict(nnx.state(ln_jax.create_model(cfg, seed=3), nnx.Param))
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
