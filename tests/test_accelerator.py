@@ -210,7 +210,7 @@ def test_a_float32_residual_keeps_the_stream_in_float32_and_nearer_float32():
     stay bf16, and a 12-layer Pre-LN stack's last hidden state is nearer the float32 model's
     than with a bf16 residual (the residual sum, before the final norm rounds it to bf16)."""
     ids, seg, mask, _ = batch(np.random.default_rng(3))
-    shape = dict(ODD, hidden_size=48, num_heads=4, mlp_dim=96, num_layers=12)
+    shape = dict(ODD, hidden_size=48, num_heads=4, mlp_dim=96, num_layers=12, scan_layers=True)
     hidden = {}
     for name, extra in (
         ("f32", dict(dtype="float32")),
