@@ -3,7 +3,7 @@
 The measured variant of the train step (`steps.make_train_step(..., measure=True)`) runs the
 forward pass with `record=True` and returns, beside the loss metrics, `metrics["monitor"]`: a
 dict of per-layer arrays [num_layers] (and a few scalars). `named` turns it into the scalars
-that metrics.jsonl (records with split "monitor") and TensorBoard hold:
+that metrics.jsonl (records with split "monitor") and TensorBoard (as monitor/NAME) hold:
 
   grad_norm/layer_03/ffn          ||dL/dθ|| of the sub-layer's parameters (branch, norms, ω/gate)
   update_ratio/layer_03/ffn       ||Δθ|| / ||θ|| of the same parameters in this update

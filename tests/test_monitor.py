@@ -76,7 +76,7 @@ def test_a_forced_spike_warns_and_names_the_layer():
 def monitored_run(data_dir, tmp_path_factory):
     """A 6-step monitored run whose word embeddings are scaled x30 after step 4."""
     workdir = tmp_path_factory.mktemp("monitored")
-    cfg = monitored_config(data_dir, checkpoint_every=1, **{"checkpoint.keep": 1})
+    cfg = monitored_config(data_dir, checkpoint_every=2, **{"checkpoint.keep": 1})
 
     def spike(step, run):
         if step == SPIKE_AFTER:
