@@ -22,7 +22,7 @@ from typing import Any
 
 import matplotlib
 import numpy as np
-from matplotlib.colors import LogNorm
+from matplotlib.colors import LogNorm, Normalize
 
 from ln_jax.metrics import METRICS_FILE, read_records
 from ln_jax.monitor import LAYER_NAME
@@ -80,12 +80,25 @@ def _parts(runs: dict[str, dict[str, Series]], measure: str) -> list[str]:
     return sorted(keys)
 
 
+def _shared_norm(arrays: list[np.ndarray], measure: str) -> Normalize | LogNorm | None:
+    """One colour scale for the runs of a row (log for LOG_SCALE measures), so that the
+    same colour is the same value in every run compared."""
+    values = np.concatenate([a[np.isfinite(a)].ravel() for a in arrays]) if arrays else []
+    if not len(values):
+        return None
+    positive = values[values > 0]
+    if measure in LOG_SCALE and positive.size:
+        return LogNorm(positive.min(), positive.max())
+    return Normalize(values.min(), values.max())
+
+
 def heatmap_figure(runs: dict[str, dict[str, Series]], measure: str, warnings=None):
     """Layer x step images of `measure`: a row per part (e.g. attention, ffn), a column per run;
     warnings are marked on the step axis."""
     parts = _parts(runs, measure)
     fig, axes = new_figure(len(runs), len(parts), width=4.5, height=2.6, squeeze=False)
     for row, key in enumerate(parts):
+        norm = _shared_norm([run[key]["values"] for run in runs.values() if key in run], measure)
         for col, (name, run) in enumerate(runs.items()):
             ax = axes[row][col]
             if key not in run:
@@ -93,9 +106,6 @@ def heatmap_figure(runs: dict[str, dict[str, Series]], measure: str, warnings=No
                 continue
             s = run[key]
             values = s["values"]
-            positive = values[np.isfinite(values) & (values > 0)]
-            log = measure in LOG_SCALE and positive.size
-            norm = LogNorm(positive.min(), positive.max()) if log else None
             image = ax.pcolormesh(s["steps"], s["layers"], values, norm=norm, shading="nearest")
             fig.colorbar(image, ax=ax)
             for w in (warnings or {}).get(name, []):
