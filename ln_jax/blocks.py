@@ -51,7 +51,8 @@ class ResidualSublayer(nnx.Module):
 
     With rule `post`: y = LN(x + F(x)); `pre`: y = x + F(LN(x)); `admin`: y = LN(x * omega +
     F(x)) with omega [embed] learned; `deepnorm`: y = LN(alpha x + F(x)); `sandwich`: y = x +
-    LN(F(LN(x))); `rezero`: y = x + gate * F(x) with a learned scalar gate starting at 0. See
+    LN(F(LN(x))); `rezero`: y = x + gate * F(x) with a learned scalar gate starting at 0;
+    `olmo2`: y = x + LN(F(x)). See
     `PlacementRule` for the general order of operations. The hidden dropout is applied to the
     branch output just before the residual add (as in BERT).
     """

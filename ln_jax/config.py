@@ -86,6 +86,8 @@ PLACEMENTS: dict[str, PlacementRule] = {
     "sandwich": PlacementRule(pre_norm=True, branch_norm=True, final_norm=True),
     # Bachlechner et al. 2020 (ReZero): x + alpha F(x), alpha learned from 0, no norm at all.
     "rezero": PlacementRule(branch_gate=True),
+    # OLMo 2's reordered norm: x + LN(F(x)), no input norm, then a final LN.
+    "olmo2": PlacementRule(branch_norm=True, final_norm=True),
 }
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")

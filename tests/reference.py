@@ -84,6 +84,8 @@ def sublayer(x, branch, p, pre, placement, cfg):
         return x + nrm("branch_norm", branch(nrm("pre_norm", x)))
     if placement == "rezero":  # Bachlechner et al.: x + alpha F(x)
         return x + p[pre + "gate"] * branch(x)
+    if placement == "olmo2":  # OLMo 2: x + LN(F(x)), the branch output normalised
+        return x + nrm("branch_norm", branch(x))
     raise ValueError(placement)
 
 
@@ -112,6 +114,10 @@ def encoder(x, mask, p, cfg):
     return outputs[-1]
 
 
+# The placements whose residual stream is unnormalised, so the encoder ends with a norm.
+FINAL_NORM = ("pre", "sandwich", "olmo2")
+
+
 def bert_forward(p, cfg, ids, segments, mask, positions):
     """Returns (sequence output [B, T, D], mlm logits [B, P, V], nsp logits [B, 2])."""
     eps = cfg.layer_norm_eps
@@ -122,7 +128,7 @@ def bert_forward(p, cfg, ids, segments, mask, positions):
         x = x + p["bert.embeddings.segment"][segments[b]]
         x = ln(p, "bert.embeddings.norm", x, eps)
         x = encoder(x, mask[b], p, cfg)
-        if layer_names(cfg)[-1] in ("pre", "sandwich"):  # an unnormalised residual stream
+        if layer_names(cfg)[-1] in FINAL_NORM:  # an unnormalised residual stream
             x = norm(p, "bert.encoder.final_norm", x, cfg)
         seqs.append(x)
         h = act(

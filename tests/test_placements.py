@@ -33,6 +33,8 @@ def inputs(seed=0):
         ("deepnorm", {}),
         ("sandwich", {}),
         ("rezero", {}),
+        ("olmo2", {}),
+        ("olmo2*1,pre*2", {}),
         ("post,pre,pre", {}),
         ("pre", {"norm": "rmsnorm"}),
         ("deepnorm", {"norm": "rmsnorm"}),
