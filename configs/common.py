@@ -36,6 +36,7 @@ def base_config() -> ml_collections.ConfigDict:
     # placement admin: "profile" (omega from a forward pass before step 0, kept in
     # WORKDIR/admin_profile.json) | "closed_form" (sqrt((N+1)/ln(N+1) - 1), no profiling)
     c.model.admin_omega = "profile"
+    c.model.qk_norm = False  # normalise queries and keys over head_dim (model.norm), any placement
     c.model.dlcl = False  # Wang et al.'s dynamic linear combination of layers (Pre-LN, no scan)
     c.model.num_layers = placeholder(int)  # None = from size
     c.model.hidden_size = placeholder(int)  # None = from size

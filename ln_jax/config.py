@@ -173,6 +173,8 @@ class ModelConfig:
       admin_omega: with placement "admin": "profile" (omega from a profiling forward pass, which
         the trainer runs before step 0; see `ln_jax.admin`) or "closed_form" (every omega set to
         sqrt((N+1)/ln(N+1) - 1) at construction, N the number of residual sub-layers).
+      qk_norm: normalise queries and keys per head, over head_dim, before the dot product
+        (the encoder's `norm`, with a learned scale [kv] shared by the heads); any placement.
       dlcl: dynamic linear combination of layers (Wang et al. 2019), Pre-LN only, no scan: each
         layer's input is a learned weighted sum of the normalised outputs of all earlier layers.
       activation: feed-forward / MLM-transform activation: relu (papers), gelu (BERT), gelu_tanh.
@@ -212,6 +214,7 @@ class ModelConfig:
     placement: str | tuple[str, ...] = "pre"
     norm: str = "layernorm"
     admin_omega: str = "profile"
+    qk_norm: bool = False
     dlcl: bool = False
     activation: str = "gelu"
     layer_norm_eps: float = 1e-12

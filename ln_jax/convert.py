@@ -249,6 +249,8 @@ def _check_convertible(cfg: ModelConfig) -> None:
         )
     if not cfg.embedding_layernorm:
         raise ValueError("embedding_layernorm=False: HuggingFace BERT has an embedding LayerNorm.")
+    if cfg.qk_norm:
+        raise ValueError("qk_norm=True: HuggingFace BERT has no query/key norms.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -205,10 +205,18 @@ def key_mask(lengths: Array | None, length: int) -> Array | None:
     return (jnp.arange(length)[None, :] < lengths[:, None])[:, None, None, :]
 
 
+def head_norm(cfg: ModelConfig) -> LayerNorm | RMSNorm | None:
+    """QK-norm's normaliser over head_dim (`cfg.norm`, parameters [kv]), or None if off."""
+    if not cfg.qk_norm:
+        return None
+    return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(cfg.head_dim, cfg, name="kv")
+
+
 class SelfAttention(nnx.Module):
     """Multi-head self-attention with separate q/k/v projections.
 
-    Kernels: q/k/v [embed, heads, kv]; output [heads, kv, embed].
+    Kernels: q/k/v [embed, heads, kv]; output [heads, kv, embed]. With `cfg.qk_norm`, queries
+    and keys are normalised over head_dim (`query_norm`, `key_norm`) before the dot product.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -218,6 +226,7 @@ class SelfAttention(nnx.Module):
         self.key = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
         self.value = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
         self.out = Dense((n, h), (d,), ("heads", "kv", "embed"), cfg, rngs=rngs)
+        self.query_norm, self.key_norm = head_norm(cfg), head_norm(cfg)
         self.dropout_rate = cfg.attention_dropout
         self.impl = cfg.attention_impl
 
@@ -230,6 +239,8 @@ class SelfAttention(nnx.Module):
         names = ("act_batch", "act_length", "act_heads", "act_kv")
         q = constrain(self.query(x), names)
         k = constrain(self.key(x), names)
+        if self.query_norm is not None:
+            q, k = self.query_norm(q), self.key_norm(k)
         v = constrain(self.value(x), names)
         lengths = sequence_lengths(mask)
         if dropout_key is not None and self.dropout_rate > 0.0:

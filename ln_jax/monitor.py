@@ -34,6 +34,7 @@ from flax import nnx
 
 from ln_jax.config import ModelConfig
 from ln_jax.init import deepnorm_alpha
+from ln_jax.layers import normalize, rms_normalize
 
 Array = jax.Array
 SUBLAYERS = ("attention", "ffn")
@@ -81,27 +82,44 @@ def _mean_square(x: Array, mask: Array) -> Array:
     return _token_mean(jnp.square(x.astype(jnp.float32)).mean(-1), mask)
 
 
-def _attention_entropy(h: Array, query: dict, key: dict, mask: Array) -> Array:
+def _attention_entropy(
+    h: Array, query: dict, key: dict, mask: Array, eps: float, norms: tuple = (None, None)
+) -> Array:
     """Attention entropy per layer, recomputed from each layer's attention input.
 
     h [L, batch, length, d] (the branch input), query/key {"kernel": [L, d, n, k], "bias":
-    [L, n, k]}, mask [batch, length] -> [L] (nats; mean over heads and real query tokens).
-    One layer at a time (lax.map), so only one [batch, heads, length, length] is live.
+    [L, n, k]}, mask [batch, length], norms: QK-norm's (query_norm, key_norm) parameters
+    {"scale": [L, k], "bias" (LayerNorm only)}, or None each -> [L] (nats; mean over heads
+    and real query tokens). One layer at a time (lax.map), so only one [batch, heads, length,
+    length] is live.
     """
     keys_ok = (mask > 0)[:, None, None, :]
 
     def one(args):
-        x, wq, bq, wk, bk = args
+        x, q_params, k_params, q_norm, k_norm = args
         x = x.astype(jnp.float32)
-        q = jnp.einsum("btd,dnk->btnk", x, wq) + bq
-        k = jnp.einsum("btd,dnk->btnk", x, wk) + bk
+        q = _head_norm(
+            jnp.einsum("btd,dnk->btnk", x, q_params["kernel"]) + q_params["bias"], q_norm, eps
+        )
+        k = _head_norm(
+            jnp.einsum("btd,dnk->btnk", x, k_params["kernel"]) + k_params["bias"], k_norm, eps
+        )
         logits = jnp.einsum("btnk,bsnk->bnts", q, k) * q.shape[-1] ** -0.5
         logp = jax.nn.log_softmax(jnp.where(keys_ok, logits, -1e30), axis=-1)
         entropy = -jnp.where(keys_ok, jnp.exp(logp) * logp, 0.0).sum(-1)  # [b, n, t]
         return _token_mean(entropy.mean(1), mask)
 
-    weights = (query["kernel"], query["bias"], key["kernel"], key["bias"])
-    return jax.lax.map(one, (h, *weights))
+    return jax.lax.map(one, (h, query, key, *norms))
+
+
+def _head_norm(x: Array, params: dict | None, eps: float) -> Array:
+    """QK-norm over the last axis as `layers.head_norm` computes it (LayerNorm if the params
+    have a bias, else RMSNorm); x unchanged for params None."""
+    if params is None:
+        return x
+    if "bias" in params:
+        return normalize(x, eps) * params["scale"] + params["bias"]
+    return rms_normalize(x, eps) * params["scale"]
 
 
 def _layers_tree(params: Any) -> dict:
@@ -155,8 +173,10 @@ def forward_stats(rec: dict, hidden: Array, params: Any, mask: Array, cfg: Model
     if "attention/pre_norm_out" in rec:  # Pre-LN-like layers: the branch reads LN(x)
         pre = rec["attention/pre_norm_out"]
         branch_in = jnp.where(jnp.isnan(pre), branch_in.astype(pre.dtype), pre)
-    attention = _attention_params(params, cfg.num_layers)
-    out["attention_entropy"] = _attention_entropy(branch_in, *attention, mask)
+    query, key, norms = _attention_params(params, cfg.num_layers)
+    out["attention_entropy"] = _attention_entropy(
+        branch_in, query, key, mask, cfg.layer_norm_eps, norms
+    )
     return jax.lax.stop_gradient(out)
 
 
@@ -166,13 +186,17 @@ def _token_mean_seq(values: Array, mask: Array) -> Array:
     return (values * has_pairs).sum(-1) / jnp.maximum(has_pairs.sum(), 1.0)
 
 
-def _attention_params(params: Any, num_layers: int) -> tuple[dict, dict]:
+def _attention_params(params: Any, num_layers: int) -> tuple[dict, dict, tuple]:
+    """Stacked [L, ...] query and key parameters, and QK-norm's (query_norm, key_norm)
+    parameters where the model has them (else (None, None))."""
     layers = _layer_dicts(params, num_layers)
     stack = lambda name: jax.tree.map(
         lambda *a: jnp.stack(a).astype(jnp.float32),
         *(layer["attention"]["branch"][name] for layer in layers),
     )
-    return stack("query"), stack("key")
+    has_norm = "query_norm" in layers[0]["attention"]["branch"]
+    norms = (stack("query_norm"), stack("key_norm")) if has_norm else (None, None)
+    return stack("query"), stack("key"), norms
 
 
 def parameter_stats(grads: Any, updates: Any, params: Any, cfg: ModelConfig) -> dict:

@@ -25,17 +25,22 @@ def act(name, x):
     return np.maximum(x, 0.0) if name == "relu" else gelu(x)
 
 
-def attention(x, mask, p, prefix, num_heads):
-    """Multi-head self-attention; x [T, D], mask [T] of 0/1."""
+def attention(x, mask, p, prefix, num_heads, cfg=None):
+    """Multi-head self-attention; x [T, D], mask [T] of 0/1. With cfg.qk_norm, each head's
+    queries and keys are normalised over head_dim (one norm for all heads) before q.k."""
     t, d = x.shape
     h = d // num_heads
+    qk_norm = getattr(cfg, "qk_norm", False)
     q = x @ p[prefix + "query.kernel"].reshape(d, d) + p[prefix + "query.bias"].reshape(d)
     k = x @ p[prefix + "key.kernel"].reshape(d, d) + p[prefix + "key.bias"].reshape(d)
     v = x @ p[prefix + "value.kernel"].reshape(d, d) + p[prefix + "value.bias"].reshape(d)
     out = np.zeros((t, d))
     for n in range(num_heads):
         sl = slice(n * h, (n + 1) * h)
-        logits = q[:, sl] @ k[:, sl].T / math.sqrt(h)
+        qh, kh = q[:, sl], k[:, sl]
+        if qk_norm:
+            qh, kh = norm(p, prefix + "query_norm", qh, cfg), norm(p, prefix + "key_norm", kh, cfg)
+        logits = qh @ kh.T / math.sqrt(h)
         logits = np.where(mask[None, :] > 0, logits, -1e30)
         w = np.exp(logits - logits.max(-1, keepdims=True))
         w /= w.sum(-1, keepdims=True)
@@ -92,7 +97,7 @@ def sublayer(x, branch, p, pre, placement, cfg):
 def encoder_layer(x, mask, p, i, cfg):
     """Table 1 (Post-LN, Pre-LN) and the later placements, for layer i."""
     pre = f"bert.encoder.layers.{i}."
-    att = lambda z: attention(z, mask, p, pre + "attention.branch.", cfg.num_heads)
+    att = lambda z: attention(z, mask, p, pre + "attention.branch.", cfg.num_heads, cfg)
     ff = lambda z: ffn(z, p, pre + "ffn.branch.", cfg.activation)
     placement = layer_names(cfg)[i]
     x3 = sublayer(x, att, p, pre + "attention.", placement, cfg)

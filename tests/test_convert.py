@@ -374,3 +374,16 @@ def test_unknown_file_format(tmp_path):
     (tmp_path / "weights.npz").write_bytes(b"")
     with pytest.raises(ValueError, match="unknown checkpoint format"):
         convert.load_hf_state_dict(tmp_path / "weights.npz")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"placement": "olmo2"}, "only placement='post'"),
+        ({"placement": "post*1,olmo2*1"}, "only placement='post'"),
+        ({"qk_norm": True}, "no query/key norms"),
+    ],
+)
+def test_issue_22_layouts_are_refused(change, message):
+    with pytest.raises(ValueError, match=message):
+        convert.config_to_hf(ln_jax.model_config("tiny", **{"placement": "post", **change}))

@@ -39,6 +39,8 @@ def inputs(seed=0):
         ("pre", {"norm": "rmsnorm"}),
         ("deepnorm", {"norm": "rmsnorm"}),
         ("pre", {"dlcl": True}),
+        ("pre", {"qk_norm": True}),
+        ("post", {"qk_norm": True, "norm": "rmsnorm"}),
     ],
 )
 def test_matches_numpy_reference(placement, extra):
@@ -271,3 +273,39 @@ def test_every_placement_trains_on_8_devices(data_dir, tmp_path, overrides):
         if np.array_equal(np.asarray(var[...]), np.asarray(after[path][...]))
     ]
     assert not unchanged, unchanged
+
+
+def test_monitor_entropy_sees_the_qk_norm():
+    """The monitor recomputes attention from its input: with qk_norm it must normalise q, k."""
+    from ln_jax import monitor
+
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement="pre", qk_norm=True)
+    model = randomize(ln_jax.create_model(cfg, seed=2), scale=1.0)
+    ids, seg, mask, _ = inputs()
+    hidden, rec = model.bert(ids, seg, mask, record=True)
+    stats = monitor.forward_stats(rec, hidden, nnx.state(model, nnx.Param), mask, cfg)
+    p, h = flat_params(model), cfg.head_dim
+    expected = []
+    for layer in range(2):
+        pre = f"bert.encoder.layers.{layer}.attention.branch."
+        x = np.asarray(rec["attention/pre_norm_out"][layer], np.float64)
+        total = count = 0.0
+        for b in range(x.shape[0]):
+            t = int(mask[b].sum())
+            q, k = (
+                reference.norm(
+                    p,
+                    pre + name + "_norm",
+                    np.einsum("td,dnh->tnh", x[b, :t], p[pre + name + ".kernel"])
+                    + p[pre + name + ".bias"],
+                    cfg,
+                )
+                for name in ("query", "key")
+            )
+            logits = np.einsum("tnh,snh->nts", q, k) / np.sqrt(h)
+            w = np.exp(logits - logits.max(-1, keepdims=True))
+            w /= w.sum(-1, keepdims=True)
+            total += -(w * np.log(w)).sum(-1).mean(0).sum()
+            count += t
+        expected.append(total / count)
+    np.testing.assert_allclose(stats["attention_entropy"], expected, rtol=1e-4)
