@@ -52,7 +52,7 @@ class ResidualSublayer(nnx.Module):
     With rule `post`: y = LN(x + F(x)); `pre`: y = x + F(LN(x)); `admin`: y = LN(x * omega +
     F(x)) with omega [embed] learned; `deepnorm`: y = LN(alpha x + F(x)); `sandwich`: y = x +
     LN(F(LN(x))); `rezero`: y = x + gate * F(x) with a learned scalar gate starting at 0;
-    `olmo2`: y = x + LN(F(x)). See
+    `olmo2`: y = x + LN(F(x)); `lns`: y = x + F(LN(x) / sqrt(depth)). See
     `PlacementRule` for the general order of operations. The hidden dropout is applied to the
     branch output just before the residual add (as in BERT).
     """
@@ -68,6 +68,7 @@ class ResidualSublayer(nnx.Module):
         self.alpha = deepnorm_alpha(cfg.num_layers) if rule.skip == "alpha" else 1.0
         if rule.skip == "alpha":
             _scale_init(branch, deepnorm_beta(cfg.num_layers))
+        self.pre_norm_scale = rule.pre_norm_scale
         self.dropout_rate = cfg.hidden_dropout
         self.residual_dtype = cfg.residual_dtype
 
@@ -78,19 +79,24 @@ class ResidualSublayer(nnx.Module):
         mask: Array | None = None,
         dropout_key: Array | None = None,
         record: bool = False,
+        depth: Array | int = 1,
     ) -> tuple[Array, Record]:
         """x: [batch, length, embed] -> (y [batch, length, embed], intermediates).
+
+        `depth` is the 1-based index of the layer (a traced int under scan_layers); only a rule
+        with a `pre_norm_scale` reads it.
 
         y is in the residual dtype (`ModelConfig.residual_dtype`): with a float32 residual the
         branch computes in the compute dtype and its output is added to the float32 sum.
 
         The intermediates (only when `record`) are, each [batch, length, embed]: `branch_out`
         (F's output), `<norm>_in` / `<norm>_out` for each of `pre_norm`, `branch_norm`,
-        `post_norm` that the rule uses, and `output`.
+        `post_norm` that the rule uses (`pre_norm_out` is what the branch reads: LN(x) /
+        sqrt(depth) under "inv_sqrt_depth"), and `output`.
         """
         rec: Record = {}
         branch_key, drop_key = split_key(dropout_key, 2)
-        h = self._norm("pre_norm", x, rec)
+        h = self._norm("pre_norm", x, rec, self._pre_scale(depth))
         f = self.branch(h, mask=mask, dropout_key=branch_key)
         rec["branch_out"] = f
         f = self._norm("branch_norm", f, rec)
@@ -118,11 +124,19 @@ class ResidualSublayer(nnx.Module):
             return x if scale == 1.0 else x * scale
         return x * scale.astype(x.dtype)
 
-    def _norm(self, name: str, x: Array, rec: Record) -> Array:
+    def _pre_scale(self, depth: Array | int) -> Array | None:
+        """What the pre-norm output is multiplied by: 1/sqrt(depth), or None (1)."""
+        if self.pre_norm_scale == "none":
+            return None
+        return jax.lax.rsqrt(jnp.asarray(depth, jnp.float32))
+
+    def _norm(self, name: str, x: Array, rec: Record, scale: Array | None = None) -> Array:
         norm = getattr(self, name)
         if norm is None:
             return x
         y = norm(x)
+        if scale is not None:
+            y = y * scale.astype(y.dtype)
         rec[f"{name}_in"], rec[f"{name}_out"] = x, y
         return y
 
@@ -141,11 +155,14 @@ class EncoderLayer(nnx.Module):
         mask: Array | None = None,
         dropout_key: Array | None = None,
         record: bool = False,
+        depth: Array | int = 1,
     ) -> tuple[Array, Record]:
-        """x: [batch, length, embed] -> (y, {"attention/..." and "ffn/..." records})."""
+        """x: [batch, length, embed] -> (y, {"attention/..." and "ffn/..." records}); `depth`
+        is the layer's 1-based index (see `ResidualSublayer`)."""
         k_att, k_ffn = split_key(dropout_key, 2)
-        h, rec_att = self.attention(x, mask=mask, dropout_key=k_att, record=record)
-        y, rec_ffn = self.ffn(h, mask=mask, dropout_key=k_ffn, record=record)
+        kw = dict(mask=mask, record=record, depth=depth)
+        h, rec_att = self.attention(x, dropout_key=k_att, **kw)
+        y, rec_ffn = self.ffn(h, dropout_key=k_ffn, **kw)
         rec = {f"attention/{k}": v for k, v in rec_att.items()}
         rec.update({f"ffn/{k}": v for k, v in rec_ffn.items()})
         return y, rec
@@ -158,10 +175,13 @@ _REMAT_POLICIES = {
 
 
 def _layer_fn(cfg: ModelConfig, mask: Array | None, record: bool) -> Any:
-    """(layer, x, key) -> (y, rec), rematerialised in the backward pass if configured."""
+    """(layer, x, key, depth) -> (y, rec), rematerialised in the backward pass if configured;
+    depth is the layer's 1-based index."""
 
-    def apply(layer: EncoderLayer, x: Array, key: Array | None) -> tuple[Array, Record]:
-        return layer(x, mask=mask, dropout_key=key, record=record)
+    def apply(
+        layer: EncoderLayer, x: Array, key: Array | None, depth: Array | int
+    ) -> tuple[Array, Record]:
+        return layer(x, mask=mask, dropout_key=key, record=record, depth=depth)
 
     if cfg.remat == "none":
         return apply
@@ -221,9 +241,9 @@ class Encoder(nnx.Module):
 
 def _loop_layers(fn: Any, layers: Any, x: Array, key: Array | None) -> tuple[Array, Record]:
     records = []
-    for layer, layer_key in zip(layers, split_key(key, len(layers)), strict=True):
+    for i, (layer, layer_key) in enumerate(zip(layers, split_key(key, len(layers)), strict=True)):
         layer_in = x
-        x, rec = fn(layer, x, layer_key)
+        x, rec = fn(layer, x, layer_key, i + 1)
         records.append({"layer_in": layer_in, **rec})
     return x, _stack_records(records)
 
@@ -270,7 +290,7 @@ def _dlcl_layers(
     for i, (layer, layer_key) in enumerate(zip(layers, split_key(key, len(layers)), strict=True)):
         history.append(combine.norms[i](x))
         layer_in = combine(history, i)
-        x, rec = fn(layer, layer_in, layer_key)
+        x, rec = fn(layer, layer_in, layer_key, i + 1)
         records.append({"layer_in": layer_in, **rec})
     return x, _stack_records(records)
 
@@ -280,17 +300,20 @@ def _scan_layers(
 ) -> tuple[Array, Record]:
     meta = {nnx.PARTITION_NAME: "layers"}
     keys = None if key is None else jax.random.split(key, num_layers)
+    depths = jnp.arange(1, num_layers + 1)  # scanned data: each layer's 1-based index
 
     @nnx.scan(
-        in_axes=(nnx.Carry, 0, 0 if keys is not None else None),
+        in_axes=(nnx.Carry, 0, 0 if keys is not None else None, 0),
         out_axes=(nnx.Carry, 0),
         transform_metadata=meta,
     )
-    def body(h: Array, layer: EncoderLayer, layer_key: Array | None) -> tuple[Array, Record]:
-        y, rec = fn(layer, h, layer_key)
+    def body(
+        h: Array, layer: EncoderLayer, layer_key: Array | None, depth: Array
+    ) -> tuple[Array, Record]:
+        y, rec = fn(layer, h, layer_key, depth)
         return y, {"layer_in": h, **rec}
 
-    return body(x, layers, keys)
+    return body(x, layers, keys, depths)
 
 
 def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> EncoderLayer:

@@ -50,7 +50,7 @@ class PlacementRule:
     """Where a residual sub-layer normalises, as data.
 
     A sub-layer computes, in this order (skipping what the rule switches off):
-      h = Norm(x) if pre_norm else x
+      h = Norm(x) if pre_norm else x;  h = h / sqrt(l) if pre_norm_scale == "inv_sqrt_depth"
       f = F(h);  f = Norm(f) if branch_norm;  f = alpha * f if branch_gate
       s = skip_scale * x  (1, a learned per-channel omega, or a constant alpha)
       y = s + f;  y = Norm(y) if post_norm
@@ -63,6 +63,8 @@ class PlacementRule:
       final_norm: the encoder ends with a Norm (needed when the residual stream is unnormalised).
       skip: "identity", "omega" (Admin: learned per-channel vector) or "alpha" (DeepNorm constant).
       branch_gate: scale the branch by a learned scalar initialised at 0 (ReZero).
+      pre_norm_scale: "none", or "inv_sqrt_depth": the pre-norm output of layer l (1-based)
+        is multiplied by 1/sqrt(l) (LayerNorm Scaling).
     """
 
     pre_norm: bool = False
@@ -71,7 +73,15 @@ class PlacementRule:
     final_norm: bool = False
     skip: str = "identity"
     branch_gate: bool = False
+    pre_norm_scale: str = "none"
 
+    def __post_init__(self) -> None:
+        check_choice("pre_norm_scale", self.pre_norm_scale, PRE_NORM_SCALES)
+        if self.pre_norm_scale != "none" and not self.pre_norm:
+            raise ValueError("PlacementRule: pre_norm_scale scales the pre-norm; set pre_norm.")
+
+
+PRE_NORM_SCALES = ("none", "inv_sqrt_depth")
 
 # The one table of placements. "post" is exactly Xiong et al.'s Post-LN, LN(x + F(x)); a norm on
 # the branch output is "sandwich", never "post".
@@ -88,6 +98,8 @@ PLACEMENTS: dict[str, PlacementRule] = {
     "rezero": PlacementRule(branch_gate=True),
     # OLMo 2's reordered norm: x + LN(F(x)), no input norm, then a final LN.
     "olmo2": PlacementRule(branch_norm=True, final_norm=True),
+    # LayerNorm Scaling (Curse of Depth 2025): x + F(LN(x) / sqrt(l)) in layer l (1-based).
+    "lns": PlacementRule(pre_norm=True, final_norm=True, pre_norm_scale="inv_sqrt_depth"),
 }
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")

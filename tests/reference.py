@@ -74,8 +74,9 @@ def layer_names(cfg):
     return names if names is not None else (cfg.placement,) * cfg.num_layers
 
 
-def sublayer(x, branch, p, pre, placement, cfg):
-    """One residual sub-layer, as the papers write it; `pre` is the sub-layer's path prefix."""
+def sublayer(x, branch, p, pre, placement, cfg, depth):
+    """One residual sub-layer, as the papers write it; `pre` is the sub-layer's path prefix,
+    `depth` the layer's 1-based index."""
     nrm = lambda name, z: norm(p, pre + name, z, cfg)
     if placement == "post":  # Xiong et al. Table 1: LN(x + F(x))
         return nrm("post_norm", x + branch(x))
@@ -91,6 +92,8 @@ def sublayer(x, branch, p, pre, placement, cfg):
         return x + p[pre + "gate"] * branch(x)
     if placement == "olmo2":  # OLMo 2: x + LN(F(x)), the branch output normalised
         return x + nrm("branch_norm", branch(x))
+    if placement == "lns":  # LayerNorm Scaling: x + F(LN(x) / sqrt(l)) in layer l
+        return x + branch(nrm("pre_norm", x) / math.sqrt(depth))
     raise ValueError(placement)
 
 
@@ -100,8 +103,8 @@ def encoder_layer(x, mask, p, i, cfg):
     att = lambda z: attention(z, mask, p, pre + "attention.branch.", cfg.num_heads, cfg)
     ff = lambda z: ffn(z, p, pre + "ffn.branch.", cfg.activation)
     placement = layer_names(cfg)[i]
-    x3 = sublayer(x, att, p, pre + "attention.", placement, cfg)
-    return sublayer(x3, ff, p, pre + "ffn.", placement, cfg)
+    x3 = sublayer(x, att, p, pre + "attention.", placement, cfg, i + 1)
+    return sublayer(x3, ff, p, pre + "ffn.", placement, cfg, i + 1)
 
 
 def encoder(x, mask, p, cfg):
@@ -120,7 +123,7 @@ def encoder(x, mask, p, cfg):
 
 
 # The placements whose residual stream is unnormalised, so the encoder ends with a norm.
-FINAL_NORM = ("pre", "sandwich", "olmo2")
+FINAL_NORM = ("pre", "sandwich", "olmo2", "lns")
 
 
 def bert_forward(p, cfg, ids, segments, mask, positions):

@@ -99,8 +99,9 @@ def test_mlm_logits_only_at_given_positions():
     np.testing.assert_allclose(some, np.take_along_axis(full, pos[..., None], 1), atol=1e-5)
 
 
-def test_scan_matches_loop_and_layers_stay_addressable():
-    cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement="post")
+@pytest.mark.parametrize("placement", ["post", "lns"])  # lns: the depth is scanned data
+def test_scan_matches_loop_and_layers_stay_addressable(placement):
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement=placement)
     loop = randomize(ln_jax.create_model(cfg))
     scan = ln_jax.create_model(cfg.replace(scan_layers=True))
     layers = [nnx.to_pure_dict(nnx.state(layer, nnx.Param)) for layer in loop.bert.encoder.layers]
@@ -108,7 +109,7 @@ def test_scan_matches_loop_and_layers_stay_addressable():
     nnx.replace_by_pure_dict(scan_state, jax.tree.map(lambda *xs: jnp.stack(xs), *layers))
     nnx.update(scan.bert.encoder.layers, scan_state)
     rest = nnx.state(loop, nnx.Param)
-    del rest["bert"]["encoder"]
+    del rest["bert"]["encoder"]["layers"]  # the final norm (lns has one) is copied as is
     nnx.update(scan, rest)
     ids, seg, mask, pos = batch(np.random.default_rng(3))
     key = jax.random.key(7)

@@ -14,6 +14,7 @@ from flax import nnx
 
 import ln_jax
 from ln_jax import admin
+from ln_jax.config import PlacementRule
 from ln_jax.layers import RMSNorm
 from tests import reference
 from tests.test_models import ODD, batch, flat_params, randomize
@@ -35,6 +36,9 @@ def inputs(seed=0):
         ("rezero", {}),
         ("olmo2", {}),
         ("olmo2*1,pre*2", {}),
+        ("lns", {}),
+        ("pre*1,lns*2", {}),
+        ("lns", {"qk_norm": True, "norm": "rmsnorm"}),
         ("post,pre,pre", {}),
         ("pre", {"norm": "rmsnorm"}),
         ("deepnorm", {"norm": "rmsnorm"}),
@@ -190,7 +194,7 @@ def test_per_layer_placements_build_the_right_norms():
     [
         (dict(placement="post,pre", scan_layers=True), "scan_layers needs one placement"),
         (dict(placement="post*3"), "names 3 layers but model.num_layers=2"),
-        (dict(placement="post,sandwhich"), "valid names: admin, deepnorm, mixln"),
+        (dict(placement="post,sandwhich"), "'sandwhich'; valid names: admin, deepnorm, "),
         (dict(placement="post", dlcl=True), "dlcl is for Pre-LN"),
         (dict(placement="pre", dlcl=True, scan_layers=True), "dlcl is for Pre-LN"),
         (dict(norm="batchnorm"), "valid names: layernorm, rmsnorm"),
@@ -309,3 +313,10 @@ def test_monitor_entropy_sees_the_qk_norm():
             count += t
         expected.append(total / count)
     np.testing.assert_allclose(stats["attention_entropy"], expected, rtol=1e-4)
+
+
+def test_placement_rule_checks_its_fields():
+    with pytest.raises(ValueError, match="pre_norm_scale scales the pre-norm"):
+        PlacementRule(pre_norm_scale="inv_sqrt_depth")
+    with pytest.raises(ValueError, match="valid names: inv_sqrt_depth, none"):
+        PlacementRule(pre_norm=True, pre_norm_scale="sqrt")
