@@ -14,7 +14,7 @@ from flax import nnx
 
 from ln_jax.config import ModelConfig, PlacementRule
 from ln_jax.init import admin_closed_form, deepnorm_alpha, deepnorm_beta
-from ln_jax.layers import FeedForward, LayerNorm, RMSNorm, SelfAttention, dropout, split_key
+from ln_jax.layers import DyT, FeedForward, LayerNorm, RMSNorm, SelfAttention, dropout, split_key
 from ln_jax.sharding import constrain
 
 Array = jax.Array
@@ -22,8 +22,14 @@ Record = dict[str, Array]
 ACT = ("act_batch", "act_length", "act_embed")
 
 
-def make_norm(cfg: ModelConfig, out_dtype: Any = None) -> LayerNorm | RMSNorm:
-    """The encoder's normaliser (`cfg.norm`), output in `out_dtype` (None = compute dtype)."""
+Norm = LayerNorm | RMSNorm | DyT
+
+
+def make_norm(cfg: ModelConfig, out_dtype: Any = None, kind: str = "model") -> Norm:
+    """The encoder's normaliser, output in `out_dtype` (None = compute dtype): `cfg.norm`, or
+    DyT where the rule's `norm_kind` says "dyt"."""
+    if kind == "dyt":
+        return DyT(cfg.hidden_size, cfg, out_dtype=out_dtype)
     return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(
         cfg.hidden_size, cfg, out_dtype=out_dtype
     )
@@ -52,17 +58,19 @@ class ResidualSublayer(nnx.Module):
     With rule `post`: y = LN(x + F(x)); `pre`: y = x + F(LN(x)); `admin`: y = LN(x * omega +
     F(x)) with omega [embed] learned; `deepnorm`: y = LN(alpha x + F(x)); `sandwich`: y = x +
     LN(F(LN(x))); `rezero`: y = x + gate * F(x) with a learned scalar gate starting at 0;
-    `olmo2`: y = x + LN(F(x)); `lns`: y = x + F(LN(x) / sqrt(depth)). See
+    `olmo2`: y = x + LN(F(x)); `lns`: y = x + F(LN(x) / sqrt(depth)); `dyt`: Pre-LN with DyT
+    for LN. See
     `PlacementRule` for the general order of operations. The hidden dropout is applied to the
     branch output just before the residual add (as in BERT).
     """
 
     def __init__(self, branch: nnx.Module, cfg: ModelConfig, rule: PlacementRule):
         self.branch = branch
-        self.pre_norm = make_norm(cfg) if rule.pre_norm else None
-        self.branch_norm = make_norm(cfg) if rule.branch_norm else None
+        kind = rule.norm_kind
+        self.pre_norm = make_norm(cfg, kind=kind) if rule.pre_norm else None
+        self.branch_norm = make_norm(cfg, kind=kind) if rule.branch_norm else None
         # Post-LN's norm output is the residual stream.
-        self.post_norm = make_norm(cfg, cfg.residual_dtype) if rule.post_norm else None
+        self.post_norm = make_norm(cfg, cfg.residual_dtype, kind) if rule.post_norm else None
         self.omega = _admin_omega(cfg) if rule.skip == "omega" else None
         self.gate = nnx.Param(jnp.zeros((1,)), out_sharding=(None,)) if rule.branch_gate else None
         self.alpha = deepnorm_alpha(cfg.num_layers) if rule.skip == "alpha" else 1.0
@@ -112,7 +120,7 @@ class ResidualSublayer(nnx.Module):
         constant alpha (DeepNorm), or 1.0."""
         return self.omega[...] if self.omega is not None else self.alpha
 
-    def norms(self) -> dict[str, LayerNorm | RMSNorm]:
+    def norms(self) -> dict[str, Norm]:
         """The norms this sub-layer's rule uses, by position: "pre_norm", "branch_norm",
         "post_norm" (only those present)."""
         names = ("pre_norm", "branch_norm", "post_norm")
@@ -205,7 +213,7 @@ class Encoder(nnx.Module):
                 EncoderLayer(cfg, cfg.layer_rule(i), rngs=rngs) for i in range(cfg.num_layers)
             ]
             self.layers = nnx.List(layers)
-        self.final_norm = make_norm(cfg) if cfg.rule.final_norm else None
+        self.final_norm = make_norm(cfg, kind=cfg.rule.norm_kind) if cfg.rule.final_norm else None
         self.dlcl = DynamicCombination(cfg) if cfg.dlcl else None
 
     def __call__(

@@ -65,6 +65,8 @@ class PlacementRule:
       branch_gate: scale the branch by a learned scalar initialised at 0 (ReZero).
       pre_norm_scale: "none", or "inv_sqrt_depth": the pre-norm output of layer l (1-based)
         is multiplied by 1/sqrt(l) (LayerNorm Scaling).
+      norm_kind: "model" (every Norm is the model's `norm`) or "dyt": every Norm of the rule
+        and the final one is DyT, gamma * tanh(alpha x) + beta (no statistics).
     """
 
     pre_norm: bool = False
@@ -74,14 +76,17 @@ class PlacementRule:
     skip: str = "identity"
     branch_gate: bool = False
     pre_norm_scale: str = "none"
+    norm_kind: str = "model"
 
     def __post_init__(self) -> None:
         check_choice("pre_norm_scale", self.pre_norm_scale, PRE_NORM_SCALES)
+        check_choice("norm_kind", self.norm_kind, NORM_KINDS)
         if self.pre_norm_scale != "none" and not self.pre_norm:
             raise ValueError("PlacementRule: pre_norm_scale scales the pre-norm; set pre_norm.")
 
 
 PRE_NORM_SCALES = ("none", "inv_sqrt_depth")
+NORM_KINDS = ("model", "dyt")
 
 # The one table of placements. "post" is exactly Xiong et al.'s Post-LN, LN(x + F(x)); a norm on
 # the branch output is "sandwich", never "post".
@@ -100,6 +105,8 @@ PLACEMENTS: dict[str, PlacementRule] = {
     "olmo2": PlacementRule(branch_norm=True, final_norm=True),
     # LayerNorm Scaling (Curse of Depth 2025): x + F(LN(x) / sqrt(l)) in layer l (1-based).
     "lns": PlacementRule(pre_norm=True, final_norm=True, pre_norm_scale="inv_sqrt_depth"),
+    # Zhu et al. 2025 (DyT): Pre-LN with every norm gamma * tanh(alpha x) + beta, alpha from 0.5.
+    "dyt": PlacementRule(pre_norm=True, final_norm=True, norm_kind="dyt"),
 }
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")

@@ -187,6 +187,25 @@ class RMSNorm(nnx.Module):
         return (y * self.scale[...]).astype(self.dtype)
 
 
+class DyT(nnx.Module):
+    """Dynamic Tanh (Zhu et al. 2025), a norm without statistics: gamma * tanh(alpha x) + beta,
+    alpha a learned scalar (init `alpha0`), gamma/beta per channel (init 1/0); output dtype as
+    LayerNorm's."""
+
+    def __init__(
+        self, dim: int, cfg: ModelConfig, *, name: str = "embed", out_dtype=None, alpha0=0.5
+    ):
+        self.alpha = nnx.Param(jnp.full((1,), alpha0), out_sharding=(None,))
+        self.scale = nnx.Param(jnp.ones((dim,)), out_sharding=(name,))
+        self.bias = nnx.Param(jnp.zeros((dim,)), out_sharding=(name,))
+        self.dtype = out_dtype or cfg.compute_dtype
+
+    def __call__(self, x: Array) -> Array:
+        """x [..., dim] -> [..., dim] in the output dtype (tanh in float32)."""
+        y = jnp.tanh(self.alpha[...] * x.astype(jnp.float32))
+        return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
+
+
 def attention_mask(mask: Array | None) -> Array | None:
     """[batch, length] 1/0 padding mask -> [batch, 1, 1, length] boolean key mask."""
     return None if mask is None else (mask > 0)[:, None, None, :]

@@ -69,6 +69,11 @@ def norm(p, prefix, x, cfg):
     return ln(p, prefix, x, cfg.layer_norm_eps)
 
 
+def dyt(p, prefix, x):
+    """Dynamic Tanh: gamma * tanh(alpha x) + beta."""
+    return np.tanh(p[prefix + ".alpha"] * x) * p[prefix + ".scale"] + p[prefix + ".bias"]
+
+
 def layer_names(cfg):
     names = getattr(cfg, "layer_placements", None)
     return names if names is not None else (cfg.placement,) * cfg.num_layers
@@ -92,6 +97,8 @@ def sublayer(x, branch, p, pre, placement, cfg, depth):
         return x + p[pre + "gate"] * branch(x)
     if placement == "olmo2":  # OLMo 2: x + LN(F(x)), the branch output normalised
         return x + nrm("branch_norm", branch(x))
+    if placement == "dyt":  # Zhu et al. 2025: Pre-LN, each LN replaced by DyT
+        return x + branch(dyt(p, pre + "pre_norm", x))
     if placement == "lns":  # LayerNorm Scaling: x + F(LN(x) / sqrt(l)) in layer l
         return x + branch(nrm("pre_norm", x) / math.sqrt(depth))
     raise ValueError(placement)
@@ -123,7 +130,7 @@ def encoder(x, mask, p, cfg):
 
 
 # The placements whose residual stream is unnormalised, so the encoder ends with a norm.
-FINAL_NORM = ("pre", "sandwich", "olmo2", "lns")
+FINAL_NORM = ("pre", "sandwich", "olmo2", "lns", "dyt")
 
 
 def bert_forward(p, cfg, ids, segments, mask, positions):
@@ -136,7 +143,9 @@ def bert_forward(p, cfg, ids, segments, mask, positions):
         x = x + p["bert.embeddings.segment"][segments[b]]
         x = ln(p, "bert.embeddings.norm", x, eps)
         x = encoder(x, mask[b], p, cfg)
-        if layer_names(cfg)[-1] in FINAL_NORM:  # an unnormalised residual stream
+        if layer_names(cfg)[-1] == "dyt":
+            x = dyt(p, "bert.encoder.final_norm", x)
+        elif layer_names(cfg)[-1] in FINAL_NORM:  # an unnormalised residual stream
             x = norm(p, "bert.encoder.final_norm", x, cfg)
         seqs.append(x)
         h = act(

@@ -15,7 +15,7 @@ from flax import nnx
 import ln_jax
 from ln_jax import admin
 from ln_jax.config import PlacementRule
-from ln_jax.layers import RMSNorm
+from ln_jax.layers import DyT, RMSNorm
 from tests import reference
 from tests.test_models import ODD, batch, flat_params, randomize
 
@@ -39,6 +39,9 @@ def inputs(seed=0):
         ("lns", {}),
         ("pre*1,lns*2", {}),
         ("lns", {"qk_norm": True, "norm": "rmsnorm"}),
+        ("dyt", {}),
+        ("dyt*2,pre*1", {}),
+        ("pre*2,dyt*1", {"qk_norm": True}),
         ("post,pre,pre", {}),
         ("pre", {"norm": "rmsnorm"}),
         ("deepnorm", {"norm": "rmsnorm"}),
@@ -320,3 +323,16 @@ def test_placement_rule_checks_its_fields():
         PlacementRule(pre_norm_scale="inv_sqrt_depth")
     with pytest.raises(ValueError, match="valid names: inv_sqrt_depth, none"):
         PlacementRule(pre_norm=True, pre_norm_scale="sqrt")
+
+
+def test_dyt_initialisation_and_formula():
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement="dyt")
+    encoder = ln_jax.create_model(cfg).bert.encoder
+    norm = encoder.layers[1].ffn.pre_norm
+    assert isinstance(norm, DyT) and isinstance(encoder.final_norm, DyT)
+    np.testing.assert_array_equal(norm.alpha[...], [0.5])  # Zhu et al.'s alpha0
+    np.testing.assert_array_equal(norm.scale[...], np.ones(12))
+    np.testing.assert_array_equal(norm.bias[...], np.zeros(12))
+    x = np.random.default_rng(0).normal(0.0, 3.0, (4, 12)).astype(np.float32)
+    np.testing.assert_allclose(norm(x), np.tanh(0.5 * x), rtol=1e-6)
+    assert encoder.layers[0].attention.post_norm is None
