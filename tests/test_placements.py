@@ -254,8 +254,10 @@ def test_trainer_profiles_once_and_reuses_on_resume(data_dir, tmp_path, monkeypa
         {"model.placement": "rezero"},
         {"model.placement": "post,pre"},
         {"model.placement": "pre", "model.dlcl": True},
+        # issue 22's rows and qk_norm in one run (one test for all of them: CI time)
+        {"model.placement": "olmo2,lns,dyt", "model.num_layers": 3, "model.qk_norm": True},
     ],
-    ids=["deepnorm", "sandwich-rmsnorm", "rezero", "post,pre", "pre-dlcl"],
+    ids=["deepnorm", "sandwich-rmsnorm", "rezero", "post,pre", "pre-dlcl", "olmo2,lns,dyt-qk_norm"],
 )
 def test_every_placement_trains_on_8_devices(data_dir, tmp_path, overrides):
     """A few steps of the real trainer on the 2x2x2 mesh: finite losses, and every parameter
