@@ -30,10 +30,12 @@ def _params(model):
     return list(nnx.to_flat_state(nnx.state(model, nnx.Param)))
 
 
-@pytest.mark.parametrize("scan", [False, True])
-def test_every_parameter_has_logical_axes(scan):
-    model = ln_jax.create_model(CFG.replace(scan_layers=scan))
-    known = {name for name, _ in sharding.DEFAULT_RULES}
+@pytest.mark.parametrize(
+    "scan, extra", [(False, {}), (True, {}), (True, {"placement": "dyt", "qk_norm": True})]
+)
+def test_every_parameter_has_logical_axes(scan, extra):
+    model = ln_jax.create_model(CFG.replace(scan_layers=scan, **extra))
+    known = {name for name, _ in sharding.DEFAULT_RULES} | {None}  # None: replicated
     for path, var in _params(model):
         names = var.get_metadata().get("out_sharding")
         assert names is not None, f"{path} has no logical axes"
