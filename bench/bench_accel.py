@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import re
 import statistics
@@ -420,9 +419,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             versions={"jax": jax.__version__, "jaxlib": jax.lib.__version__},
         )
         print_report(result)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
+        measure.write_result(args.out, result)
         if args.profile_dir:
             profile(feeds.callables(), args.profile_dir, args.profile_steps)
     finally:

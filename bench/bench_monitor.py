@@ -17,7 +17,6 @@ rules); the plain call fetches nothing (a step that is not logged). A run that m
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from typing import Any
@@ -26,7 +25,7 @@ import jax
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])  # the repository root, for configs/
 
-from bench.measure import make_batch, run_alternating  # noqa: E402
+from bench.measure import make_batch, run_alternating, write_result  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,9 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"median {ratio:.3f} (p25-p75 {quartiles[0]:.3f}-{quartiles[2]:.3f}); a run measuring "
         f"every {args.every} steps: {100 * result['run_cost']:+.2f}% step time"
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_result(args.out, result)
     return result
 
 

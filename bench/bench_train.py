@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import os
 import statistics
 import sys
@@ -74,6 +73,7 @@ from bench.measure import (  # noqa: E402
     model_flops,
     run_alternating,
     timing_summary,
+    write_result,
     xla_matmul,
 )
 from ln_jax.config import SIZES  # noqa: E402
@@ -433,9 +433,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "versions": {"jax": jax.__version__, "torch": torch.__version__},
     }
     print_table(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_result(args.out, result)
     return result
 
 

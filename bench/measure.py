@@ -9,6 +9,7 @@ A shape is a dict with the keys layers, d, heads, mlp, vocab, batch, seq and pre
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -114,3 +115,10 @@ def timing_summary(times: list[float], s: dict[str, int], flops: float, peak: fl
         "tokens_per_s": s["batch"] * s["seq"] / median,
         "mfu": flops / median / peak,
     }
+
+
+def write_result(path: str | None, result: dict[str, Any]) -> None:
+    """Writes a benchmark's result as JSON to `path` (the scripts' --out; None = nowhere)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)

@@ -97,23 +97,32 @@ def heatmap_figure(runs: dict[str, dict[str, Series]], measure: str, warnings=No
     warnings are marked on the step axis."""
     parts = _parts(runs, measure)
     fig, axes = new_figure(len(runs), len(parts), width=4.5, height=2.6, squeeze=False)
+    norms = {
+        key: _shared_norm([run[key]["values"] for run in runs.values() if key in run], measure)
+        for key in parts
+    }
+    for ax, name, key, s in _panels(axes, runs, parts):
+        image = ax.pcolormesh(s["steps"], s["layers"], s["values"], norm=norms[key],
+                              shading="nearest")  # fmt: skip
+        fig.colorbar(image, ax=ax)
+        for w in (warnings or {}).get(name, []):
+            ax.axvline(w["step"], color="red", lw=0.8, alpha=0.7)
+        ax.set_ylabel("layer")
+    return fig
+
+
+def _panels(axes, runs: dict[str, dict[str, Series]], parts: list[str]):
+    """Yields (ax, run name, part, series) for each panel of a part x run grid, titled and
+    with a step axis; a run without that part gets an empty panel."""
     for row, key in enumerate(parts):
-        norm = _shared_norm([run[key]["values"] for run in runs.values() if key in run], measure)
         for col, (name, run) in enumerate(runs.items()):
             ax = axes[row][col]
             if key not in run:
                 ax.set_axis_off()
                 continue
-            s = run[key]
-            values = s["values"]
-            image = ax.pcolormesh(s["steps"], s["layers"], values, norm=norm, shading="nearest")
-            fig.colorbar(image, ax=ax)
-            for w in (warnings or {}).get(name, []):
-                ax.axvline(w["step"], color="red", lw=0.8, alpha=0.7)
             ax.set_title(f"{name}: {key}", fontsize=9)
             ax.set_xlabel("step")
-            ax.set_ylabel("layer")
-    return fig
+            yield ax, name, key, run[key]
 
 
 def layers_figure(runs: dict[str, dict[str, Series]], measure: str):
@@ -121,21 +130,16 @@ def layers_figure(runs: dict[str, dict[str, Series]], measure: str):
     parts = _parts(runs, measure)
     fig, axes = new_figure(len(runs), len(parts), width=4.5, height=2.8, squeeze=False)
     cmap = matplotlib.colormaps["viridis"]
-    for row, key in enumerate(parts):
-        for col, (name, run) in enumerate(runs.items()):
-            ax = axes[row][col]
-            if key not in run:
-                ax.set_axis_off()
-                continue
-            s = run[key]
-            count = max(len(s["layers"]) - 1, 1)
-            for i, layer in enumerate(s["layers"]):
-                ax.plot(s["steps"], s["values"][i], color=cmap(i / count), label=f"layer {layer}")
-            if measure in LOG_SCALE:
-                ax.set_yscale("log")
-            ax.set_title(f"{name}: {key}", fontsize=9)
-            ax.set_xlabel("step")
-        axes[row][0].legend(fontsize=6)
+    legends = set()
+    for ax, _, key, s in _panels(axes, runs, parts):
+        count = max(len(s["layers"]) - 1, 1)
+        for i, layer in enumerate(s["layers"]):
+            ax.plot(s["steps"], s["values"][i], color=cmap(i / count), label=f"layer {layer}")
+        if measure in LOG_SCALE:
+            ax.set_yscale("log")
+        if key not in legends:  # one legend per row, on its first panel
+            legends.add(key)
+            ax.legend(fontsize=6)
     return fig
 
 
