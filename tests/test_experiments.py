@@ -85,6 +85,11 @@ def test_grids_name_arms_and_scale_warmup():
     pre = next(s for s in specs if s.arm == "pre")
     assert pre.overrides["optim.warmup_steps"] == 0
     assert pre.overrides["optim.schedule"] == "linear_decay"
+    # Any row of the placement table is an arm; "+qk" adds qk_norm.
+    rows = grids.depth_grid([6], ["olmo2", "lns", "dyt+qk"], [0], 1e-3, 60)
+    assert [s.overrides["model.placement"] for s in rows] == ["olmo2", "lns", "dyt"]
+    assert [s.overrides.get("model.qk_norm", False) for s in rows] == [False, False, True]
+    assert rows[2].name == "L6-dyt+qk-s0"
 
     w = grids.warmup_grid(1000, lrs=[5e-4, 1e-3], lengths=[1, 500, 4000])
     by_name = {s.name: s for s in w}

@@ -38,7 +38,9 @@ _REPORT = flags.DEFINE_bool("report", False, "Only rewrite the report from store
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds (the warm-up grid runs seed-major).")
 _DEPTHS = flags.DEFINE_list("depths", ["6", "12", "18"], "depth: encoder depths.")
 _ARMS = flags.DEFINE_list(
-    "arms", ["post", "post_warmup", "pre", "admin", "deepnorm"], "depth: arms."
+    "arms",
+    ["post", "post_warmup", "pre", "admin", "deepnorm"],
+    "depth: arms: post_warmup or any placement row (olmo2, lns, dyt, ...); '+qk' adds qk_norm.",
 )
 _LR = flags.DEFINE_float("lr", 1e-3, "depth: the (large) peak learning rate of every arm.")
 _WARMUP_FRACTION = flags.DEFINE_float(

@@ -44,12 +44,24 @@ def with_warmup(lr: float, steps: int) -> dict[str, Any]:
 
 
 def depth_arm(arm: str, lr: float, warmup_steps: int) -> dict[str, Any]:
-    """Overrides of one arm of the depth study."""
-    if arm not in DEPTH_ARMS:
-        raise ValueError(f"unknown depth-study arm {arm!r}; valid: {', '.join(DEPTH_ARMS)}.")
-    placement = {"post_warmup": "post"}.get(arm, arm)
-    schedule = with_warmup(lr, warmup_steps) if arm == "post_warmup" else no_warmup(lr)
-    return {"model.placement": placement, **schedule}
+    """Overrides of one arm of the depth study.
+
+    An arm is `post_warmup` (Post-LN with a linear warm-up of `warmup_steps`) or any row of the
+    placement table (`ln_jax.config.PLACEMENTS`: post, pre, admin, deepnorm, olmo2, lns, dyt,
+    ...), trained from `lr` with no warm-up; a `+qk` suffix adds `model.qk_norm` (`pre+qk`).
+    """
+    from ln_jax.config import PLACEMENTS
+
+    base, qk = (arm[: -len("+qk")], True) if arm.endswith("+qk") else (arm, False)
+    placement = {"post_warmup": "post"}.get(base, base)
+    if placement not in PLACEMENTS:
+        valid = ", ".join((*DEPTH_ARMS, *(p for p in PLACEMENTS if p not in DEPTH_ARMS)))
+        raise ValueError(
+            f"unknown depth-study arm {arm!r}; valid: {valid} (any of them with a '+qk' suffix "
+            "for model.qk_norm)."
+        )
+    schedule = with_warmup(lr, warmup_steps) if base == "post_warmup" else no_warmup(lr)
+    return {"model.placement": placement, **({"model.qk_norm": True} if qk else {}), **schedule}
 
 
 def depth_grid(
