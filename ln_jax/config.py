@@ -67,6 +67,8 @@ class PlacementRule:
         is multiplied by 1/sqrt(l) (LayerNorm Scaling).
       norm_kind: "model" (every Norm is the model's `norm`) or "dyt": every Norm of the rule
         and the final one is DyT, gamma * tanh(alpha x) + beta (no statistics).
+      init_scale: "none", or "deepnorm_beta": the branch's value, attention-output and FFN
+        kernels are multiplied by beta = (8N)^(-1/4) at initialisation (DeepNet; N layers).
     """
 
     pre_norm: bool = False
@@ -77,16 +79,19 @@ class PlacementRule:
     branch_gate: bool = False
     pre_norm_scale: str = "none"
     norm_kind: str = "model"
+    init_scale: str = "none"
 
     def __post_init__(self) -> None:
         check_choice("pre_norm_scale", self.pre_norm_scale, PRE_NORM_SCALES)
         check_choice("norm_kind", self.norm_kind, NORM_KINDS)
+        check_choice("init_scale", self.init_scale, INIT_SCALES)
         if self.pre_norm_scale != "none" and not self.pre_norm:
             raise ValueError("PlacementRule: pre_norm_scale scales the pre-norm; set pre_norm.")
 
 
 PRE_NORM_SCALES = ("none", "inv_sqrt_depth")
 NORM_KINDS = ("model", "dyt")
+INIT_SCALES = ("none", "deepnorm_beta")
 
 # The one table of placements. "post" is exactly Xiong et al.'s Post-LN, LN(x + F(x)); a norm on
 # the branch output is "sandwich", never "post".
@@ -96,7 +101,11 @@ PLACEMENTS: dict[str, PlacementRule] = {
     # Liu et al. 2020 (Admin): LN(x * omega + F(x)), omega profiled or closed form.
     "admin": PlacementRule(post_norm=True, skip="omega"),
     # Wang et al. 2022 (DeepNet): LN(alpha x + F(x)), alpha = (2N)^(1/4); beta-scaled init.
-    "deepnorm": PlacementRule(post_norm=True, skip="alpha"),
+    "deepnorm": PlacementRule(post_norm=True, skip="alpha", init_scale="deepnorm_beta"),
+    # DeepNorm's two changes apart: the alpha skip alone (plain init), and Post-LN with only
+    # the beta init scaling (which of them keeps DeepNorm out of the collapse).
+    "deepnorm_alpha": PlacementRule(post_norm=True, skip="alpha"),
+    "deepnorm_beta": PlacementRule(post_norm=True, init_scale="deepnorm_beta"),
     # Peri-LN: x + LN(F(LN(x))), then a final LN.
     "sandwich": PlacementRule(pre_norm=True, branch_norm=True, final_norm=True),
     # Bachlechner et al. 2020 (ReZero): x + alpha F(x), alpha learned from 0, no norm at all.
@@ -109,8 +118,20 @@ PLACEMENTS: dict[str, PlacementRule] = {
     "dyt": PlacementRule(pre_norm=True, final_norm=True, norm_kind="dyt"),
 }
 
+# nGPT (Loshchilov et al. 2025) is not a row: its residual step Norm(h + a * (Norm(F(h)) - h)) would
+# fit the table, but the rest of it does not: every weight matrix is renormalised to the unit
+# sphere after each optimizer update (a projection in the train step), and the sub-layers change
+# inside (s_qk on normalised q and k with softmax scale sqrt(d_k), s_u and s_v in the FFN, s_z on
+# the logits, normalised embeddings). A row with only the residual step would be misnamed.
+NOT_ROWS = {
+    "ngpt": "nGPT is not available: besides its residual step Norm(h + a*(Norm(F(h)) - h)) it "
+    "renormalises every weight matrix after each optimizer update and rescales q/k, the FFN and "
+    "the logits inside the sub-layers, which the placement table cannot express (README, "
+    "'The library'). Closest rows: 'olmo2' (normalised branch output) or 'pre'."
+}
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
-INITS = ("bert", "xavier", "admin")
+INITS = ("bert", "bert_scaled", "xavier", "admin")
 NORMS = ("layernorm", "rmsnorm")
 ADMIN_OMEGAS = ("profile", "closed_form")
 
@@ -134,6 +155,8 @@ def parse_placement(placement: str | tuple[str, ...], num_layers: int) -> tuple[
     names: list[str] = []
     for item in items:
         name, _, count = item.strip().partition("*")
+        if name in NOT_ROWS:
+            raise ValueError(f"model.placement={name!r}: {NOT_ROWS[name]}")
         check_choice("placement", name, (*PLACEMENTS, "mixln"))
         if name == "mixln":  # a rule for the whole stack, not one layer's placement
             raise ValueError(

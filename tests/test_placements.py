@@ -203,6 +203,7 @@ def test_per_layer_placements_build_the_right_norms():
         (dict(norm="batchnorm"), "valid names: layernorm, rmsnorm"),
         (dict(placement="post*x,pre"), "count after '\\*' must be a positive integer"),
         (dict(placement="post*0,pre*2"), "count after '\\*' must be a positive integer"),
+        (dict(placement="pre,ngpt"), "nGPT is not available: .* renormalises every weight"),
     ],
 )
 def test_layout_errors(overrides, message):
