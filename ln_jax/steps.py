@@ -12,6 +12,9 @@ estimate or a measurement can never drift from what a run really does:
 take the global batch of `abstract_batch` (every array split over data x fsdp); call or lower
 them inside `sharding.use_mesh(mesh)` (`in_mesh` wraps a step so), where the model's activation
 sharding constraints apply.
+
+Fine-tuning (`ln_jax.finetune`) trains with this same step: `model_state(classifier, cfg, mesh)`
+gives its state and `jit_train_step(..., forward=loss)` swaps in the classification loss.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ __all__ = [
     "jit_train_step",
     "make_eval_step",
     "make_train_step",
+    "model_state",
 ]
 
 
@@ -85,7 +89,12 @@ def _optimizer_and_shardings(cfg: TrainConfig, params: Any, mesh: jax.sharding.M
 
 def init_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
     """The run's parameters and optimizer state, each created directly in its shards."""
-    model = create_model(cfg.model, seed=cfg.seed, mesh=mesh)
+    return model_state(create_model(cfg.model, seed=cfg.seed, mesh=mesh), cfg, mesh)
+
+
+def model_state(model: nnx.Module, cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
+    """The train state of any sharded model (a fine-tuning classifier too): its parameters,
+    the optimizer of `cfg.optim` with its state created in the parameters' shardings, step 0."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx, opt_sh = _optimizer_and_shardings(cfg, params, mesh)
     with sharding.use_mesh(mesh):
@@ -191,14 +200,20 @@ def _micro_batches(batch: Batch, accum: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig, measure: bool = False):
+def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig, measure=False, forward=None):
     """Loss metrics and gradients of the whole batch, summed over `grad_accum_steps`
     micro-batches (with `measure`, metrics["monitor"]: `_forward`'s activation measures).
+    A `forward(graphdef, params, rest, batch, key) -> (loss, metrics)` of another task
+    (fine-tuning) replaces pretraining's loss; it takes the batch whole (no accumulation).
 
     Each micro-batch's MLM loss is divided by the whole batch's masked-token weight (and NSP by
     the whole batch's sequences), so the sum over micro-batches is the big batch's loss: a
     micro-batch with fewer masked tokens weighs exactly as much as its tokens.
     """
+    if forward is not None:
+        grad_fn = jax.value_and_grad(forward, argnums=1, has_aux=True)
+        (_, metrics), grads = grad_fn(graphdef, params, rest, batch, key)
+        return metrics, grads
     use_nsp = cfg.data.nsp and cfg.model.nsp_head
     accum = cfg.grad_accum_steps
     forward = functools.partial(_forward, measure=accum if measure else 0)
@@ -231,7 +246,9 @@ def dropout_key(cfg: TrainConfig, step: Any) -> jax.Array:
     return jax.random.fold_in(base, step)
 
 
-def make_train_step(graphdef, tx, schedule, cfg: TrainConfig, measure: bool = False) -> Callable:
+def make_train_step(
+    graphdef, tx, schedule, cfg: TrainConfig, measure: bool = False, forward=None
+) -> Callable:
     """(state, rest, batch) -> (state, metrics): one update; non-finite updates are dropped.
 
     state = {"params", "opt_state", "step", "halted", "nonfinite_step"}. With nan_policy
@@ -241,12 +258,16 @@ def make_train_step(graphdef, tx, schedule, cfg: TrainConfig, measure: bool = Fa
     With `measure` the same update also returns metrics["monitor"], the per-layer measurements
     of `ln_jax.monitor` (a second compiled program that the trainer calls on logging steps
     only; the update itself is the same).
+
+    `forward`: another task's loss, `(graphdef, params, rest, batch, key) -> (loss, metrics)`
+    (fine-tuning's classifier, `ln_jax.finetune`): the update, NaN handling and dropout keys
+    stay this step's.
     """
 
     def step_fn(state: State, rest, batch: Batch):
         step = state["step"]
         key = dropout_key(cfg, step)
-        metrics, grads = _grads(graphdef, state["params"], rest, batch, key, cfg, measure)
+        metrics, grads = _grads(graphdef, state["params"], rest, batch, key, cfg, measure, forward)
         grad_norm = optim.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -296,16 +317,20 @@ def make_eval_step(graphdef, cfg: TrainConfig) -> Callable:
 
 
 def jit_train_step(
-    cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: TrainState, measure: bool = False
+    cfg: TrainConfig,
+    mesh: jax.sharding.Mesh,
+    pieces: TrainState,
+    measure: bool = False,
+    forward: Callable | None = None,
 ) -> Callable:
     """The train step jitted with the shardings of `pieces`: state, rest and batch shardings
     in; the same state shardings and replicated metrics out; the state donated. `measure`: the
-    variant with per-layer measurements (`make_train_step`)."""
+    variant with per-layer measurements; `forward`: another task's loss (`make_train_step`)."""
     shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
     schedule = optim.make_schedule(cfg.optim)
     return jax.jit(
-        make_train_step(pieces.graphdef, pieces.tx, schedule, cfg, measure),
+        make_train_step(pieces.graphdef, pieces.tx, schedule, cfg, measure, forward),
         in_shardings=(shardings, rest_sh, sharding.batch_sharding(mesh)),
         out_shardings=(shardings, _replicated(mesh)),
         donate_argnums=(0,),
