@@ -223,6 +223,30 @@ class Checkpointer:
         )
         raise CheckpointError("cannot restore checkpoint " + "; ".join(errors)[:2000] + "." + hint)
 
+    def restore_step(self, step: int, target: Any) -> Any:
+        """The state of checkpoint `step` (not necessarily the latest) in `target`'s shapes and
+        shardings, e.g. to fine-tune from a step along a pretraining run.
+
+        Raises:
+          CheckpointError: no checkpoint `step` (the saved steps are listed), arrays that do
+            not match `target`, or files that cannot be read.
+        """
+        saved = sorted(self.manager.all_steps())
+        path = self.directory / str(step)
+        if step not in saved:
+            raise CheckpointError(
+                f"no checkpoint {path}: the saved steps are {saved or 'none'}; name one of them."
+            )
+        try:
+            with _quiet_stray_reads():
+                mismatch = _mismatch(_stored_tree(path / "state"), target)
+                state = None if mismatch else self._restore_step(step, target)[0]
+        except Exception as err:
+            raise CheckpointError(f"cannot restore checkpoint {path}: {_cause(err)}.") from err
+        if mismatch:
+            raise _incompatible_error(path, mismatch)
+        return state
+
     def _set_aside(self, steps: list[int]) -> None:
         """Renames unrestorable step directories to `corrupt_<step>` (kept for inspection),
         so that training can go on past them."""
