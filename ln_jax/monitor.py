@@ -17,6 +17,7 @@ that metrics.jsonl (records with split "monitor") and TensorBoard (as monitor/NA
                                   heads and real query tokens
   omega/layer_03/attention        Admin's ω, mean over channels;  gate/...: ReZero's gate
   deepnorm_alpha                  DeepNorm's constant skip scale α
+  dyt_alpha/layer_03/ffn          DyT's learned α of the sub-layer's input norm (placement dyt)
 
 RMS and means are over the real (unpadded) tokens of the batch, with dropout as trained; with
 gradient accumulation the activation measures are the mean over micro-batches.
@@ -204,7 +205,8 @@ def parameter_stats(grads: Any, updates: Any, params: Any, cfg: ModelConfig) -> 
 
     Returns:
       {"grad_norm/<sublayer>", "update_ratio/<sublayer>": [L], "omega/<sublayer>": [L] (Admin:
-       mean of ω; NaN for layers without), "gate/<sublayer>": [L] (ReZero), "deepnorm_alpha"}.
+       mean of ω; NaN for layers without), "gate/<sublayer>": [L] (ReZero), "dyt_alpha/
+       <sublayer>": [L] (DyT's α of the input norm), "deepnorm_alpha"}.
     """
     num_layers = cfg.num_layers
     grad, update = sublayer_norms(grads, num_layers), sublayer_norms(updates, num_layers)
@@ -219,6 +221,11 @@ def parameter_stats(grads: Any, updates: Any, params: Any, cfg: ModelConfig) -> 
             for s in SUBLAYERS:
                 values = [_mean_or_nan(layer[s], name) for layer in layers]
                 out[f"{name}/{s}"] = jnp.stack(values)
+    if any("alpha" in layer[s].get("pre_norm", {}) for layer in layers for s in SUBLAYERS):
+        for s in SUBLAYERS:  # DyT's α [1] of each sub-layer's input norm
+            out[f"dyt_alpha/{s}"] = jnp.stack(
+                [_mean_or_nan(layer[s].get("pre_norm", {}), "alpha") for layer in layers]
+            )
     if any(cfg.layer_rule(i).skip == "alpha" for i in range(num_layers)):
         out["deepnorm_alpha"] = jnp.asarray(deepnorm_alpha(num_layers), jnp.float32)
     return out

@@ -54,6 +54,26 @@ def test_collapse_is_1_for_identical_rows_and_0_for_orthogonal_rows():
     np.testing.assert_allclose(monitor.mean_pairwise_cosine(noisy, masked), [1.0, 0.0], atol=1e-5)
 
 
+def test_dyt_alpha_is_read_per_layer_and_sublayer():
+    from flax import nnx
+
+    import ln_jax
+
+    cfg = ln_jax.model_config("tiny", placement="pre,dyt,dyt", num_layers=3, vocab_size=50)
+    model = ln_jax.create_model(cfg, seed=0)
+    model.bert.encoder.layers[2].ffn.pre_norm.alpha[...] = jnp.array([0.7])
+    params = nnx.state(model, nnx.Param)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    named = monitor.named(monitor.parameter_stats(zeros, zeros, params, cfg))
+    alphas = {k: round(v, 6) for k, v in named.items() if k.startswith("dyt_alpha/")}
+    assert alphas == {  # layer 0 is Pre-LN: no alpha, left out
+        "dyt_alpha/layer_01/attention": 0.5,
+        "dyt_alpha/layer_01/ffn": 0.5,
+        "dyt_alpha/layer_02/attention": 0.5,
+        "dyt_alpha/layer_02/ffn": 0.7,
+    }
+
+
 def test_a_forced_spike_warns_and_names_the_layer():
     watch = EarlyWarning(MonitorConfig(window=5))
     calm = {"loss": 7.0, "grad_norm": 1.0, "grad_norm/layer_02/ffn": 0.1, "collapse/layer_01": 0.5}
