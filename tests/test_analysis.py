@@ -20,7 +20,7 @@ from flax import nnx
 
 import ln_jax
 from ln_jax import admin, analysis, optim
-from ln_jax.analysis import cli, models, plots
+from ln_jax.analysis import cli, gradients, models, plots
 from ln_jax.analysis.settings import Arm, Settings, analysis_config, arm_model
 from ln_jax.blocks import layer_state
 from ln_jax.checkpoint import Checkpointer
@@ -171,24 +171,52 @@ def test_depth_post_ln_flat_pre_ln_shrinks(tmp_path):
     assert_png_of(analysis.plot_depth, result, tmp_path)
 
 
+LAYER_NORMS = ("mean_of_norm", "norm_of_mean")
+
+
 def test_layers_and_plot(tmp_path):
-    settings = theory_settings(seeds=2, batches=2)
-    result = analysis.grad_norm_by_layer(settings, ("post",), num_layers=3, train_steps=3)
-    for placement in ("post",):
-        for stage in ("init", "after_warmup"):
-            for matrix in ("W1", "W2"):
-                values = mean(result, placement, stage, matrix)
-                assert values.shape == (3,) and np.all(values > 0)
-    assert result["config"]["optimizer"]["warmup_steps"] == 3
+    settings = theory_settings(seeds=1, batches=3)
+    result = analysis.grad_norm_by_layer(settings, ("post",), num_layers=3, train_steps=2)
+    for stage in ("init", "after_warmup"):
+        for matrix in ("W1", "W2"):
+            of_norms, of_mean = (mean(result, "post", stage, q, matrix) for q in LAYER_NORMS)
+            assert of_norms.shape == of_mean.shape == (3,) and np.all(of_mean > 0)
+            # Jensen: E||g|| >= ||E g||, strictly for batches whose gradients differ.
+            assert np.all(of_norms > of_mean * (1 + 1e-3)), (of_norms, of_mean)
+    assert result["config"]["optimizer"]["warmup_steps"] == 2
+    assert result["config"]["batches_per_model"] == 3
+    assert "encoder only" in result["architecture"]
+    assert_layer_norms_of_batches(settings, result["results"]["post"]["init"])
     fig = plots.layers_figure(result)
-    labels = {"init": "post, init", "after_warmup": "post, 3 warm-up steps"}
-    for ax, matrix in zip(fig.axes, ("W1", "W2"), strict=True):
+    labels = {"init": "post, init", "after_warmup": "post, 2 warm-up steps"}
+    panels = [(q, m) for q in LAYER_NORMS for m in ("W1", "W2")]
+    for ax, (quantity, matrix) in zip(fig.axes, panels, strict=True):
         drawn = errorbars(ax)
         assert set(drawn) == set(labels.values())
+        assert "encoder only" in ax.get_title()
         for stage, label in labels.items():
-            node = result["results"]["post"][stage][matrix]
+            node = result["results"]["post"][stage][quantity][matrix]
             assert_errorbar(drawn[label], [1, 2, 3], node["mean"], node["std"])
     assert_png_of(analysis.plot_layers, result, tmp_path)
+
+
+def assert_layer_norms_of_batches(settings, init):
+    """The scanned norms of one model against its gradients taken batch by batch; with one
+    batch, E||g|| = ||E g||."""
+    arm = Arm("post", arm_model(settings, "post", 3), settings.config.data)
+    batches = models.take_batches(settings, arm, settings.batches)
+    ((_, model),) = models.instances(settings, arm, batches[0])
+    grad_fn = models.jit_model_fn(gradients._ffn_grads)
+    grads = [[np.asarray(g, np.float64) for g in grad_fn(model, b)] for b in batches]
+    flat = lambda g: g.reshape(3, -1)  # [layers, d * mlp]
+    for k, matrix in enumerate(("W1", "W2")):
+        norms = np.mean([np.linalg.norm(flat(g[k]), axis=1) for g in grads], axis=0)
+        of_mean = np.linalg.norm(flat(np.mean([g[k] for g in grads], axis=0)), axis=1)
+        np.testing.assert_allclose(init["mean_of_norm"][matrix]["mean"], norms, rtol=1e-4)
+        np.testing.assert_allclose(init["norm_of_mean"][matrix]["mean"], of_mean, rtol=1e-4)
+    one = gradients.stack_batches(batches[:1])
+    per_batch, of_mean = models.jit_model_fn(gradients._ffn_grad_moments)(model, one)
+    np.testing.assert_allclose(per_batch[0], of_mean, rtol=1e-6)
 
 
 def test_lemma2_plot(lemma2_theory, tmp_path):

@@ -29,7 +29,8 @@ from ln_jax.validate import UserError
 # Per subcommand: placements, depths, mini-batches per model, setting(s).
 DEFAULTS: dict[str, dict[str, str]] = {
     "depth": {"placements": "post,pre", "num_layers": "6,8,10,12,14", "batches": "4"},
-    "layers": {"placements": "post,pre", "num_layers": "6", "batches": "4"},
+    # E||g|| and ||E g|| need many batches to separate (one compiled scan over them).
+    "layers": {"placements": "post,pre", "num_layers": "6", "batches": "64"},
     "lemma2": {"placements": "post,pre", "num_layers": "12", "batches": "2"},
     "output-change": {
         "placements": "post,pre,admin",

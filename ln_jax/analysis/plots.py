@@ -51,34 +51,48 @@ def depth_figure(result: dict[str, Any]) -> Figure:
     return fig
 
 
+# The two norms of `layers`, one row of panels each.
+LAYER_QUANTITIES = {
+    "mean_of_norm": r"$E_{batches}\|\partial L / \partial W\|_F$",
+    "norm_of_mean": r"$\|E_{batches}[\partial L / \partial W]\|_F$",
+}
+
+
 def layers_figure(result: dict[str, Any]) -> Figure:
-    """Xiong Figure 3(a,b): expected-gradient norm of W1 and W2 by layer, init and trained."""
-    fig, axes = new_figure(2, width=5, sharey=True)
-    steps = result["config"]["train_steps"]
-    for ax, matrix in zip(axes, ("W1", "W2"), strict=True):
-        for i, (label, arm) in enumerate(result["results"].items()):
-            for stage, style in (("init", "-o"), ("after_warmup", "--s")):
-                if stage not in arm:
-                    continue
-                mean, std = _array(arm[stage][matrix]["mean"]), _array(arm[stage][matrix]["std"])
-                x = np.arange(1, len(mean) + 1)
-                name = f"{label}, init" if stage == "init" else f"{label}, {steps} warm-up steps"
-                ax.errorbar(
-                    x,
-                    mean,
-                    yerr=std,
-                    fmt=style,
-                    capsize=3,
-                    color=arm_colour(label, i),
-                    label=name,
-                    alpha=1.0 if stage == "init" else 0.6,
-                )
-        ax.set_xlabel("layer")
-        ax.set_title(f"${matrix[0]}^{matrix[1]}$ of the FFN sub-layers")
-        ax.set_ylim(bottom=0)
-    axes[0].set_ylabel(r"$\|E_{batches}[\partial L / \partial W]\|_F$")
-    axes[1].legend(fontsize=8)
+    """Xiong Figure 3(a,b) on an encoder: E||g|| (top row) beside ||E g|| (bottom row) of W1
+    (left) and W2 (right) by layer, at init and after the warm-up steps."""
+    fig, axes = new_figure(2, 2, width=5, sharey="row", squeeze=False)
+    for row, (quantity, ylabel) in zip(axes, LAYER_QUANTITIES.items(), strict=True):
+        for ax, matrix in zip(row, ("W1", "W2"), strict=True):
+            _layer_curves(ax, result, quantity, matrix)
+            ax.set_title(f"${matrix[0]}^{matrix[1]}$ of the FFN sub-layers (encoder only)")
+        row[0].set_ylabel(ylabel)
+    axes[0][1].legend(fontsize=8)
     return fig
+
+
+def _layer_curves(ax, result: dict[str, Any], quantity: str, matrix: str) -> None:
+    """Mean +- std over seeds against the layer index, per arm and stage."""
+    steps = result["config"]["train_steps"]
+    for i, (label, arm) in enumerate(result["results"].items()):
+        for stage, style in (("init", "-o"), ("after_warmup", "--s")):
+            if stage not in arm:
+                continue
+            node = arm[stage][quantity][matrix]
+            mean, std = _array(node["mean"]), _array(node["std"])
+            name = f"{label}, init" if stage == "init" else f"{label}, {steps} warm-up steps"
+            ax.errorbar(
+                np.arange(1, len(mean) + 1),
+                mean,
+                yerr=std,
+                fmt=style,
+                capsize=3,
+                color=arm_colour(label, i),
+                label=name,
+                alpha=1.0 if stage == "init" else 0.6,
+            )
+    ax.set_xlabel("encoder layer")
+    ax.set_ylim(bottom=0)
 
 
 def lemma2_figure(result: dict[str, Any]) -> Figure:
