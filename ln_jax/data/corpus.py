@@ -23,6 +23,7 @@ import pathlib
 import re
 import sys
 import sysconfig
+import warnings
 from collections.abc import Iterator
 
 import tensorflow_datasets as tfds
@@ -123,10 +124,10 @@ def split_sentences(text: str) -> list[str]:
     return sentences
 
 
-def is_validation(key: str) -> bool:
-    """Deterministic document split: md5 of the key, 1 in `VALIDATION_MODULUS` -> validation."""
+def is_validation(key: str, modulus: int = VALIDATION_MODULUS) -> bool:
+    """Deterministic document split: md5 of the key, 1 in `modulus` -> validation."""
     digest = hashlib.md5(key.encode("utf-8")).hexdigest()
-    return int(digest[:8], 16) % VALIDATION_MODULUS == 0
+    return int(digest[:8], 16) % modulus == 0
 
 
 def validation_keys(keys: list[str]) -> set[str]:
@@ -177,15 +178,24 @@ def stdlib_documents(root: str | os.PathLike | None = None) -> Iterator[tuple[st
     """Yields (key, sentences) for each substantial docstring of the standard library."""
     base = pathlib.Path(root or sysconfig.get_paths()["stdlib"])
     for path in stdlib_files(base):
-        rel = path.relative_to(base).as_posix()
-        try:
-            tree = ast.parse(path.read_bytes(), filename=rel)
-        except (SyntaxError, ValueError, UnicodeDecodeError):
-            continue  # a few files target other Python versions; they are not needed
-        for name, doc in _docstrings(tree):
-            sentences = split_sentences(doc)
-            if _keep_document(sentences):
-                yield f"stdlib/{rel}::{name}", sentences
+        yield from module_documents(path, f"stdlib/{path.relative_to(base).as_posix()}")
+
+
+def module_documents(path: pathlib.Path, key: str) -> Iterator[tuple[str, list[str]]]:
+    """Yields (`key::qualified name`, sentences) for each substantial docstring of a `.py` file.
+
+    The file is parsed with `ast`, never imported; files that do not parse are skipped.
+    """
+    try:
+        with warnings.catch_warnings():  # old files' invalid escapes warn at parse time
+            warnings.simplefilter("ignore")
+            tree = ast.parse(path.read_bytes(), filename=key)
+    except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, OSError):
+        return  # a few files target other Python versions; they are not needed
+    for name, doc in _docstrings(tree):
+        sentences = split_sentences(doc)
+        if _keep_document(sentences):
+            yield f"{key}::{name}", sentences
 
 
 def topic_documents() -> Iterator[tuple[str, list[str]]]:
