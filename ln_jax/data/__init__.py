@@ -7,8 +7,8 @@ Entry points:
 The names below load their module on first use (PEP 562), so that `ln_jax.data.config` (the
 typed `DataConfig`, imported by `ln_jax.config`) stays cheap to import: TFDS, grain and
 sentencepiece load only when data is really read. Reading a corpus (`open_source`,
-`make_pipeline`) imports `ln_jax.data.corpus`, which registers the TFDS builders
-`ln_jax_pydocs` and `ln_jax_textdir`.
+`make_pipeline`) imports `ln_jax.data.corpus` and `ln_jax.data.sitedocs`, which register the TFDS
+builders `ln_jax_pydocs`, `ln_jax_textdir` and `ln_jax_sitedocs`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ _EXPORTS = {
         "make_pipeline",
     ),
     "pretraining": ("PretrainingExamples",),
+    "sitedocs": ("LnJaxSitedocs",),
     "sources": ("DatasetNotPreparedError", "open_source"),
     "tokenizer": (
         "CLS_ID",

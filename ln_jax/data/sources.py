@@ -2,8 +2,8 @@
 
 Every source reads through `builder.as_data_source(split)` (array_record files, random access,
 no TensorFlow) and yields documents as lists of sentences. Local builders (`ln_jax_pydocs`,
-`textdir:`) are prepared on first use; a named TFDS dataset must already be prepared, or
-`download=True` lets TFDS prepare it, as array_record. When it is neither,
+`ln_jax_sitedocs`, `textdir:`) are prepared on first use; a named TFDS dataset must already be
+prepared, or `download=True` lets TFDS prepare it, as array_record. When it is neither,
 `DatasetNotPreparedError` says which dataset, where it looked and the command that prepares it;
 a dataset prepared as TFRecord (what `tfds build` writes by default) is an error at open time
 too, giving the command that converts it.
@@ -28,7 +28,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from ln_jax import paths
-from ln_jax.data import corpus
+from ln_jax.data import corpus, sitedocs
 from ln_jax.validate import ConfigError, UserError
 
 TEXTDIR_PREFIX = "textdir:"
@@ -179,7 +179,8 @@ def open_source(
     """Opens one dataset by name, preparing local builders on first use.
 
     Args:
-      name: `ln_jax_pydocs`, `textdir:/folder` or a TFDS `name[/config][:version]`.
+      name: `ln_jax_pydocs`, `ln_jax_sitedocs`, `textdir:/folder` or a TFDS
+        `name[/config][:version]`.
       data_dir: TFDS data dir (None = TFDS default).
       text_feature: text feature of a TFDS dataset.
       download: let TFDS download and prepare a named dataset that is not prepared.
@@ -192,6 +193,8 @@ def open_source(
     root = default_data_dir(data_dir)
     if name == corpus.LnJaxPydocs.name:
         builder, presplit = corpus.prepare(corpus.pydocs_builder(root)), True
+    elif name == sitedocs.LnJaxSitedocs.name:  # this installation's config: see sitedocs.py
+        builder, presplit = corpus.prepare(sitedocs.sitedocs_builder(root)), True
     elif name.startswith(TEXTDIR_PREFIX):
         folder = name[len(TEXTDIR_PREFIX) :]
         builder, presplit = corpus.prepare(corpus.textdir_builder(folder, root)), True
