@@ -1,0 +1,77 @@
+"""Fine-tunes a pretrained encoder on a GLUE task (or the offline pair task).
+
+  python finetune.py --config=configs/glue.py:offline --config.init_from=workdirs/bert_preln_tiny
+  python finetune.py --config=configs/glue.py:mrpc --config.init_from=WORKDIR --config.init_step=500
+  python finetune.py --config=configs/glue.py:rte --config.init_from=hf:/path/to/bert
+
+--config=FILE[:task] names the config; every field it declares can be overridden with
+--config.FIELD=VALUE (see configs/glue.py), e.g. --config.seeds="(0,1,2)",
+--config.learning_rates="(2e-5,3e-5,5e-5)". Rerunning the same command keeps finished runs and
+resumes a cut-off one from its last epoch. User errors print one line and exit 2 (--traceback
+shows the traceback); library logs go to WORKDIR/finetune.log.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: workdirs/<name>_<init>).")
+_TRACEBACK = flags.DEFINE_bool("traceback", False, "Show the traceback of a user error too.")
+
+
+def default_workdir(cfg) -> str:
+    """workdirs/<name>_<basename of init_from>[_step<k>]."""
+    source = (cfg.init_from or "none").rstrip("/")
+    tag = os.path.basename(source.removeprefix("hf:")) or "init"
+    step = f"_step{cfg.init_step}" if cfg.init_step is not None else ""
+    return os.path.join("workdirs", f"{cfg.name}_{tag}{step}")
+
+
+def main(argv: list[str], values: dict) -> int:
+    del argv
+    from ln_jax import console
+    from ln_jax.finetune.run import NonFiniteFinetuneError
+
+    console.configure_logging()
+    try:
+        return console.run_reporting_errors(
+            lambda: _finetune(values), _TRACEBACK.value, failures=(NonFiniteFinetuneError,)
+        )
+    finally:
+        console.close_logging()
+
+
+def _finetune(values: dict) -> int:
+    from ln_jax import console, run_identity
+    from ln_jax.finetune import build_finetune_config, finetune, format_summary
+
+    cfg = build_finetune_config(values)
+    workdir = _WORKDIR.value or default_workdir(cfg)
+    run_identity.prepare_workdir(workdir)
+    console.configure_logging(os.path.join(workdir, "finetune.log"))
+    print(f"ln_jax: fine-tuning {cfg.init_from} on {cfg.task}, workdir {workdir}", flush=True)
+    print(format_summary(finetune(cfg, workdir)))
+    return 0
+
+
+def run() -> None:
+    from ln_jax import console
+    from ln_jax.config import config_from_command_line
+
+    parsed = {}
+
+    def parse() -> int:
+        values, line = config_from_command_line(sys.argv[1:], "configs/glue.py:offline")
+        parsed["values"], parsed["rest"] = values, line.rest
+        return 0
+
+    if console.run_reporting_errors(parse, "--traceback" in sys.argv):
+        sys.exit(console.EXIT_USER_ERROR)
+    app.run(lambda argv: main(argv, parsed["values"]), argv=[sys.argv[0], *parsed["rest"]])
+
+
+if __name__ == "__main__":
+    run()

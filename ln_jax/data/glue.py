@@ -1,0 +1,185 @@
+"""Downstream data: GLUE tasks from TFDS and the offline pair task, as token-id arrays.
+
+* GLUE (`glue/mrpc`, `glue/rte`, ...) is read from a TFDS data dir through the same
+  `ln_jax.data.sources.open_source` as pretraining data: a dataset that is not prepared is the
+  same one-line error naming the data dir and the command that prepares it as array_record.
+* `ln_jax_pairs` (`LnJaxPairs`) is a sentence-pair classification in MRPC's feature format
+  (`sentence1`, `sentence2`, `label`: ClassLabel(not_equivalent, equivalent), `idx`), built
+  locally from the embedded corpus: nothing is downloaded. Sentence 1 is a sentence of the
+  corpus; sentence 2 is either a rewording of it (label 1: about 15% of its words dropped and
+  two neighbouring words swapped) or the same rewording of the next sentence of its document
+  (label 0: same topic, other content). Half the examples are of each label, by a hash of
+  the sentence's key. Documents go to `train` or `validation` by a hash of their key, 1 in 8
+  to validation. It is a TFDS `GeneratorBasedBuilder` writing array_record, read back with
+  `as_data_source` like GLUE, so the offline task exercises the real path end to end.
+
+`encode_examples` turns either into BERT inputs: `[CLS] A [SEP] B [SEP]`, segment ids 0/1,
+pairs longer than `max_seq_length` truncated longest-first as in BERT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from ln_jax.data import corpus, sources
+
+PAIRS_NAME = "ln_jax_pairs"
+PAIR_LABELS = ("not_equivalent", "equivalent")  # MRPC's class names
+_VALIDATION_MODULUS = 8  # 1 document in 8 holds validation examples
+_MAX_EXAMPLES = {"train": 4000, "validation": 800}
+_MIN_WORDS, _MAX_WORDS = 5, 40
+_DROP = 0.15  # fraction of words a rewording drops
+
+
+def _hash(text: str) -> int:
+    return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:8], 16)
+
+
+def reword(sentence: str, key: str) -> str:
+    """A deterministic rewording: ~15% of the words dropped (at least 3 kept), then two
+    neighbouring words swapped; every choice is drawn from a hash of `key`."""
+    words = sentence.split()
+    rng = np.random.default_rng(_hash("reword:" + key))
+    keep = rng.random(len(words)) >= _DROP
+    if keep.sum() < 3:
+        keep[:3] = True
+    words = [w for w, k in zip(words, keep, strict=True) if k]
+    if len(words) >= 2:
+        i = int(rng.integers(0, len(words) - 1))
+        words[i], words[i + 1] = words[i + 1], words[i]
+    return " ".join(words)
+
+
+def pair_examples(
+    docs: Sequence[tuple[str, list[str]]], split: str
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(key, MRPC-format example) of `split` from (document key, sentences) pairs."""
+    held_out = split == "validation"
+    count = 0
+    for doc_key, sentences in docs:
+        if (_hash(doc_key) % _VALIDATION_MODULUS == 0) != held_out:
+            continue
+        for i, first in enumerate(sentences[:-1]):
+            if not _MIN_WORDS <= len(first.split()) <= _MAX_WORDS or count >= _MAX_EXAMPLES[split]:
+                continue
+            key = f"{doc_key}#{i}"
+            label = _hash(key) % 2
+            second = reword(first if label else sentences[i + 1], key)
+            yield key, {"sentence1": first, "sentence2": second, "label": label, "idx": count}
+            count += 1
+
+
+class LnJaxPairs(corpus._LocalBuilder):
+    """The offline pair task (see the module docstring), built from the prepared corpus
+    `ln_jax_pydocs` in the same data dir."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Rewordings vs. neighbouring sentences of the embedded corpus."}
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description="Sentence pairs from CPython's docstrings in GLUE MRPC's format.",
+            features=tfds.features.FeaturesDict(
+                {
+                    "sentence1": tfds.features.Text(),
+                    "sentence2": tfds.features.Text(),
+                    "label": tfds.features.ClassLabel(names=PAIR_LABELS),
+                    "idx": np.int32,
+                }
+            ),
+            supervised_keys=None,
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        source = sources.open_source(corpus.LnJaxPydocs.name, data_dir=self._data_dir_root)
+        docs = [
+            (f"{split}/{n}", sentences)
+            for split in ("train", "validation")
+            for n, sentences in enumerate(source.documents(split))
+        ]
+        return {split: pair_examples(docs, split) for split in ("train", "validation")}
+
+    def _generate_examples(self, *args):  # the generators come from `_split_generators`
+        raise NotImplementedError
+
+
+def open_task_dataset(
+    name: str, data_dir: str | None, download: bool = False
+) -> tfds.core.DatasetBuilder:
+    """The prepared builder of a task's dataset: `ln_jax_pairs` is built on first use; a TFDS
+    name (glue/...) must be prepared or `download`ed, else DatasetNotPreparedError."""
+    if name == PAIRS_NAME:
+        return corpus.prepare(LnJaxPairs(data_dir=sources.default_data_dir(data_dir)))
+    return sources.open_source(name, data_dir=data_dir, download=download).builder
+
+
+@dataclasses.dataclass(frozen=True)
+class Examples:
+    """A split as texts and labels: `texts[k][i]` is text feature k of example i; labels [N]
+    (int classes, or float scores for regression)."""
+
+    texts: tuple[list[str], ...]
+    labels: np.ndarray
+
+
+def read_split(
+    builder: tfds.core.DatasetBuilder,
+    split: str,
+    features: Sequence[str],
+    max_examples: int | None = None,
+) -> Examples:
+    """The first `max_examples` (None = all) records of a split, by random access."""
+    records = sources.TextSource(builder.name, builder).data_source(split)
+    n = len(records) if max_examples is None else min(max_examples, len(records))
+    rows = records.__getitems__(list(range(n))) if n else []
+    text = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)
+    texts = tuple([text(r[f]) for r in rows] for f in features)
+    labels = np.asarray([r["label"] for r in rows])
+    return Examples(texts, labels)
+
+
+def _truncate(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """BERT's longest-first truncation: drop the last token of the longer one until it fits."""
+    la, lb = len(a), len(b)
+    while la + lb > budget:
+        if la > lb:
+            la -= 1
+        else:
+            lb -= 1
+    return a[:la], b[:lb]
+
+
+def encode_examples(examples: Examples, tokenizer: Any, max_seq_length: int) -> dict:
+    """BERT inputs of a split.
+
+    Args:
+      examples: one or two texts per example.
+      tokenizer: has `encode(texts) -> list of int arrays` and `cls_id`, `sep_id`, `pad_id`.
+      max_seq_length: T.
+
+    Returns:
+      {"input_ids", "segment_ids", "attention_mask": int32 [N, T], "label": [N]}.
+    """
+    encoded = [tokenizer.encode(texts) for texts in examples.texts]
+    n, t = len(examples.labels), max_seq_length
+    ids = np.full((n, t), tokenizer.pad_id, np.int32)
+    segments = np.zeros((n, t), np.int32)
+    for i in range(n):
+        a = encoded[0][i]
+        b = encoded[1][i] if len(encoded) > 1 else np.zeros((0,), np.int32)
+        a, b = _truncate(a, b, t - 3 if len(encoded) > 1 else t - 2)
+        row = [tokenizer.cls_id, *a, tokenizer.sep_id]
+        second = [*b, tokenizer.sep_id] if len(encoded) > 1 else []
+        ids[i, : len(row) + len(second)] = row + second
+        segments[i, len(row) : len(row) + len(second)] = 1
+    mask = (ids != tokenizer.pad_id).astype(np.int32)
+    label = examples.labels.astype(np.float32 if examples.labels.dtype.kind == "f" else np.int32)
+    return {"input_ids": ids, "segment_ids": segments, "attention_mask": mask, "label": label}

@@ -1,0 +1,184 @@
+"""The typed fine-tuning config (`configs/glue.py` declares every field, with a comment).
+
+`FinetuneConfig.from_mapping` validates once; `train_config(cell, seed, ...)` turns one cell of
+the lr x batch x epochs grid and one seed into the `TrainConfig` that the one train step of
+`ln_jax.steps` reads (optimizer, schedule, seed, mesh, NaN policy, dropout PRNG).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from ln_jax.config import CheckpointConfig, MeshConfig, ModelConfig, MonitorConfig, TrainConfig
+from ln_jax.data.config import DataConfig
+from ln_jax.finetune.tasks import TASKS
+from ln_jax.optim import OptimConfig
+from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
+
+HF_PREFIX = "hf:"
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueDataConfig:
+    """Where the task's dataset is (see `ln_jax.data.glue`).
+
+    Attributes:
+      data_dir: TFDS data dir (None = $TFDS_DATA_DIR or ~/tensorflow_datasets).
+      download: let TFDS download and prepare a GLUE task that is not prepared.
+      max_train_examples / max_eval_examples: use only the first N examples (None = all).
+    """
+
+    data_dir: str | None = None
+    download: bool = False
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One point of the grid: peak learning rate, batch size, epochs."""
+
+    learning_rate: float
+    batch_size: int
+    epochs: int
+
+    @property
+    def name(self) -> str:
+        return f"lr{self.learning_rate:g}_bs{self.batch_size}_ep{self.epochs}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    """Fine-tuning of a pretrained encoder with a [CLS] classifier (see `configs/glue.py`).
+
+    Attributes:
+      name: run name; the default workdir is workdirs/<name>.
+      task: a key of `ln_jax.finetune.tasks.TASKS`.
+      init_from: a pretraining workdir, or "hf:PATH" (a local HuggingFace BERT directory).
+      init_step: the workdir's checkpoint to start from (None = its latest).
+      seeds: one run per seed (classifier initialisation, dropout, example order).
+      learning_rates / batch_sizes / epochs: the grid; every combination is run.
+      warmup_fraction: linear warm-up over this fraction of the steps, then linear decay to 0.
+      optimizer, weight_decay, b1, b2, eps, clip_norm: as in `OptimConfig`.
+      max_seq_length: T of `[CLS] A [SEP] B [SEP]` (longer pairs are truncated).
+      eval_batch_size: dev-set batch (rounded up to a multiple of the data-parallel devices).
+      hidden_dropout / attention_dropout: the encoder's (None = the checkpoint's).
+      classifier_dropout: dropout on the pooled [CLS] vector (None = hidden_dropout).
+      log_every: train metrics every N steps (and at every epoch's end).
+      nan_policy, dropout_rng: as in `TrainConfig`.
+      data, mesh, checkpoint: sections (`GlueDataConfig`, `MeshConfig`, `CheckpointConfig`).
+    """
+
+    name: str = "glue_offline"
+    task: str = "offline"
+    init_from: str | None = None
+    init_step: int | None = None
+    seeds: tuple[int, ...] = (0,)
+    learning_rates: tuple[float, ...] = (2e-5,)
+    batch_sizes: tuple[int, ...] = (32,)
+    epochs: tuple[int, ...] = (3,)
+    warmup_fraction: float = 0.1
+    optimizer: str = "adamw"
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    clip_norm: float | None = 1.0
+    max_seq_length: int = 128
+    eval_batch_size: int = 64
+    hidden_dropout: float | None = None
+    attention_dropout: float | None = None
+    classifier_dropout: float | None = None
+    log_every: int = 10
+    nan_policy: str = "stop"
+    dropout_rng: str = "threefry"
+    data: GlueDataConfig = dataclasses.field(default_factory=GlueDataConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        check_choice("task", self.task, TASKS)
+        for field in ("seeds", "learning_rates", "batch_sizes", "epochs"):
+            value = getattr(self, field)
+            value = tuple(value) if isinstance(value, list | tuple) else (value,)
+            if not value:
+                raise ValueError(f"{field} is empty; give at least one value.")
+            object.__setattr__(self, field, value)
+        if not 0 <= self.warmup_fraction < 1:
+            raise ValueError(f"warmup_fraction={self.warmup_fraction} must be in [0, 1).")
+        if min(self.batch_sizes) < 1 or min(self.epochs) < 1:
+            raise ValueError("batch_sizes and epochs must be positive.")
+
+    @property
+    def cells(self) -> list[Cell]:
+        """Every (lr, batch, epochs) combination, in grid order."""
+        grid = itertools.product(self.learning_rates, self.batch_sizes, self.epochs)
+        return [Cell(float(lr), int(b), int(e)) for lr, b, e in grid]
+
+    @property
+    def is_hf(self) -> bool:
+        return bool(self.init_from) and self.init_from.startswith(HF_PREFIX)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> FinetuneConfig:
+        """The typed config of a nested mapping; unknown fields name the closest valid one."""
+        values = dict(values)
+        reject_unknown_keys("config", values, [f.name for f in dataclasses.fields(cls)])
+        sections = {"data": GlueDataConfig, "mesh": MeshConfig, "checkpoint": CheckpointConfig}
+        for key, kind in sections.items():
+            given = dict(values.pop(key, {}))
+            reject_unknown_keys(key, given, [f.name for f in dataclasses.fields(kind)])
+            values[key] = kind(**given)
+        return cls(**values)
+
+
+def build_finetune_config(values: Mapping[str, Any]) -> FinetuneConfig:
+    """`FinetuneConfig.from_mapping` with every invalid value a ConfigError (exit 2)."""
+    from ln_jax.config import override
+
+    try:
+        return FinetuneConfig.from_mapping(override(values, {}))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def train_config(
+    cfg: FinetuneConfig, cell: Cell, seed: int, model: ModelConfig, steps_per_epoch: int
+) -> TrainConfig:
+    """The `TrainConfig` of one fine-tuning run: AdamW (by default), linear warm-up over
+    `warmup_fraction` of the steps, then linear decay to 0; no accumulation, no monitor."""
+    total = cell.epochs * steps_per_epoch
+    optim = OptimConfig(
+        optimizer=cfg.optimizer,
+        peak_lr=cell.learning_rate,
+        schedule="warmup_linear_decay",
+        warmup_steps=round(cfg.warmup_fraction * total),
+        total_steps=total,
+        b1=cfg.b1,
+        b2=cfg.b2,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        clip_norm=cfg.clip_norm,
+    )
+    data = DataConfig(
+        vocab_size=model.vocab_size,
+        max_seq_length=cfg.max_seq_length,
+        global_batch_size=cell.batch_size,
+    )
+    return TrainConfig(
+        name=f"{cfg.name}/{cell.name}/seed{seed}",
+        seed=seed,
+        total_steps=total,
+        log_every=cfg.log_every,
+        nan_policy=cfg.nan_policy,
+        dropout_rng=cfg.dropout_rng,
+        model=model,
+        optim=optim,
+        data=data,
+        mesh=cfg.mesh,
+        checkpoint=cfg.checkpoint,
+        monitor=MonitorConfig(every=0),
+    )

@@ -1,0 +1,96 @@
+"""The [CLS] classifier of fine-tuning and its loss (the `forward` of the one train step).
+
+`BertClassifier` = `BertEncoder` (any placement, per-layer lists, Admin's omega, scan_layers:
+the encoder's own config) + BERT's pooler (dense + tanh on [CLS], taken from the pretrained
+NSP head when there is one) + dropout + a linear classifier. Every parameter carries logical
+axis names: the pooler ("embed", "embed_proj"), the classifier ("embed_proj", "classes").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from ln_jax import sharding
+from ln_jax.bert import BertEncoder
+from ln_jax.config import ModelConfig
+from ln_jax.layers import Dense, dropout, split_key
+
+Array = jax.Array
+
+
+class BertClassifier(nnx.Module):
+    """BERT for sequence classification (or regression, `num_labels=1`)."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int, classifier_dropout: float, *, rngs):
+        d = cfg.hidden_size
+        self.cfg = cfg
+        self.bert = BertEncoder(cfg, rngs=rngs)
+        self.pooler = Dense((d,), (d,), ("embed", "embed_proj"), cfg, rngs=rngs)
+        self.classifier = Dense((d,), (num_labels,), ("embed_proj", "classes"), cfg, rngs=rngs)
+        self.dropout_rate = classifier_dropout
+
+    def __call__(
+        self,
+        input_ids: Array,
+        segment_ids: Array,
+        attention_mask: Array,
+        *,
+        dropout_key: Array | None = None,
+    ) -> Array:
+        """input_ids, segment_ids, attention_mask: [batch, length] -> float32 [batch, labels]."""
+        k_encoder, k_head = split_key(dropout_key, 2)
+        hidden, _ = self.bert(input_ids, segment_ids, attention_mask, dropout_key=k_encoder)
+        pooled = jnp.tanh(self.pooler(hidden[:, 0]))
+        pooled = dropout(pooled, self.dropout_rate, k_head)
+        return self.classifier(pooled).astype(jnp.float32)
+
+
+def create_classifier(
+    cfg: ModelConfig, num_labels: int, classifier_dropout: float, seed: int, mesh
+) -> BertClassifier:
+    """A freshly initialised classifier, every parameter created in its shards on `mesh`."""
+
+    def make(rngs: nnx.Rngs) -> BertClassifier:
+        return BertClassifier(cfg, num_labels, classifier_dropout, rngs=rngs)
+
+    key = ("BertClassifier", cfg, num_labels, classifier_dropout)
+    return sharding.create_seeded(make, seed, cache_key=key, mesh=mesh)
+
+
+def classification_loss(logits: Array, labels: Array, regression: bool) -> dict[str, Array]:
+    """{"loss", and "accuracy" for classes}: logits [B, labels] f32, labels [B] int (classes)
+    or float (regression: mean squared error of logits[:, 0])."""
+    if regression:
+        loss = jnp.mean(jnp.square(logits[:, 0] - labels.astype(jnp.float32)))
+        return {"loss": loss}
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return {"loss": nll.mean(), "accuracy": jnp.mean(logits.argmax(-1) == labels)}
+
+
+def classification_forward(regression: bool) -> Callable:
+    """The train step's `forward`: (graphdef, params, rest, batch, key) -> (loss, metrics)."""
+
+    def forward(graphdef, params, rest, batch, key):
+        model = nnx.merge(graphdef, params, rest)
+        logits = model(
+            batch["input_ids"], batch["segment_ids"], batch["attention_mask"], dropout_key=key
+        )
+        metrics = classification_loss(logits, batch["label"], regression)
+        return metrics["loss"], metrics
+
+    return forward
+
+
+def predict_fn(graphdef) -> Callable:
+    """(params, rest, batch) -> logits [B, labels], deterministic (no dropout)."""
+
+    def predict(params, rest, batch):
+        model = nnx.merge(graphdef, params, rest)
+        return model(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
+
+    return predict
