@@ -29,8 +29,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.size = "base"  # tiny | mini | base | large: sets the four shape fields below
-    # LayerNorm placement: post | pre | admin | deepnorm | sandwich | rezero | olmo2 | lns | dyt,
-    # a per-layer list ("post*3,pre*9") or mixln; see the table in ln_jax/config.py
+    # LayerNorm placement: post | pre | admin | deepnorm | deepnorm_alpha | deepnorm_beta |
+    # sandwich | rezero | olmo2 | lns | dyt, a per-layer list ("post*3,pre*9") or mixln; see the
+    # table in ln_jax/config.py
     c.model.placement = "pre"
     c.model.norm = "layernorm"  # the encoder's normaliser: layernorm | rmsnorm
     # placement admin: "profile" (omega from a forward pass before step 0, kept in
@@ -47,8 +48,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.max_position_embeddings = 512  # learned positions
     c.model.type_vocab_size = 2  # segment ids (sentence A / B)
     c.model.activation = "gelu"  # gelu (BERT) | relu (the papers' theory) | gelu_tanh
-    c.model.init = "bert"  # bert (truncated normal, init_std) | xavier (Xiong et al. 3.3)
-    c.model.init_std = 0.02  # std of the "bert" initialiser
+    # bert (truncated normal, init_std) | bert_scaled (std init_std * sqrt(768 / hidden_size),
+    # BERT-base's scale relative to width) | xavier (Xiong et al. 3.3)
+    c.model.init = "bert"
+    c.model.init_std = 0.02  # std of the "bert" initialiser (at width 768 for "bert_scaled")
     c.model.layer_norm_eps = 1e-12  # epsilon in every LayerNorm (BERT: 1e-12)
     c.model.embedding_layernorm = True  # LayerNorm after the summed embeddings (BERT has one)
     c.model.hidden_dropout = 0.1  # dropout on embeddings and residual branches

@@ -56,12 +56,13 @@ class ResidualSublayer(nnx.Module):
     """One residual sub-layer `x -> y` around a branch F, normalised as its rule says.
 
     With rule `post`: y = LN(x + F(x)); `pre`: y = x + F(LN(x)); `admin`: y = LN(x * omega +
-    F(x)) with omega [embed] learned; `deepnorm`: y = LN(alpha x + F(x)); `sandwich`: y = x +
-    LN(F(LN(x))); `rezero`: y = x + gate * F(x) with a learned scalar gate starting at 0;
-    `olmo2`: y = x + LN(F(x)); `lns`: y = x + F(LN(x) / sqrt(depth)); `dyt`: Pre-LN with DyT
-    for LN. See
-    `PlacementRule` for the general order of operations. The hidden dropout is applied to the
-    branch output just before the residual add (as in BERT).
+    F(x)) with omega [embed] learned; `deepnorm`: y = LN(alpha x + F(x)) with beta-scaled
+    branch weights (`deepnorm_alpha`: the alpha skip only; `deepnorm_beta`: Post-LN with only
+    the beta-scaled init); `sandwich`: y = x + LN(F(LN(x))); `rezero`: y = x + gate * F(x)
+    with a learned scalar gate starting at 0; `olmo2`: y = x + LN(F(x)); `lns`: y = x +
+    F(LN(x) / sqrt(depth)); `dyt`: Pre-LN with DyT for LN. See `PlacementRule` for the general
+    order of operations. The hidden dropout is applied to the branch output just before the
+    residual add (as in BERT).
     """
 
     def __init__(self, branch: nnx.Module, cfg: ModelConfig, rule: PlacementRule):
@@ -74,7 +75,7 @@ class ResidualSublayer(nnx.Module):
         self.omega = _admin_omega(cfg) if rule.skip == "omega" else None
         self.gate = nnx.Param(jnp.zeros((1,)), out_sharding=(None,)) if rule.branch_gate else None
         self.alpha = deepnorm_alpha(cfg.num_layers) if rule.skip == "alpha" else 1.0
-        if rule.skip == "alpha":
+        if rule.init_scale == "deepnorm_beta":
             _scale_init(branch, deepnorm_beta(cfg.num_layers))
         self.pre_norm_scale = rule.pre_norm_scale
         self.dropout_rate = cfg.hidden_dropout

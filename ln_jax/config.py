@@ -224,11 +224,13 @@ class ModelConfig:
       embedding_layernorm: LayerNorm after summing the embeddings (BERT has one).
       hidden_dropout: dropout on embeddings and on each residual branch output.
       attention_dropout: dropout on attention probabilities.
-      init: weight initialiser, "bert" (truncated normal, std init_std) or "xavier" (Xiong et
-        al. section 3.3). "admin" is accepted as shorthand for Admin initialisation: it needs
-        placement "post" or "admin" and becomes placement="admin" with BERT's initialiser
-        (for Admin on Xavier weights say placement="admin", init="xavier").
-      init_std: standard deviation of the "bert" initialiser.
+      init: weight initialiser, "bert" (truncated normal, std init_std), "bert_scaled" (the
+        same with std init_std * sqrt(768 / hidden_size): BERT-base's scale relative to its
+        width, kept at other widths) or "xavier" (Xiong et al. section 3.3). "admin" is
+        accepted as shorthand for Admin initialisation: it needs placement "post" or "admin"
+        and becomes placement="admin" with BERT's initialiser (for Admin on Xavier weights
+        say placement="admin", init="xavier").
+      init_std: standard deviation of the "bert" initialiser (at width 768 for "bert_scaled").
       dtype: compute dtype name; parameters are always float32.
       residual_float32: keep the residual stream (embedding output, every sub-layer's output,
         Post-LN's norm outputs) in float32 while the branches compute in `dtype`: each branch

@@ -1,4 +1,5 @@
-"""Initialisers: BERT's truncated normal and the Xavier scheme of Xiong et al. (section 3.3).
+"""Initialisers: BERT's truncated normal (fixed or width-scaled) and the Xavier scheme of Xiong et
+al. (section 3.3).
 
 Each returns a `jax.nn.initializers.Initializer` for a kernel whose leading `n_in` axes are
 contracted with the input and whose trailing `n_out` axes are produced.
@@ -12,12 +13,26 @@ from jax.nn import initializers
 
 from ln_jax.config import ModelConfig
 
+# The width at which BERT's init_std = 0.02 was chosen (BERT-base); "bert_scaled" keeps the std
+# relative to 1/sqrt(d) that BERT-base has: 0.02 * sqrt(768 / d).
+BERT_WIDTH = 768
+
+
+def bert_std(cfg: ModelConfig) -> float | None:
+    """The truncated normal's std of "bert" / "bert_scaled" (None for other initialisers)."""
+    if cfg.init == "bert":
+        return cfg.init_std
+    if cfg.init == "bert_scaled":
+        return cfg.init_std * math.sqrt(BERT_WIDTH / cfg.hidden_size)
+    return None
+
 
 def dense_init(cfg: ModelConfig, n_in: int = 1, n_out: int = 1) -> initializers.Initializer:
     """Kernel initialiser of a dense layer with `n_in` input and `n_out` output axes."""
-    if cfg.init == "bert":
+    std = bert_std(cfg)
+    if std is not None:
         # As BERT's TF code: a normal truncated at two standard deviations.
-        return initializers.truncated_normal(cfg.init_std)
+        return initializers.truncated_normal(std)
     in_axis = tuple(range(n_in))
     out_axis = tuple(range(n_in, n_in + n_out))
     # Xavier: Var = 2 / (fan_in + fan_out), i.e. 1/d for the d x d matrices of the theory.
@@ -25,9 +40,11 @@ def dense_init(cfg: ModelConfig, n_in: int = 1, n_out: int = 1) -> initializers.
 
 
 def embed_init(cfg: ModelConfig) -> initializers.Initializer:
-    """Embedding-table initialiser: BERT's truncated normal, or N(0, 1/d) for "xavier"."""
-    if cfg.init == "bert":
-        return initializers.truncated_normal(cfg.init_std)
+    """Embedding-table initialiser: BERT's truncated normal (fixed or width-scaled std), or
+    N(0, 1/d) for "xavier"."""
+    std = bert_std(cfg)
+    if std is not None:
+        return initializers.truncated_normal(std)
     return initializers.normal(cfg.hidden_size**-0.5)
 
 

@@ -89,7 +89,10 @@ def sublayer(x, branch, p, pre, placement, cfg, depth):
         return x + branch(nrm("pre_norm", x))
     if placement == "admin":  # Liu et al. eq. (5): LN(x * omega + F(x))
         return nrm("post_norm", x * p[pre + "omega"] + branch(x))
-    if placement == "deepnorm":  # Wang et al. 2022: LN(alpha x + G(x)), alpha = (2N)^(1/4)
+    if placement == "deepnorm_beta":  # DeepNet's beta init only: the forward pass is Post-LN
+        return nrm("post_norm", x + branch(x))
+    # Wang et al. 2022: LN(alpha x + G(x)), alpha = (2N)^(1/4); deepnorm_alpha's forward is the same
+    if placement in ("deepnorm", "deepnorm_alpha"):
         return nrm("post_norm", (2 * cfg.num_layers) ** 0.25 * x + branch(x))
     if placement == "sandwich":  # Peri-LN: x + LN(F(LN(x)))
         return x + nrm("branch_norm", branch(nrm("pre_norm", x)))

@@ -212,7 +212,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("placement", "postln", "valid names: admin, deepnorm, dyt, lns, mixln, olmo2, post, pre"),
+        ("placement", "postln", "valid names: admin, deepnorm, deepnorm_alpha, deepnorm_beta, dyt"),
         ("activation", "swish", "valid names: gelu, gelu_tanh, relu"),
         ("size", "huge", "valid names: base, custom, large, mini, tiny"),
         ("num_heads", 5, "hidden_size=128 is not divisible by model.num_heads=5"),

@@ -15,6 +15,7 @@ from flax import nnx
 import ln_jax
 from ln_jax import admin
 from ln_jax.config import PlacementRule
+from ln_jax.init import bert_std
 from ln_jax.layers import DyT, RMSNorm
 from tests import reference
 from tests.test_models import ODD, batch, flat_params, randomize
@@ -44,7 +45,7 @@ def inputs(seed=0):
         ("pre*2,dyt*1", {"qk_norm": True}),
         ("post,pre,pre", {}),
         ("pre", {"norm": "rmsnorm"}),
-        ("deepnorm", {"norm": "rmsnorm"}),
+        ("deepnorm_alpha,deepnorm_beta,deepnorm", {"norm": "rmsnorm"}),
         ("pre", {"dlcl": True}),
         ("pre", {"qk_norm": True}),
         ("post", {"qk_norm": True, "norm": "rmsnorm"}),
@@ -148,6 +149,15 @@ def test_deepnorm_alpha_and_beta():
         assert std(layer_d, sub, name) / std(layer_p, sub, name) == pytest.approx(beta, rel=1e-5)
     for name in ("query", "key"):
         assert std(layer_d, "attention", name) == pytest.approx(std(layer_p, "attention", name))
+    # DeepNorm's two changes apart: deepnorm_alpha has the skip scale and plain weights,
+    # deepnorm_beta the beta-scaled weights and an identity skip.
+    only_a = ln_jax.create_model(ln_jax.ModelConfig(**base, placement="deepnorm_alpha"), seed=5)
+    only_b = ln_jax.create_model(ln_jax.ModelConfig(**base, placement="deepnorm_beta"), seed=5)
+    layer_a, layer_b = only_a.bert.encoder.layers[2], only_b.bert.encoder.layers[2]
+    assert layer_a.attention.alpha == pytest.approx(alpha) and layer_b.ffn.alpha == 1.0
+    for sub, name in [("attention", "value"), ("ffn", "wo")]:
+        assert std(layer_a, sub, name) == pytest.approx(std(layer_p, sub, name), rel=1e-6)
+        assert std(layer_b, sub, name) == pytest.approx(std(layer_d, sub, name), rel=1e-6)
 
 
 def test_rezero_is_the_identity_at_initialisation():
@@ -339,3 +349,18 @@ def test_dyt_initialisation_and_formula():
     x = np.random.default_rng(0).normal(0.0, 3.0, (4, 12)).astype(np.float32)
     np.testing.assert_allclose(norm(x), np.tanh(0.5 * x), rtol=1e-6)
     assert encoder.layers[0].attention.post_norm is None
+
+
+def test_bert_scaled_init_keeps_berts_std_relative_to_width():
+    # d = 64: sigma = 0.02 * sqrt(768 / 64) = 0.0693; truncated at 2 sigma, the std is 0.88 sigma.
+    d, sigma = 64, 0.02 * math.sqrt(768 / 64)
+    base = dict(size="custom", vocab_size=50, hidden_size=d, num_heads=4, mlp_dim=128, num_layers=1)
+    model = ln_jax.create_model(ln_jax.ModelConfig(**base, init="bert_scaled"))
+    ffn = model.bert.encoder.layers[0].ffn.branch
+    for w in (ffn.wi.kernel[...], model.bert.embeddings.word[...]):
+        w = np.asarray(w)
+        assert w.std() == pytest.approx(0.8796 * sigma, rel=0.05)
+        assert np.abs(w).max() <= 2 * sigma + 1e-6
+    # At BERT-base's width it is BERT's initialiser: init_std itself.
+    wide = ln_jax.ModelConfig(**dict(base, hidden_size=768, num_heads=12), init="bert_scaled")
+    assert bert_std(wide) == pytest.approx(0.02) and bert_std(wide.replace(init="xavier")) is None
