@@ -56,6 +56,8 @@ def install(root, name: str, version: str, files: dict[str, str]) -> None:
 def site(tmp_path_factory):
     root = tmp_path_factory.mktemp("site-packages")
     core = module_source(1)
+    rng = random.Random(4)  # one name defined twice (as a property's getter and setter)
+    twice = "".join(f'def twice():\n    """{docstring(rng)}"""\n\n\n' for _ in range(2))
     install(
         root,
         "alpha",
@@ -70,7 +72,7 @@ def site(tmp_path_factory):
         root,
         "beta",
         PACKAGES["beta"],
-        {"beta/main.py": module_source(3), "beta/_vendor/alpha/core.py": core},
+        {"beta/main.py": module_source(3) + twice, "beta/_vendor/alpha/core.py": core},
     )
     return root
 
@@ -103,8 +105,9 @@ def test_documents_splits_dedup_and_metadata(prepared):
     builder, _ = prepared
     train, validation = records(builder, "train"), records(builder, "validation")
     keys = [r["doc_id"] for r in train + validation]
-    # 3 modules of 12 docstrings each; the vendored copy of alpha/core.py is dropped.
-    assert len(keys) == len(set(keys)) == 3 * DOCS_PER_MODULE
+    # 3 modules of 12 docstrings each and `twice`; the vendored alpha/core.py is dropped.
+    assert len(keys) == len(set(keys)) == 3 * DOCS_PER_MODULE + 2
+    assert {"beta/beta/main.py::twice", "beta/beta/main.py::twice#2"} <= set(keys)
     assert {k.split("::")[0] for k in keys} == {
         "alpha/alpha/__init__.py",
         "alpha/alpha/core.py",

@@ -147,8 +147,13 @@ def distribution_documents(dist: Distribution) -> Iterator[tuple[str, list[str]]
 
 
 def unique_documents(docs: Iterable[tuple[str, list[str]]]) -> tuple[Documents, int]:
-    """(the documents whose text was not seen before, in order; how many were dropped)."""
+    """(the documents whose text was not seen before, in order; how many were dropped).
+
+    A key seen before (a name defined twice in one file, e.g. a property's getter and setter)
+    gets `#2`, `#3`, ... appended: TFDS keys must be unique.
+    """
     seen: set[bytes] = set()
+    key_counts: dict[str, int] = {}
     kept, dropped = [], 0
     for key, sentences in docs:
         digest = hashlib.md5("\n".join(sentences).encode("utf-8")).digest()
@@ -156,7 +161,8 @@ def unique_documents(docs: Iterable[tuple[str, list[str]]]) -> tuple[Documents, 
             dropped += 1
             continue
         seen.add(digest)
-        kept.append((key, sentences))
+        key_counts[key] = key_counts.get(key, 0) + 1
+        kept.append((key if key_counts[key] == 1 else f"{key}#{key_counts[key]}", sentences))
     return kept, dropped
 
 
