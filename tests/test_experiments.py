@@ -13,7 +13,7 @@ from matplotlib.colors import to_hex
 
 from configs import study as study_config
 from ln_jax.config import override
-from ln_jax.experiments import grids, plateau, report, runner, study
+from ln_jax.experiments import grids, plateau, report, runner, study, targets
 from ln_jax.experiments.runner import RunSpec
 
 pytest_plugins = ("tests.data_fixtures",)
@@ -23,6 +23,7 @@ def base_config(data_dir: str, **overrides) -> dict:
     """configs/study.py:depth shrunk to seconds, on the 2x2x2 mesh of 8 fake devices."""
     c = study_config.get_config("depth")
     c.data.data_dir = data_dir
+    c.data.dataset = "ln_jax_pydocs"  # the embedded corpus (the studies read ln_jax_sitedocs)
     c.data.vocab_size = 8000  # the tests' shared tokenizer
     c.data.global_batch_size = 8
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
@@ -75,41 +76,72 @@ def test_corpus_plateau_is_below_uniform(data_dir):
     assert 4.0 < value["unigram_xent"] < math.log(8000) - 1.0
 
 
-def test_grids_name_arms_and_scale_warmup():
-    specs = grids.depth_grid([6, 12], ["post", "post_warmup", "pre"], [0, 1], 1e-3, 60)
+def test_depth_grid_arms_absolute_warmup_and_beta2():
+    specs = grids.depth_grid([6, 12], ["post_warmup", "pre", "admin_radam"], [0, 1], [5e-4], 500)
     assert len(specs) == 12 and len({s.name for s in specs}) == 12
-    warm = next(s for s in specs if s.name == "L12-post_warmup-s1")
-    assert warm.overrides["model.placement"] == "post"
-    assert warm.overrides["optim.warmup_steps"] == 60
-    assert warm.overrides["model.num_layers"] == 12 and warm.overrides["seed"] == 1
-    pre = next(s for s in specs if s.arm == "pre")
-    assert pre.overrides["optim.warmup_steps"] == 0
-    assert pre.overrides["optim.schedule"] == "linear_decay"
-    # Any row of the placement table is an arm; "+qk" adds qk_norm.
-    rows = grids.depth_grid([6], ["olmo2", "lns", "dyt+qk"], [0], 1e-3, 60)
-    assert [s.overrides["model.placement"] for s in rows] == ["olmo2", "lns", "dyt"]
+    by_name = {s.name: s.overrides for s in specs}
+    warm = by_name["L12-post_warmup-s1"]
+    assert (warm["model.placement"], warm["optim.warmup_steps"]) == ("post", 500)
+    assert warm["model.num_layers"] == 12 and warm["seed"] == warm["data.seed"] == 1
+    radam = by_name["L6-admin_radam-s0"]
+    assert (radam["model.placement"], radam["optim.optimizer"]) == ("admin", "radam")
+    assert radam["optim.warmup_steps"] == 0 and by_name["L6-pre-s0"]["optim.warmup_steps"] == 0
+    for o in by_name.values():
+        assert (o["optim.b2"], o["optim.schedule"], o["optim.peak_lr"]) == (0.98, "constant", 5e-4)
+    # Any placement row is an arm, with a suffix; "+qk" adds qk_norm; several rates = a pilot.
+    rows = grids.depth_grid([6], ["deepnorm_beta_warmup", "deepnorm_alpha", "dyt+qk"], [0], [1e-3])
+    assert [s.overrides["model.placement"] for s in rows] == [
+        "deepnorm_beta",
+        "deepnorm_alpha",
+        "dyt",
+    ]
+    assert [s.overrides["optim.warmup_steps"] for s in rows] == [grids.DEPTH_WARMUP, 0, 0]
     assert [s.overrides.get("model.qk_norm", False) for s in rows] == [False, False, True]
-    assert rows[2].name == "L6-dyt+qk-s0"
+    pilot = grids.depth_grid([6], ["pre"], [0], [2e-4, 1e-3], schedule="warmup_rsqrt", b2=0.99)
+    assert [s.name for s in pilot] == ["L6-pre-lr2e-4-s0", "L6-pre-lr1e-3-s0"]
+    assert [s.tags["lr"] for s in pilot] == [2e-4, 1e-3]
+    assert {(s.overrides["optim.schedule"], s.overrides["optim.b2"]) for s in pilot} == {
+        ("warmup_rsqrt", 0.99)
+    }
 
-    w = grids.warmup_grid(1000, lrs=[5e-4, 1e-3], lengths=[1, 500, 4000])
-    by_name = {s.name: s for s in w}
-    assert by_name["post_warmup4000-lr1e-3-s0"].overrides["optim.warmup_steps"] == 80
-    assert by_name["post_warmup500-lr5e-4-s0"].overrides["optim.warmup_steps"] == 10
-    assert by_name["post_nowarmup-lr1e-3-s0"].overrides["optim.warmup_steps"] == 0
-    assert by_name["post_radam-s0"].overrides["optim.optimizer"] == "radam"
-    assert by_name["post_smalllr-s0"].overrides["optim.peak_lr"] == 1e-4
-    assert {"pre-lr5e-4-s0", "admin-lr1e-3-s0"} <= set(by_name)
-    assert all(s.overrides.get("optim.b2", 0.98) == 0.98 for s in w)
-    two = grids.warmup_grid(1000, seeds=[0, 1])
-    assert [s.tags["seed"] for s in two] == [0] * len(w) + [1] * len(w)  # seed-major
+
+def test_warmup_grid_cells_lrs_and_seeds():
+    w = grids.warmup_grid(seeds=[0, 1], extras=["admin_warmup", "admin_radam"], extra_warmup=100)
+    # Post-LN 4 rates x 4 warm-ups, Pre-LN 3 rates, 2 extras x 4 rates; seed-major.
+    cells = 16 + 3 + 8
+    assert len(w) == 2 * cells and [s.tags["seed"] for s in w] == [0] * cells + [1] * cells
+    by_name = {s.name: s.overrides for s in w}
+    post = by_name["post_warmup1000-lr2e-4-s1"]
+    assert (post["optim.warmup_steps"], post["optim.peak_lr"]) == (1000, 2e-4)
+    assert by_name["post_nowarmup-lr3e-4-s0"]["optim.warmup_steps"] == 0
+    assert {k for k in by_name if k.startswith("pre-")} == {
+        f"pre-lr{t}-s{s}" for t in ("3e-4", "5e-4", "1e-3") for s in (0, 1)
+    }
+    assert all(by_name[f"pre-lr1e-3-s{s}"]["optim.warmup_steps"] == 0 for s in (0, 1))
+    assert by_name["admin_warmup-lr1e-4-s0"]["optim.warmup_steps"] == 100
+    assert by_name["admin_radam-lr5e-4-s0"]["optim.optimizer"] == "radam"
+    assert all(
+        o["optim.b2"] == 0.98 and o["optim.schedule"] == "constant" for o in by_name.values()
+    )
+    # The key cells' extra seeds: only the seeds a cell does not have yet.
+    extra = grids.key_cell_specs(w, ["post_warmup500-lr2e-4", "pre-lr5e-4"], [1, 2, 3])
+    assert [s.name for s in extra] == [
+        "post_warmup500-lr2e-4-s2",
+        "pre-lr5e-4-s2",
+        "post_warmup500-lr2e-4-s3",
+        "pre-lr5e-4-s3",
+    ]
+    assert extra[0].overrides == {**by_name["post_warmup500-lr2e-4-s0"], "seed": 2, "data.seed": 2}
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: grids.depth_grid([6], ["postln"], [0], 1e-3, 1), "unknown depth-study arm"),
-        (lambda: grids.depth_grid([], ["post"], [0], 1e-3, 1), "--depths is empty"),
-        (lambda: grids.warmup_grid(100, lrs=[]), "--lrs is empty"),
+        (lambda: grids.depth_grid([6], ["postln"], [0]), "unknown study arm 'postln'"),
+        (lambda: grids.depth_grid([6], ["pre_warmpu"], [0]), "unknown study arm"),
+        (lambda: grids.depth_grid([], ["post"], [0]), "--depths is empty"),
+        (lambda: grids.warmup_grid(post_lrs=[]), "--lrs is empty"),
+        (lambda: grids.warmup_grid(schedule="linear_decay"), "not a study schedule"),
     ],
 )
 def test_bad_grid_arguments(call, message):
@@ -141,19 +173,113 @@ def _result(name, arm, evals, lr=1e-3, diverged=False):
     }
 
 
-def test_warmup_summary_ratio_on_synthetic_curves():
-    post = _result("post_warmup500", "post_warmup500", [[100, 7, 10], [200, 6, 20], [400, 5, 40]])
-    pre = _result("pre", "pre", [[100, 6.5, 10], [200, 5.0, 20], [400, 4.5, 40]])
-    nowarm = _result("post_nowarmup", "post_nowarmup", [[100, 7, 10], [400, 8, 40]], diverged=True)
-    summary = report.warmup_summary([post, pre, nowarm])
-    assert summary["target"] == 5.0 and summary["target_from"] == "post_warmup500"
-    # Post-LN reaches 5.0 at step 400; Pre-LN at step 200: ratio 0.5.
-    assert summary["steps_ratio_pre_over_post_warmup"] == pytest.approx(0.5)
-    rows = {r["name"]: r for r in summary["runs"]}
-    assert rows["post_nowarmup"]["steps_to_target"] is None
-    assert rows["pre"]["seconds_to_target"] == pytest.approx(20.0)
-    with pytest.raises(ValueError, match="--target"):
-        report.warmup_summary([pre, nowarm])
+def _seeded(cell, arm, seed, losses, lr=2e-4, warmup=0, key=False, diverged=False):
+    """A run of `cell` at `seed` whose validation losses at steps 100, 200, ... are `losses`."""
+    r = _result(
+        f"{cell}-s{seed}",
+        arm,
+        [[100 * (i + 1), v, 10.0 * (i + 1)] for i, v in enumerate(losses)],
+        lr,
+        diverged,
+    )
+    r["tags"].update(seed=seed, warmup_steps=warmup, **({"key": True} if key else {}))
+    return r
+
+
+def _warmup_runs():
+    """Plateau 7.0, targets 6.7 / 6.4 / 6.0. post_warmup100 reaches 6.4 at steps 225 and 183.3;
+    post_warmup500 is faster but one seed diverged; pre-lr5e-4 at 166.7 (both sweep seeds), its
+    key seed 2 at 140; pre-lr1e-3 never reaches 6.4."""
+    return [
+        _seeded("post_warmup100-lr2e-4", "post_warmup100", 0, [7.0, 6.5, 6.1, 5.9], warmup=100),
+        _seeded("post_warmup100-lr2e-4", "post_warmup100", 1, [6.9, 6.3, 6.0, 5.8], warmup=100),
+        _seeded("post_warmup500-lr5e-4", "post_warmup500", 0, [6.5, 6.0, 5.5, 5.0], 5e-4, 500),
+        _seeded(
+            "post_warmup500-lr5e-4", "post_warmup500", 1, [6.5, 9.0, 9, 9], 5e-4, 500, diverged=True
+        ),
+        _seeded("pre-lr5e-4", "pre", 0, [6.8, 6.2, 5.9, 5.7], 5e-4),
+        _seeded("pre-lr5e-4", "pre", 1, [6.8, 6.2, 5.9, 5.7], 5e-4),
+        _seeded("pre-lr5e-4", "pre", 2, [6.6, 6.1, 5.9, 5.7], 5e-4, key=True),
+        _seeded("pre-lr1e-3", "pre", 0, [6.9, 6.6, 6.5, 6.45], 1e-3),
+        _seeded("pre-lr1e-3", "pre", 1, [6.9, 6.6, 6.5, 6.45], 1e-3),
+    ]
+
+
+def test_warmup_summary_steps_to_each_target_best_cells_and_ratio():
+    summary = report.warmup_summary(_warmup_runs(), plateau=7.0)
+    assert [t[0] for t in summary["targets"]] == ["plateau-0.3", "plateau-0.6", "plateau-1"]
+    assert summary["middle"] == "plateau-0.6" and summary["target"] == pytest.approx(6.4)
+    cells = {c["cell"]: c for c in summary["cells"]}
+    post = cells["post_warmup100-lr2e-4"]["steps"]
+    assert post["plateau-0.3"] == pytest.approx([160, 100 + 100 * 0.2 / 0.6])
+    assert post["plateau-0.6"] == pytest.approx([225, 100 + 100 * 0.5 / 0.6])
+    assert post["plateau-1"] == pytest.approx([350, 300])
+    assert cells["pre-lr1e-3"]["steps"]["plateau-0.6"] == [None, None]
+    # Best = fewest mean steps to the middle target, no seed diverged, chosen on sweep seeds.
+    assert summary["best"] == {"post": "post_warmup100-lr2e-4", "pre": "pre-lr5e-4"}
+    # The ratio pools every seed of the two cells (the key seed too): pre (166.7, 166.7, 140).
+    middle = next(r for r in summary["ratios"] if r["target"] == "plateau-0.6")
+    pre_mean, post_mean = (2 * 166.6667 + 140) / 3, (225 + 183.3333) / 2
+    assert middle["ratio"] == pytest.approx(pre_mean / post_mean, rel=1e-5)
+    assert (middle["n_a"], middle["n_b"]) == (3, 2)
+    # Post-LN's two seeds give resampled means in [183.3, 225]; Pre-LN's in [140, 166.7].
+    assert 140 / 225 - 1e-9 <= middle["lo"] < middle["ratio"] < middle["hi"] <= 166.67 / 183.33
+    assert middle["holds_xiong"] == (middle["lo"] <= 0.71 <= middle["hi"])
+    table = report.warmup_table(summary, plateau=7.0)
+    assert (
+        "| post_warmup100-lr2e-4 * | 0.0002 | 100 | 2 | 5.850 ± 0.050 | 147 ± 13 (2/2) | "
+        "204 ± 21 (2/2) | 325 ± 25 (2/2) |" in table
+    )
+    assert "| pre-lr1e-3 | 0.001 | 0 | 2 | 6.450 ± 0.000 | 167 ± 0 (2/2) | never (0/2) |" in table
+    assert f"| plateau-0.6 | {middle['ratio']:.2f} | [{middle['lo']:.2f}, " in table
+    # With the key seed, the choice is the same: the sweep seeds decide.
+    assert report.best_cells(_warmup_runs(), 7.0) == summary["best"]
+
+
+def test_best_cell_falls_back_to_the_lowest_final_loss():
+    runs = [
+        _seeded("post_nowarmup-lr2e-4", "post_nowarmup", 0, [7.0, 6.9]),
+        _seeded("post_warmup100-lr2e-4", "post_warmup100", 0, [7.0, 6.8], warmup=100),
+        _seeded("pre-lr5e-4", "pre", 0, [7.0, math.nan], diverged=True),
+    ]
+    summary = report.warmup_summary(runs, plateau=7.0)
+    assert summary["best"] == {"post": "post_warmup100-lr2e-4", "pre": None}
+    assert all(r["ratio"] is None for r in summary["ratios"])
+    assert "| plateau-0.6 | – | – | – | – |" in report.warmup_table(summary, 7.0)
+
+
+def test_bootstrap_interval_holds_a_known_ratio_and_narrows_with_seeds():
+    rng = np.random.default_rng(1)
+    widths = []
+    for n in (5, 80):
+        pre, post = 700 + 40 * rng.standard_normal(n), 1000 + 60 * rng.standard_normal(n)
+        ci = targets.bootstrap_ratio(pre, post)
+        assert ci["lo"] < 0.7 < ci["hi"] and ci["lo"] < ci["ratio"] < ci["hi"]
+        assert ci == targets.bootstrap_ratio(pre, post)  # fixed seed: reproducible
+        widths.append(ci["hi"] - ci["lo"])
+    assert widths[1] < widths[0] / 2  # ~1/sqrt(n): 80 seeds give a ~4x narrower interval
+    assert targets.bootstrap_ratio([5.0], [10.0]) == {
+        "ratio": 0.5,
+        "lo": 0.5,
+        "hi": 0.5,
+        "n_a": 1,
+        "n_b": 1,
+    }
+
+
+def test_key_seed_expansion_adds_the_best_cells_seeds():
+    sweep = grids.warmup_grid(
+        seeds=[0, 1], post_lrs=[2e-4, 5e-4], warmups=[100, 500], pre_lrs=[5e-4, 1e-3]
+    )
+    results = [r for r in _warmup_runs() if not r["tags"].get("key")]
+    extra = study.key_seed_expansion(sweep, 7.0, [2, 3], targets.OFFSETS)(results)
+    assert [s.name for s in extra] == [
+        "post_warmup100-lr2e-4-s2",
+        "pre-lr5e-4-s2",
+        "post_warmup100-lr2e-4-s3",
+        "pre-lr5e-4-s3",
+    ]
+    assert all(s.tags["key"] for s in extra)
 
 
 def test_largest_spike_is_the_rise_above_the_running_minimum():
@@ -176,6 +302,50 @@ def test_escape_table_reads_the_step_below_the_plateau_per_seed():
     ]
     table = report.escape_table(results, ["post", "pre"], plateau=6.2)
     assert "| pre | 180, 267 |" in table and "| post | never |" in table
+
+
+def _depth_run(arm, layers, final, lr=1e-3, seed=0, collapse=None):
+    r = _result(f"L{layers}-{arm}-lr{lr:g}-s{seed}", arm, [[100, 7.0, 1], [200, final, 2]], lr)
+    r["tags"].update(num_layers=layers, seed=seed)
+    r["below_plateau"] = final < 7.0
+    r["collapse_curve"] = collapse or []
+    return r
+
+
+def test_pilot_chooses_the_largest_rate_with_lius_regime():
+    def pilot(post18_at_1e3, pre18_at_1e3):
+        runs = []
+        for lr in (2e-4, 1e-3):
+            for d in (6, 18):
+                runs += [_depth_run("pre", d, 6.5, lr), _depth_run("admin_warmup", d, 6.5, lr)]
+                runs.append(_depth_run("post_warmup", d, 6.5, lr))
+        for r in runs:  # at 1e-3 and 18 layers: Post-LN (and maybe Pre-LN) stays on the plateau
+            if r["tags"]["lr"] == 1e-3 and r["tags"]["num_layers"] == 18:
+                r["final_eval_mlm_loss"] = {"post_warmup": post18_at_1e3, "pre": pre18_at_1e3}.get(
+                    r["arm"], 6.5
+                )
+        return report.pilot_choice(runs, plateau=7.0)
+
+    regime = pilot(post18_at_1e3=7.0, pre18_at_1e3=6.5)
+    assert (regime["lr"], regime["regime"]) == (1e-3, True)
+    assert regime["per_lr"][2e-4] == {"stable_everywhere": True, "post_regime": False}
+    # Pre-LN fails at 18 layers at 1e-3: the largest rate where it trains, regime not found.
+    unstable = pilot(post18_at_1e3=7.0, pre18_at_1e3=6.8)  # 6.8 > 7.0 - 0.3: not trained
+    assert (unstable["lr"], unstable["regime"]) == (2e-4, False)
+    assert "chosen learning rate: 0.0002 (Liu's regime not found" in report.pilot_table(unstable)
+
+
+def test_depth_table_shows_the_collapse_measure_and_pilot_rows():
+    runs = [
+        _depth_run("post_warmup", 6, 6.5, 2e-4, 0, [[1, 0.80, 0], [100, 0.97, 1]]),
+        _depth_run("post_warmup", 6, 6.6, 2e-4, 1, [[1, 0.90, 0], [100, 0.99, 1]]),
+        _depth_run("post_warmup", 6, 6.5, 1e-3),
+    ]
+    assert report.collapse_ends(runs[0]) == (0.80, 0.97) and report.collapse_ends(runs[2]) is None
+    table = report.depth_table(runs, ["post_warmup"], plateau=7.0)
+    assert "| post_warmup lr=0.0002 | 0/2 | 2/2 | 6.550 ± 0.050 | 0.85 → 0.98 |" in table
+    assert "| post_warmup lr=0.001 | 0/1 | 1/1 | 6.500 | – |" in table
+    assert "chosen learning rate" in table
 
 
 def _by_gid(ax) -> dict:
@@ -231,7 +401,7 @@ def test_depth_figure_draws_each_run_in_its_panel(tmp_path):
 def _two_lr_summary():
     post = _result("post_warmup500", "post_warmup500", [[100, 7, 10], [200, 6, 20], [400, 5, 40]])
     pre = _result("pre", "pre", [[100, 6.5, 11], [200, 5.0, 21]], lr=5e-4)
-    return report.warmup_summary([post, pre])
+    return report.warmup_summary([post, pre], plateau=6.7)
 
 
 def test_warmup_figure_draws_each_cell_against_steps_and_seconds(tmp_path):
@@ -251,7 +421,7 @@ def test_warmup_figure_draws_each_cell_against_steps_and_seconds(tmp_path):
     _assert_curve(_by_gid(by_step_5e4)["pre"], [100, 200], [6.5, 5.0], "tab:blue")
     _assert_curve(_by_gid(by_time_5e4)["pre"], [11, 21], [6.5, 5.0], "tab:blue")
     target = next(x for x in by_time_5e4.lines if x.get_label() == "target")
-    assert list(target.get_ydata()) == [5.0, 5.0]
+    assert list(target.get_ydata()) == pytest.approx([6.1, 6.1])  # the middle target
     plt.close(fig)
     changed = json.loads(json.dumps(summary))
     changed["cells"][1]["curve"][1][1] = 5.5
@@ -259,45 +429,20 @@ def test_warmup_figure_draws_each_cell_against_steps_and_seconds(tmp_path):
     _assert_png_of(plot, tmp_path, summary, changed)
 
 
-def test_warmup_summary_pools_seeds_on_the_mean_curve():
-    def seeded(name, arm, seed, evals):
-        r = _result(f"{name}-s{seed}", arm, evals)
-        r["tags"]["seed"] = seed
-        return r
-
+def test_mean_curve_pools_seeds_at_common_steps():
     runs = [
-        seeded(
-            "post_warmup500", "post_warmup500", 0, [[100, 7.0, 10], [200, 6.0, 20], [400, 5.0, 40]]
-        ),
-        seeded(
-            "post_warmup500", "post_warmup500", 1, [[100, 7.2, 12], [200, 6.2, 22], [400, 5.4, 44]]
-        ),
-        seeded("pre", "pre", 0, [[100, 6.4, 10], [200, 5.0, 20], [400, 4.5, 40]]),
-        seeded("pre", "pre", 1, [[100, 6.6, 10], [200, 5.4, 20], [400, 4.7, 40]]),
+        _seeded("pre-lr5e-4", "pre", 0, [7.0, 6.0, 5.0]),
+        _seeded("pre-lr5e-4", "pre", 1, [7.2, 6.2]),
     ]
-    summary = report.warmup_summary(runs, plateau=6.7)
-    cells = {c["cell"]: c for c in summary["cells"]}
-    assert set(cells) == {"post_warmup500", "pre"}
-    assert cells["post_warmup500"]["curve"] == [[100, 7.1, 11], [200, 6.1, 21], [400, 5.2, 42]]
-    assert summary["target"] == pytest.approx(5.2) and summary["target_from"] == "post_warmup500"
-    # Pre-LN's mean curve (6.5, 5.2, 4.6) reaches 5.2 at step 200; Post-LN's at step 400.
-    assert cells["pre"]["steps_to_target"] == pytest.approx(200)
-    assert summary["steps_ratio_pre_over_post_warmup"] == pytest.approx(0.5)
-    by_run = {r["name"]: r["steps_to_target"] for r in summary["runs"]}
-    assert by_run["post_warmup500-s1"] is None  # one seed alone ends above the mean
-    # 0.1 nats below the plateau (6.6): Post-LN's mean 7.1 -> 6.1 crosses it at step 150.
-    assert cells["post_warmup500"]["steps_below_plateau"] == pytest.approx(150)
-    assert cells["pre"]["steps_below_plateau"] == pytest.approx(100)
-    table = report.warmup_table(summary, plateau=6.7)
-    assert "| post_warmup500 | 0.001 | 0 | 2 | 5.200 ± 0.200 | 400 | 42 | 150 |" in table
+    assert report.mean_curve(runs) == [[100, 7.1, 10.0], [200, 6.1, 20.0]]
 
 
 # --------------------------------------------------------------------------- real runs
 
 
 def test_tiny_grid_end_to_end_writes_results_and_plot(data_dir, tmp_path):
-    base = base_config(data_dir)
-    specs = grids.depth_grid([1], ["post", "pre"], [0], 1e-3, 1)
+    base = base_config(data_dir, **{"monitor.every": 2})
+    specs = grids.depth_grid([1], ["post", "pre"], [0], [1e-3])
     out = str(tmp_path)
     result = study.run("depth", base, specs, out, plateau=6.7, arms=["post", "pre"])
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -306,6 +451,9 @@ def test_tiny_grid_end_to_end_writes_results_and_plot(data_dir, tmp_path):
         assert r["steps"] == 4 and [e[0] for e in r["eval_curve"]] == [2, 4]
         assert all(math.isfinite(e[1]) and e[1] > 0 for e in r["eval_curve"])
         assert r["wall_s"] > 0 and not r["diverged"]
+        # The collapse measure at step 1 (initialisation), 2 and 4: cosines in (0, 1].
+        assert [c[0] for c in r["collapse_curve"]] == [1, 2, 4]
+        assert all(0 < c[1] <= 1 for c in r["collapse_curve"])
     # Two placements, same data and seed: different losses (the arms really differ).
     a, b = (r["final_eval_mlm_loss"] for r in saved["runs"])
     assert a != b
@@ -324,7 +472,7 @@ def test_tiny_grid_end_to_end_writes_results_and_plot(data_dir, tmp_path):
 
 def test_interrupted_grid_resumes_without_redoing_finished_runs(data_dir, tmp_path):
     base = base_config(data_dir)
-    specs = grids.depth_grid([1], ["pre", "post"], [0], 1e-3, 1)
+    specs = grids.depth_grid([1], ["pre", "post"], [0], [1e-3])
     out = str(tmp_path)
     # "Interrupted" after its first run: only that one finished.
     study.run_only(base, specs, out, specs[0].name, plateau=6.7)
@@ -352,26 +500,18 @@ def test_forced_nan_run_is_recorded_as_diverged(data_dir, tmp_path):
 
 def test_tiny_warmup_grid_end_to_end_reports_the_key_ratio(data_dir, tmp_path):
     base = base_config(data_dir, total_steps=6, eval_every=2)
-    grid = grids.warmup_grid(6, lrs=[1e-3], lengths=[4000])
-    specs = [s for s in grid if s.arm in ("post_warmup4000", "pre")]
-    assert [s.name for s in specs] == ["post_warmup4000-lr1e-3-s0", "pre-lr1e-3-s0"]
-    result = study.run("warmup", base, specs, str(tmp_path), plateau=6.7)
+    specs = grids.warmup_grid(seeds=[0], post_lrs=[1e-3], warmups=[2], pre_lrs=[1e-3])
+    assert [s.name for s in specs] == ["post_warmup2-lr1e-3-s0", "pre-lr1e-3-s0"]
+    # A plateau far above the start: every target is reached at an evaluation.
+    result = study.run("warmup", base, specs, str(tmp_path), plateau=12.0)
     saved = json.loads((tmp_path / "results.json").read_text())
     summary = saved["summary"]
-    post = next(r for r in saved["runs"] if r["arm"] == "post_warmup4000")
-    # The target is Post-LN-with-warm-up's final loss; it reaches it by its last evaluation.
-    assert summary["target"] == post["final_eval_mlm_loss"]
-    assert summary["post_warmup_run"] == "post_warmup4000-lr1e-3"  # its cell (one seed)
-    rows = {r["name"]: r for r in summary["runs"]}
-    post_steps = rows[post["name"]]["steps_to_target"]
-    assert 0 < post_steps <= 6
-    pre_steps = rows["pre-lr1e-3-s0"]["steps_to_target"]
-    ratio = summary["steps_ratio_pre_over_post_warmup"]
-    if pre_steps is None:
-        assert ratio is None
-    else:
-        assert ratio == pytest.approx(pre_steps / post_steps)
-    assert "Post-LN with warm-up (post_warmup4000-lr1e-3) = " in result["table"]
+    assert summary["best"] == {"post": "post_warmup2-lr1e-3", "pre": "pre-lr1e-3"}
+    steps = {r["arm"]: runner.steps_to_target(r["eval_curve"], 11.4) for r in saved["runs"]}
+    assert all(0 < x <= 6 for x in steps.values())
+    middle = next(r for r in summary["ratios"] if r["target"] == "plateau-0.6")
+    assert middle["ratio"] == pytest.approx(steps["pre"] / steps["post_warmup2"])
+    assert "Steps Pre-LN (pre-lr1e-3) / Post-LN (post_warmup2-lr1e-3)" in result["table"]
     # The plot is the warm-up figure of the saved summary (tested on a synthetic one above).
-    replot = report.plot_warmup(summary, 6.7, str(tmp_path / "re.png"))
+    replot = report.plot_warmup(summary, 12.0, str(tmp_path / "re.png"))
     assert (tmp_path / "curves.png").read_bytes() == Path(replot).read_bytes()

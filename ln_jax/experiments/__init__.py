@@ -1,12 +1,16 @@
 """Studies that train grids of runs: `python -m ln_jax.experiments {depth,warmup} --out=DIR`.
 
-* depth: Post-LN (with and without warm-up), Pre-LN, Admin and DeepNorm at 6/12/18 layers
-  with one large learning rate (Liu et al. 2020; Wang et al. 2019).
-* warmup: Xiong et al. 2020's warm-up grid: Post-LN with warm-up lengths and peak learning
-  rates, RAdam, a small constant rate; Pre-LN and Admin without warm-up.
+* depth: Liu et al. 2020's regime (Post-LN trains shallow, fails deep; Admin and Pre-LN train at
+  every depth): arms post_warmup, pre, admin_warmup, admin_radam and DeepNorm with its two
+  changes apart (deepnorm_alpha, deepnorm_beta) at 6/12/18 layers, a learning rate chosen by a
+  pilot (several --lrs), the collapse measure logged.
+* warmup: Xiong et al. 2020's warm-up grid in absolute steps: Post-LN lr x warm-up, Pre-LN
+  without warm-up, each arm at its best cell; steps to several targets below the unigram plateau
+  and the Pre-LN / Post-LN step ratio with a bootstrap interval (Xiong: 0.71).
 
 Python API: `grids.depth_grid` / `grids.warmup_grid` build `RunSpec` lists, `study.run` trains
-and reports them, `runner.steps_to_target`, `plateau.unigram_cross_entropy`.
+and reports them, `runner.steps_to_target`, `targets.bootstrap_ratio`,
+`plateau.unigram_cross_entropy`. The plan and its CPU budget: docs/studies/PLAN.md.
 """
 
 from ln_jax.experiments.grids import depth_grid, warmup_grid

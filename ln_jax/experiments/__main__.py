@@ -1,14 +1,37 @@
-"""Command line of the studies (see `ln_jax.experiments`).
+"""Command line of the studies (see `ln_jax.experiments`; the plan: docs/studies/PLAN.md).
 
-  python -m ln_jax.experiments depth  --out=DIR [--depths=6,12,18] [--arms=...] [--seeds=0,1]
-      [--lr=1e-3] [--warmup_fraction=0.1] [--jobs=2] [--config=FILE[:variant]]
-      [--config.FIELD=value ...]
-  python -m ln_jax.experiments warmup --out=DIR [--lrs=5e-4,1e-3] [--warmups=1,500,4000]
-      [--seeds=0,1] [--sgd] [--target=LOSS] [--jobs=2] [--config=...] [--config.FIELD=value ...]
+  python -m ln_jax.experiments depth --out=DIR [--depths=6,12,18] [--arms=...] [--seeds=0,1,2]
+      [--lrs=5e-4 (several = a pilot)] [--warmup_steps=500] [--schedule=constant] [--b2=0.98]
+      [--jobs=2] [--config=FILE[:variant]] [--config.FIELD=value ...]
+  python -m ln_jax.experiments warmup --out=DIR [--lrs=1e-4,2e-4,3e-4,5e-4]
+      [--warmup_steps=0,100,500,1000] [--pre_lrs=3e-4,5e-4,1e-3] [--extras=admin_radam,...]
+      [--seeds=0,1] [--key_seeds=2,3,4] [--target_offsets=0.3,0.6,1.0] [--target=LOSS]
+      [--schedule=constant] [--b2=0.98] [--jobs=2] [--config=...] [--config.FIELD=value ...]
 
-The default config is `configs/study.py:depth` or `:warmup` (CPU scale, embedded corpus).
-Rerunning the same command resumes: finished runs are kept, a run cut off midway continues
-from its checkpoint. `--only=NAME` trains one run; `--report` only rewrites the report.
+The default config is `configs/study.py:depth` or `:warmup`. Warm-up lengths are absolute steps
+(0 = none); the default schedule, a linear warm-up then a constant rate, does not depend on the
+run's length; every Adam arm uses beta2 = 0.98. An arm of the depth study is a placement row
+with an optional `_warmup` (the --warmup_steps warm-up) or `_radam` (RAdam, no warm-up) suffix
+and `+qk`. With --key_seeds the warm-up study, once its sweep is finished, trains the extra seeds
+of the best Post-LN and Pre-LN cells (see `targets.best_cell`) and reports the step ratio with
+a bootstrap interval. Rerunning the same command resumes: finished runs are kept, a run cut off
+midway continues from its checkpoint. `--only=NAME` trains one run; `--report` only rewrites
+the report.
+
+The protocol before issue 20 (Xavier init, beta2 0.999 in the depth study, warm-up scaled to a
+600-step run, linear decay to zero, the embedded corpus, eval every 50 steps):
+
+  python -m ln_jax.experiments depth --out=DIR --seeds=0,1 --lrs=1e-3 --warmup_steps=60 \
+      --arms=post,post_warmup,pre,admin,deepnorm --schedule=warmup_linear_decay --b2=0.999 \
+      --config.model.init=xavier --config.data.dataset=ln_jax_pydocs --config.total_steps=600 \
+      --config.eval_every=50 --config.monitor.every=0
+  python -m ln_jax.experiments warmup --out=DIR --lrs=5e-4,1e-3 --warmup_steps=0,6,48 \
+      --pre_lrs=5e-4,1e-3 --extras=admin,post_radam --schedule=warmup_linear_decay \
+      --config.model.init=xavier --config.data.dataset=ln_jax_pydocs --config.total_steps=600 \
+      --config.eval_every=50
+
+(the old warm-up grid also had a constant-1e-4 Post-LN arm, and its Admin/RAdam arms ran at one
+rate each.)
 """
 
 from __future__ import annotations
@@ -20,6 +43,7 @@ import sys
 
 from absl import app, flags
 
+from ln_jax.experiments.grids import B2, DEPTH_ARMS, SCHEDULE, STUDY_SCHEDULES
 from ln_jax.validate import UserError
 
 COMMANDS = ("depth", "warmup")
@@ -35,23 +59,47 @@ _OUT = flags.DEFINE_string("out", None, "Study directory (runs/, results.json, p
 _JOBS = flags.DEFINE_integer("jobs", 1, "Runs trained at once, each in its own process.")
 _ONLY = flags.DEFINE_string("only", None, "Train only this run (by name).")
 _REPORT = flags.DEFINE_bool("report", False, "Only rewrite the report from stored results.")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds (the warm-up grid runs seed-major).")
+_SEEDS = flags.DEFINE_list("seeds", None, "Seeds (default: depth 0,1,2; warmup 0,1).")
 _DEPTHS = flags.DEFINE_list("depths", ["6", "12", "18"], "depth: encoder depths.")
 _ARMS = flags.DEFINE_list(
     "arms",
-    ["post", "post_warmup", "pre", "admin", "deepnorm"],
-    "depth: arms: post_warmup or any placement row (olmo2, lns, dyt, ...); '+qk' adds qk_norm.",
+    list(DEPTH_ARMS),
+    "depth: arms: a placement row (post, pre, admin, deepnorm_alpha, ...) with an optional "
+    "_warmup or _radam suffix; '+qk' adds qk_norm.",
 )
-_LR = flags.DEFINE_float("lr", 1e-3, "depth: the (large) peak learning rate of every arm.")
-_WARMUP_FRACTION = flags.DEFINE_float(
-    "warmup_fraction", 0.1, "depth: warm-up of the post_warmup arm, a fraction of the run."
+_LRS = flags.DEFINE_list(
+    "lrs",
+    None,
+    "Peak learning rates: depth: of every arm (several = a pilot; default 5e-4); "
+    "warmup: of Post-LN and the extras (default 1e-4,2e-4,3e-4,5e-4).",
 )
-_LRS = flags.DEFINE_list("lrs", ["5e-4", "1e-3"], "warmup: peak learning rates.")
-_WARMUPS = flags.DEFINE_list(
-    "warmups", ["1", "500", "4000"], "warmup: warm-up lengths (of 50k updates; 1 = none)."
+_WARMUP_STEPS = flags.DEFINE_list(
+    "warmup_steps",
+    None,
+    "Absolute warm-up steps: depth: one, of the _warmup arms (default "
+    "500); warmup: the Post-LN lengths, 0 = none (default 0,100,500,1000).",
 )
-_SGD = flags.DEFINE_bool("sgd", False, "warmup: add SGD with and without warm-up.")
-_TARGET = flags.DEFINE_float("target", None, "warmup: target validation MLM loss.")
+_SCHEDULE = flags.DEFINE_enum(
+    "schedule",
+    SCHEDULE,
+    list(STUDY_SCHEDULES),
+    "After the warm-up: constant | warmup_rsqrt "
+    "(both independent of the run's length) | warmup_linear_decay (to 0 at the run's end).",
+)
+_B2 = flags.DEFINE_float("b2", B2, "Adam's/RAdam's beta2 of every arm.")
+_PRE_LRS = flags.DEFINE_list("pre_lrs", ["3e-4", "5e-4", "1e-3"], "warmup: Pre-LN's rates.")
+_EXTRAS = flags.DEFINE_list(
+    "extras", [], "warmup: extra arms at every --lrs rate (post_radam, admin_warmup, ...)."
+)
+_EXTRA_WARMUP = flags.DEFINE_integer("extra_warmup", 500, "warmup: warm-up of _warmup extras.")
+_KEY_SEEDS = flags.DEFINE_list(
+    "key_seeds", [], "warmup: extra seeds of the best Post-LN and Pre-LN cells of the sweep."
+)
+_OFFSETS = flags.DEFINE_list(
+    "target_offsets", ["0.3", "0.6", "1.0"], "warmup: targets, nats below the plateau."
+)
+_TARGET = flags.DEFINE_float("target", None, "warmup: an extra absolute target loss.")
+_WARMUPS = flags.DEFINE_list("warmups", None, "Removed: use --warmup_steps (absolute).")
 flags.mark_flag_as_required("out")
 
 
@@ -69,21 +117,39 @@ def _floats(values: list[str], name: str) -> list[float]:
         raise ValueError(f"--{name}: {err}; give comma-separated numbers.") from None
 
 
-def _specs(command: str, base: dict) -> list:
+def _list(flag, default: list[str]) -> list[str]:
+    return flag.value if flag.value is not None else default
+
+
+def _specs(command: str) -> list:
     from ln_jax.experiments import grids
 
+    if _WARMUPS.value is not None:
+        raise ValueError(
+            "--warmups (lengths out of Xiong's 50k updates, scaled to the run) was replaced by "
+            "--warmup_steps in absolute steps (e.g. --warmup_steps=0,100,500,1000)."
+        )
+    common = {"schedule": _SCHEDULE.value, "b2": _B2.value}
     if command == "depth":
-        seeds = _ints(_SEEDS.value, "seeds")
-        warmup = max(1, round(_WARMUP_FRACTION.value * base["total_steps"]))
+        warmup = _ints(_list(_WARMUP_STEPS, [str(grids.DEPTH_WARMUP)]), "warmup_steps")
+        if len(warmup) != 1:
+            raise ValueError(f"depth: --warmup_steps={warmup} takes one length; give one.")
         return grids.depth_grid(
-            _ints(_DEPTHS.value, "depths"), _ARMS.value, seeds, _LR.value, warmup
+            _ints(_DEPTHS.value, "depths"),
+            _ARMS.value,
+            _ints(_list(_SEEDS, ["0", "1", "2"]), "seeds"),
+            _floats(_list(_LRS, [str(grids.DEPTH_LR)]), "lrs"),
+            warmup[0],
+            **common,
         )
     return grids.warmup_grid(
-        base["total_steps"],
-        lrs=_floats(_LRS.value, "lrs"),
-        lengths=_ints(_WARMUPS.value, "warmups"),
-        seeds=_ints(_SEEDS.value, "seeds"),
-        sgd=_SGD.value,
+        seeds=_ints(_list(_SEEDS, ["0", "1"]), "seeds"),
+        post_lrs=_floats(_list(_LRS, [str(x) for x in grids.POST_LRS]), "lrs"),
+        warmups=_ints(_list(_WARMUP_STEPS, [str(x) for x in grids.WARMUPS]), "warmup_steps"),
+        pre_lrs=_floats(_PRE_LRS.value, "pre_lrs"),
+        extras=_EXTRAS.value,
+        extra_warmup=_EXTRA_WARMUP.value,
+        **common,
     )
 
 
@@ -103,7 +169,7 @@ def _plateau(out: str, base: dict) -> dict:
 
 
 def main(argv: list[str], base: dict) -> int:
-    from ln_jax.experiments import study
+    from ln_jax.experiments import runner, study
 
     logging.getLogger("absl").setLevel(logging.WARNING)
     command = _command(argv)
@@ -114,9 +180,17 @@ def main(argv: list[str], base: dict) -> int:
         return 2
     out = _OUT.value
     try:
-        specs = _specs(command, base)
+        specs = _specs(command)
         plateau = _plateau(out, base)["unigram_xent"]
+        offsets = _floats(_OFFSETS.value, "target_offsets")
+        expand = None
+        if command == "warmup" and _KEY_SEEDS.value:
+            keys = _ints(_KEY_SEEDS.value, "key_seeds")
+            expand = study.key_seed_expansion(specs, plateau, keys, offsets)
         if _ONLY.value:
+            if expand and _ONLY.value not in {s.name for s in specs}:
+                done = runner.collect(specs, out, plateau)
+                specs = [*specs, *(expand(done) if len(done) == len(specs) else [])]
             return study.run_only(base, specs, out, _ONLY.value, plateau)
         results = study.run(
             command,
@@ -129,6 +203,8 @@ def main(argv: list[str], base: dict) -> int:
             train=not _REPORT.value,
             target=_TARGET.value,
             arms=_ARMS.value if command == "depth" else None,
+            offsets=offsets,
+            expand=expand,
         )
     except (UserError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,13 +1,20 @@
-"""The two studies as grids of `RunSpec`s.
+"""The two studies as grids of `RunSpec`s (the protocol of issue 20; docs/studies/PLAN.md).
 
-`depth_grid` (Liu et al. 2020 Table / Wang et al. 2019): 6-, 12-, 18-layer encoders, one large
-learning rate, no warm-up except for the "post_warmup" arm; arms post, post_warmup, pre, admin,
-deepnorm; several seeds.
+`depth_grid` (Liu et al. 2020, Wang et al. 2022): encoders of several depths, one or more peak
+learning rates (a pilot sweeps several, the study runs the chosen one), several seeds. An arm is
+a row of the placement table, optionally with a suffix: `_warmup` (a linear warm-up of an
+absolute number of steps) or `_radam` (RAdam, no warm-up), and `+qk` (model.qk_norm). Liu's
+recipes are `post_warmup` and `admin_warmup` (Adam (0.9, 0.98) with warm-up) and `admin_radam`.
 
-`warmup_grid` (Xiong et al. 2020 section 3.2 and 4): Post-LN with warm-up lengths scaled to the
-run, at two peak learning rates (Adam beta2 = 0.98); Post-LN without warm-up under RAdam; Post-LN
-with a small constant learning rate; Pre-LN and Admin without warm-up (linear decay from the
-peak); optionally SGD with and without warm-up.
+`warmup_grid` (Xiong et al. 2020 section 3.2): Post-LN at each peak learning rate x each absolute
+warm-up length (0 = none), Pre-LN at each of its learning rates without warm-up; optionally
+extra arms (`post_radam`, `admin_warmup`, `admin_radam`, ...) at every Post-LN rate.
+`key_cell_specs` adds seeds to the cells the sweep chose (`report.best_cells`).
+
+Every Adam arm uses (beta1, beta2) = (0.9, `b2`), 0.98 by default (Xiong's and Liu's value;
+1/(1 - beta2) = 50 steps, so every warm-up here is at least 2/(1 - beta2)). The schedule is one
+that does not depend on the run's length (`constant` after the warm-up, or `warmup_rsqrt`), so
+steps to a target mean the same in a short and a long run.
 """
 
 from __future__ import annotations
@@ -17,167 +24,182 @@ from typing import Any
 
 from ln_jax.experiments.runner import RunSpec
 
-DEPTH_ARMS = ("post", "post_warmup", "pre", "admin", "deepnorm")
-# Xiong et al.'s warm-up lengths (updates) and the run length they are taken relative to:
-# T_warmup = round(T / REFERENCE_STEPS * total_steps), at least 1 ("1" = no warm-up).
-WARMUP_LENGTHS = (1, 500, 4000)
-REFERENCE_STEPS = 50_000
-WARMUP_LRS = (5e-4, 1e-3)
+DEPTH_ARMS = (
+    "post_warmup",
+    "pre",
+    "admin_warmup",
+    "admin_radam",
+    "deepnorm_warmup",
+    "deepnorm_alpha_warmup",
+    "deepnorm_beta_warmup",
+)
+SUFFIXES = ("_warmup", "_radam")
+B2 = 0.98  # Adam's beta2 in both studies (Xiong et al. 3.2; Liu et al.'s recipe)
+DEPTH_LR = 5e-4
+DEPTH_WARMUP = 500  # absolute steps: 10 x 1/(1 - beta2) at beta2 = 0.98
+SCHEDULE = "constant"  # linear warm-up, then constant: independent of the run's length
+# Schedules a study may use: "constant" and "warmup_rsqrt" do not depend on total_steps;
+# "warmup_linear_decay" reproduces the old protocol (decay to 0 at the end of the run).
+STUDY_SCHEDULES = ("constant", "warmup_rsqrt", "warmup_linear_decay")
+POST_LRS = (1e-4, 2e-4, 3e-4, 5e-4)
+PRE_LRS = (3e-4, 5e-4, 1e-3)
+WARMUPS = (0, 100, 500, 1000)
+WARMUP_EXTRAS = ("post_radam", "admin_warmup", "admin_radam", "admin")
 
 
-def _lr_tag(lr: float) -> str:
-    return f"{lr:.0e}".replace("e-0", "e-")
+def lr_tag(lr: float) -> str:
+    """A learning rate as it appears in run names: 5e-4, 1e-3, 2.5e-4."""
+    return f"{lr:.1e}".replace(".0e", "e").replace("e-0", "e-")
 
 
-def no_warmup(lr: float) -> dict[str, Any]:
-    """Linear decay from `lr` at step 0 (Xiong et al.'s Pre-LN schedule)."""
-    return {"optim.peak_lr": lr, "optim.schedule": "linear_decay", "optim.warmup_steps": 0}
-
-
-def with_warmup(lr: float, steps: int) -> dict[str, Any]:
-    """Linear warm-up over `steps` to `lr`, then linear decay (BERT's schedule)."""
+def optimizer(
+    lr: float, warmup_steps: int, *, radam: bool = False, schedule: str = SCHEDULE, b2: float = B2
+) -> dict[str, Any]:
+    """Overrides of the optimizer and schedule: Adam (0.9, b2) or RAdam, no weight decay, a
+    linear warm-up of `warmup_steps` (absolute; 0 = none) into `schedule`."""
+    if schedule not in STUDY_SCHEDULES:
+        raise ValueError(
+            f"--schedule={schedule!r} is not a study schedule; valid: {', '.join(STUDY_SCHEDULES)}."
+        )
+    if warmup_steps < 0:
+        raise ValueError(f"warm-up of {warmup_steps} steps; give 0 (none) or more.")
     return {
+        "optim.optimizer": "radam" if radam else "adam",
+        "optim.b2": b2,
+        "optim.weight_decay": 0.0,
         "optim.peak_lr": lr,
-        "optim.schedule": "warmup_linear_decay",
-        "optim.warmup_steps": steps,
+        "optim.schedule": schedule,
+        "optim.warmup_steps": warmup_steps,
     }
 
 
-def depth_arm(arm: str, lr: float, warmup_steps: int) -> dict[str, Any]:
-    """Overrides of one arm of the depth study.
-
-    An arm is `post_warmup` (Post-LN with a linear warm-up of `warmup_steps`) or any row of the
-    placement table (`ln_jax.config.PLACEMENTS`: post, pre, admin, deepnorm, olmo2, lns, dyt,
-    ...), trained from `lr` with no warm-up; a `+qk` suffix adds `model.qk_norm` (`pre+qk`).
-    """
+def parse_arm(arm: str) -> tuple[str, str, bool]:
+    """(placement row, suffix "" | "_warmup" | "_radam", qk_norm) of an arm name such as
+    "admin_radam", "deepnorm_beta_warmup" or "pre+qk"."""
     from ln_jax.config import PLACEMENTS
 
     base, qk = (arm[: -len("+qk")], True) if arm.endswith("+qk") else (arm, False)
-    placement = {"post_warmup": "post"}.get(base, base)
+    suffix = next((s for s in SUFFIXES if base.endswith(s) and base not in PLACEMENTS), "")
+    placement = base[: len(base) - len(suffix)]
     if placement not in PLACEMENTS:
-        valid = ", ".join((*DEPTH_ARMS, *(p for p in PLACEMENTS if p not in DEPTH_ARMS)))
         raise ValueError(
-            f"unknown depth-study arm {arm!r}; valid: {valid} (any of them with a '+qk' suffix "
-            "for model.qk_norm)."
+            f"unknown study arm {arm!r}; give a placement row ({', '.join(PLACEMENTS)}), "
+            "optionally with '_warmup' (absolute warm-up) or '_radam' (RAdam, no warm-up), "
+            "and '+qk' for model.qk_norm (e.g. admin_radam, post_warmup, pre+qk)."
         )
-    schedule = with_warmup(lr, warmup_steps) if base == "post_warmup" else no_warmup(lr)
-    return {"model.placement": placement, **({"model.qk_norm": True} if qk else {}), **schedule}
+    return placement, suffix, qk
+
+
+def arm_overrides(
+    arm: str, lr: float, warmup_steps: int, schedule: str = SCHEDULE, b2: float = B2
+) -> dict[str, Any]:
+    """Overrides of one arm: its placement (and qk_norm) and optimizer; only a `_warmup` arm
+    gets the `warmup_steps` warm-up."""
+    placement, suffix, qk = parse_arm(arm)
+    steps = warmup_steps if suffix == "_warmup" else 0
+    opt = optimizer(lr, steps, radam=suffix == "_radam", schedule=schedule, b2=b2)
+    return {"model.placement": placement, **({"model.qk_norm": True} if qk else {}), **opt}
 
 
 def depth_grid(
     depths: Sequence[int],
     arms: Sequence[str],
     seeds: Sequence[int],
-    lr: float,
-    warmup_steps: int,
+    lrs: Sequence[float] = (DEPTH_LR,),
+    warmup_steps: int = DEPTH_WARMUP,
+    schedule: str = SCHEDULE,
+    b2: float = B2,
 ) -> list[RunSpec]:
-    """Every (depth, arm, seed) run; names like "L12-admin-s1"."""
-    _check_nonempty(depths=depths, arms=arms, seeds=seeds)
+    """Every (depth, arm, lr, seed) run; names like "L12-admin_radam-s1", with the rate in the
+    name ("L12-pre-lr5e-4-s1") when there are several (a pilot)."""
+    _check_nonempty(depths=depths, arms=arms, seeds=seeds, lrs=lrs)
     specs = []
     for depth in depths:
         for arm in arms:
-            for seed in seeds:
-                overrides = {
-                    "model.num_layers": depth,
-                    "seed": seed,
-                    "data.seed": seed,
-                    **depth_arm(arm, lr, warmup_steps),
-                }
-                tags = {"num_layers": depth, "seed": seed}
-                specs.append(RunSpec(f"L{depth}-{arm}-s{seed}", arm, overrides, tags))
+            for lr in lrs:
+                for seed in seeds:
+                    lr_part = f"-lr{lr_tag(lr)}" if len(lrs) > 1 else ""
+                    overrides = {
+                        "model.num_layers": depth,
+                        "seed": seed,
+                        "data.seed": seed,
+                        **arm_overrides(arm, lr, warmup_steps, schedule, b2),
+                    }
+                    tags = {"num_layers": depth, "seed": seed, "lr": lr}
+                    name = f"L{depth}-{arm}{lr_part}-s{seed}"
+                    specs.append(RunSpec(name, arm, overrides, tags))
     return specs
 
 
-def scaled_warmup(length: int, total_steps: int) -> int:
-    """Xiong et al.'s warm-up `length` (of REFERENCE_STEPS updates) scaled to `total_steps`."""
-    return max(1, round(length / REFERENCE_STEPS * total_steps))
+def warmup_cells(
+    post_lrs: Sequence[float] = POST_LRS,
+    warmups: Sequence[int] = WARMUPS,
+    pre_lrs: Sequence[float] = PRE_LRS,
+    extras: Sequence[str] = (),
+    extra_warmup: int = 500,
+    schedule: str = SCHEDULE,
+    b2: float = B2,
+) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """The warm-up study's cells, each (cell name, arm, overrides, tags) without a seed.
+
+    Post-LN cells are "post_warmup{W}-lr{lr}" ("post_nowarmup-lr{lr}" for W = 0), Pre-LN cells
+    "pre-lr{lr}"; an extra arm (`WARMUP_EXTRAS` or any `parse_arm` name) runs at every Post-LN
+    rate, a `_warmup` one with `extra_warmup` steps.
+    """
+    _check_nonempty(lrs=post_lrs, warmups=warmups, pre_lrs=pre_lrs)
+    cells = []
+    for lr in post_lrs:
+        for w in warmups:
+            arm = f"post_warmup{w}" if w else "post_nowarmup"
+            opt = optimizer(lr, w, schedule=schedule, b2=b2)
+            tags = {"lr": lr, "warmup_steps": w}
+            cells.append((f"{arm}-lr{lr_tag(lr)}", arm, {"model.placement": "post", **opt}, tags))
+    for lr in pre_lrs:
+        opt = optimizer(lr, 0, schedule=schedule, b2=b2)
+        cells.append((f"pre-lr{lr_tag(lr)}", "pre", {"model.placement": "pre", **opt}, {"lr": lr}))
+    for arm in extras:
+        warm = extra_warmup if parse_arm(arm)[1] == "_warmup" else 0
+        for lr in post_lrs:
+            over = arm_overrides(arm, lr, extra_warmup, schedule, b2)
+            cells.append((f"{arm}-lr{lr_tag(lr)}", arm, over, {"lr": lr, "warmup_steps": warm}))
+    return cells
 
 
-def warmup_grid(
-    total_steps: int,
-    lrs: Sequence[float] = WARMUP_LRS,
-    lengths: Sequence[int] = WARMUP_LENGTHS,
-    seeds: Sequence[int] = (0,),
-    small_lr: float = 1e-4,
-    sgd: bool = False,
-    sgd_lr: float = 0.1,
+def seeded(
+    cells: Sequence[tuple[str, str, dict[str, Any], dict[str, Any]]], seeds: Sequence[int]
 ) -> list[RunSpec]:
-    """The warm-up grid. Adam runs use beta2 = 0.98 (Xiong et al. section 3.2)."""
-    _check_nonempty(lrs=lrs, lengths=lengths, seeds=seeds)
-    adam = {"optim.optimizer": "adam", "optim.b2": 0.98, "optim.weight_decay": 0.0}
-    arms: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
-    for lr in lrs:
-        for length in lengths:
-            steps = scaled_warmup(length, total_steps)
-            schedule = no_warmup(lr) if length == 1 else with_warmup(lr, steps)
-            arm = "post_nowarmup" if length == 1 else f"post_warmup{length}"
-            tags = {"lr": lr, "warmup": length, "warmup_steps": 0 if length == 1 else steps}
-            arms.append(
-                (
-                    f"{arm}-lr{_lr_tag(lr)}",
-                    arm,
-                    {"model.placement": "post", **adam, **schedule},
-                    tags,
-                )
-            )
-    top = max(lrs)
-    arms.append(
-        (
-            "post_radam",
-            "post_radam",
-            {"model.placement": "post", **adam, "optim.optimizer": "radam", **no_warmup(top)},
-            {"lr": top, "warmup": 1},
-        )
-    )
-    arms.append(
-        (
-            "post_smalllr",
-            "post_smalllr",
-            {
-                "model.placement": "post",
-                **adam,
-                "optim.peak_lr": small_lr,
-                "optim.schedule": "constant",
-                "optim.warmup_steps": 0,
-            },
-            {"lr": small_lr, "warmup": 1},
-        )
-    )
-    for placement in ("pre", "admin"):
-        for lr in lrs:
-            arms.append(
-                (
-                    f"{placement}-lr{_lr_tag(lr)}",
-                    placement,
-                    {"model.placement": placement, **adam, **no_warmup(lr)},
-                    {"lr": lr, "warmup": 1},
-                )
-            )
-    if sgd:
-        sgd_opt = {"optim.optimizer": "sgd", "optim.weight_decay": 0.0}
-        steps = scaled_warmup(max(lengths), total_steps)
-        arms.append(
-            (
-                "post_sgd",
-                "post_sgd",
-                {"model.placement": "post", **sgd_opt, **no_warmup(sgd_lr)},
-                {"lr": sgd_lr, "warmup": 1},
-            )
-        )
-        arms.append(
-            (
-                "post_sgd_warmup",
-                "post_sgd_warmup",
-                {"model.placement": "post", **sgd_opt, **with_warmup(sgd_lr, steps)},
-                {"lr": sgd_lr, "warmup": steps},
-            )
-        )
-    # Seed-major: a study cut off part-way has whole grids of the first seeds.
+    """The runs of `cells` at `seeds`, seed-major (a study cut off part-way has whole grids of
+    the first seeds); names "{cell}-s{seed}"."""
     return [
         RunSpec(f"{name}-s{seed}", arm, {**o, "seed": seed, "data.seed": seed}, {**t, "seed": seed})
         for seed in seeds
-        for name, arm, o, t in arms
+        for name, arm, o, t in cells
     ]
+
+
+def warmup_grid(seeds: Sequence[int] = (0, 1), **cell_args: Any) -> list[RunSpec]:
+    """The warm-up sweep: every cell of `warmup_cells(**cell_args)` at every seed."""
+    _check_nonempty(seeds=seeds)
+    return seeded(warmup_cells(**cell_args), seeds)
+
+
+def key_cell_specs(
+    sweep: Sequence[RunSpec], cells: Sequence[str], seeds: Sequence[int]
+) -> list[RunSpec]:
+    """Runs of the chosen `cells` of a sweep at the extra `seeds` (those it does not have)."""
+    have = {s.name for s in sweep}
+    by_cell = {}
+    for spec in sweep:
+        by_cell.setdefault(spec.name.rsplit("-s", 1)[0], spec)
+    out = []
+    for seed in seeds:
+        for cell in cells:
+            spec = by_cell[cell]
+            name = f"{cell}-s{seed}"
+            if name not in have:
+                over = {**spec.overrides, "seed": seed, "data.seed": seed}
+                out.append(RunSpec(name, spec.arm, over, {**spec.tags, "seed": seed}))
+    return out
 
 
 def _check_nonempty(**lists: Sequence[Any]) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ln_jax.experiments import targets as targets_mod
 from ln_jax.experiments.runner import steps_to_target
 from ln_jax.results import arm_colour, new_figure, save_figure
 
@@ -47,47 +48,88 @@ def group(results: Sequence[Result], key: Callable[[Result], Any]) -> dict[Any, 
 # Depth study
 # --------------------------------------------------------------------------------------------
 
+ESCAPE_MARGIN = 0.1  # nats below the unigram plateau that count as having left it
+TRAIN_MARGIN = 0.3  # a run "trains" if it ends this far below the plateau without diverging
+PILOT_STABLE = ("pre", "admin_warmup")  # must train at every depth at the chosen rate
+PILOT_POST = "post_warmup"  # should train at the smallest depth and fail at the largest
+
+
+def _lr(r: Result) -> float:
+    return r["tags"].get("lr") or 0.0
+
+
+def row_labels(results: Sequence[Result], arms: Sequence[str]) -> list[tuple[str, Any]]:
+    """(label, key) of the depth tables' rows, in the order of `arms`: the arm, or "arm lr=X"
+    for each of its learning rates when the runs have several (a pilot)."""
+    lrs = sorted({_lr(r) for r in results})
+    rows = []
+    for arm in arms:
+        for lr in lrs if len(lrs) > 1 else [None]:
+            if any(r["arm"] == arm and (lr is None or _lr(r) == lr) for r in results):
+                rows.append((arm if lr is None else f"{arm} lr={lr:g}", (arm, lr)))
+    return rows
+
+
+def _depth_cells(results: Sequence[Result]) -> dict[tuple, list[Result]]:
+    """{(arm, lr or None, depth): runs} (lr None when all runs share one rate)."""
+    several = len({_lr(r) for r in results}) > 1
+    return group(
+        results, lambda r: (r["arm"], _lr(r) if several else None, r["tags"]["num_layers"])
+    )
+
+
+def collapse_ends(r: Result) -> tuple[float, float] | None:
+    """(at initialisation, at the last measurement) of the run's collapse measure, the mean
+    cosine between positions of the encoder output (monitor "collapse/output"; its first
+    measurement is step 1's forward pass, before any update), or None if it was not logged."""
+    pts = [p[1] for p in r.get("collapse_curve") or [] if math.isfinite(p[1])]
+    return (pts[0], pts[-1]) if pts else None
+
+
+def _collapse_cell(runs: Sequence[Result]) -> str:
+    ends = [e for e in (collapse_ends(r) for r in runs) if e is not None]
+    if not ends:
+        return "–"
+    return f"{np.mean([e[0] for e in ends]):.2f} → {np.mean([e[1] for e in ends]):.2f}"
+
 
 def depth_table(results: Sequence[Result], arms: Sequence[str], plateau: float) -> str:
-    """Markdown: a row per arm; per depth, runs diverged / runs, runs ending below the unigram
-    plateau / runs, and the final validation MLM loss (mean ± std over the seeds)."""
+    """Markdown: a row per arm (per arm and rate in a pilot); per depth, runs diverged / runs,
+    runs ending below the unigram plateau / runs, the final validation MLM loss (mean ± std over
+    the seeds) and the collapse measure at initialisation → at the end (mean over the seeds);
+    then the escape steps per seed, and in a pilot the learning-rate decision."""
     depths = sorted({r["tags"]["num_layers"] for r in results})
-    cells = group(results, lambda r: (r["arm"], r["tags"]["num_layers"]))
-    head = (
-        "| arm | "
-        + " | ".join(f"L={d}: diverged | below plateau | final val MLM" for d in depths)
-        + " |"
+    cells = _depth_cells(results)
+    head = "| arm | " + " | ".join(
+        f"L={d}: diverged | below plateau | final val MLM | collapse init → end" for d in depths
     )
-    lines = [head, "|---|" + "---|---|---|" * len(depths)]
-    for arm in arms:
-        row = [arm]
+    lines = [head + " |", "|---|" + "---|---|---|---|" * len(depths)]
+    for label, (arm, lr) in row_labels(results, arms):
+        row = [label]
         for d in depths:
-            runs = cells.get((arm, d), [])
-            bad = sum(r["diverged"] for r in runs)
-            below = sum(r["below_plateau"] for r in runs)
-            finals = [r["final_eval_mlm_loss"] for r in runs]
+            runs = cells.get((arm, lr, d), [])
             row += [
-                f"{bad}/{len(runs)}",
-                f"{below}/{len(runs)}",
-                _mean_std(finals) if runs else "–",
+                f"{sum(r['diverged'] for r in runs)}/{len(runs)}",
+                f"{sum(r['below_plateau'] for r in runs)}/{len(runs)}",
+                _mean_std([r["final_eval_mlm_loss"] for r in runs]) if runs else "–",
+                _collapse_cell(runs),
             ]
         lines.append("| " + " | ".join(row) + " |")
     lines.append(
         f"\nunigram plateau (validation cross-entropy of train token frequencies): "
-        f"{plateau:.3f} nats"
+        f"{plateau:.3f} nats; collapse = mean cosine between positions of the encoder output"
     )
     lines += ["", escape_table(results, arms, plateau)]
+    if len({_lr(r) for r in results}) > 1:
+        lines += ["", pilot_table(pilot_choice(results, plateau))]
     return "\n".join(lines)
-
-
-ESCAPE_MARGIN = 0.1  # nats below the unigram plateau that count as having left it
 
 
 def escape_table(results: Sequence[Result], arms: Sequence[str], plateau: float) -> str:
     """Markdown: per arm and depth, the step at which each seed's validation loss first falls
     ESCAPE_MARGIN below the plateau (interpolated between evaluations; "never")."""
     depths = sorted({r["tags"]["num_layers"] for r in results})
-    cells = group(results, lambda r: (r["arm"], r["tags"]["num_layers"]))
+    cells = _depth_cells(results)
     lines = [
         f"Step at which the validation loss first falls {ESCAPE_MARGIN} nats below the plateau "
         "(per seed):",
@@ -95,15 +137,70 @@ def escape_table(results: Sequence[Result], arms: Sequence[str], plateau: float)
         "| arm | " + " | ".join(f"L={d}" for d in depths) + " |",
         "|---|" + "---|" * len(depths),
     ]
-    for arm in arms:
-        row = [arm]
+    for label, (arm, lr) in row_labels(results, arms):
+        row = [label]
         for d in depths:
-            steps = [
-                steps_to_target(r["eval_curve"], plateau - ESCAPE_MARGIN)
-                for r in sorted(cells.get((arm, d), []), key=lambda r: r["tags"].get("seed", 0))
-            ]
+            runs = sorted(cells.get((arm, lr, d), []), key=lambda r: r["tags"].get("seed", 0))
+            steps = [steps_to_target(r["eval_curve"], plateau - ESCAPE_MARGIN) for r in runs]
             row.append(", ".join(_step(x) for x in steps) or "–")
         lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def trains(r: Result, plateau: float) -> bool:
+    """A run trains: it did not diverge and ends TRAIN_MARGIN nats below the plateau."""
+    final = r["final_eval_mlm_loss"]
+    return not r["diverged"] and math.isfinite(final) and final <= plateau - TRAIN_MARGIN
+
+
+def pilot_choice(results: Sequence[Result], plateau: float) -> dict[str, Any]:
+    """The depth study's learning rate from a pilot over several rates.
+
+    At each rate: do the PILOT_STABLE arms present train (`trains`, every seed) at every
+    depth, and does PILOT_POST train at the smallest depth but at no seed at the largest
+    (Liu et al.'s regime)? The choice is the largest rate with both; else the largest rate
+    at which the stable arms train everywhere (regime False); else None.
+    """
+    depths = sorted({r["tags"]["num_layers"] for r in results})
+    per_lr = {}
+    for lr in sorted({_lr(r) for r in results}):
+        at = [r for r in results if _lr(r) == lr]
+
+        def ok(arm, depth, at=at):
+            runs = [r for r in at if r["arm"] == arm and r["tags"]["num_layers"] == depth]
+            return [trains(r, plateau) for r in runs]
+
+        stable = all(all(ok(a, d)) for a in PILOT_STABLE for d in depths)
+        low, high = ok(PILOT_POST, depths[0]), ok(PILOT_POST, depths[-1])
+        regime = bool(low) and all(low) and bool(high) and not any(high)
+        per_lr[lr] = {"stable_everywhere": stable, "post_regime": regime}
+    regime = [lr for lr, v in per_lr.items() if v["stable_everywhere"] and v["post_regime"]]
+    stable = [lr for lr, v in per_lr.items() if v["stable_everywhere"]]
+    lr = max(regime or stable) if stable else None
+    return {"lr": lr, "regime": bool(regime), "per_lr": per_lr, "depths": depths}
+
+
+def pilot_table(choice: dict[str, Any]) -> str:
+    """Markdown of `pilot_choice`: a row per rate, then the chosen rate."""
+    lo, hi = choice["depths"][0], choice["depths"][-1]
+    lines = [
+        f"Pilot: does each rate give Liu's regime (a run trains = ends {TRAIN_MARGIN} nats below "
+        "the plateau, not diverged)?",
+        "",
+        f"| lr | {', '.join(PILOT_STABLE)} train at every depth | {PILOT_POST} trains at L={lo}, "
+        f"fails at L={hi} |",
+        "|---|---|---|",
+    ]
+    for lr, v in choice["per_lr"].items():
+        yes = lambda b: "yes" if b else "no"  # noqa: E731
+        lines.append(f"| {lr:g} | {yes(v['stable_everywhere'])} | {yes(v['post_regime'])} |")
+    lr = choice["lr"]
+    verdict = (
+        "none: no rate lets the stable arms train at every depth"
+        if lr is None
+        else (f"{lr:g}" + ("" if choice["regime"] else " (Liu's regime not found at any rate)"))
+    )
+    lines.append(f"\nchosen learning rate: {verdict}")
     return "\n".join(lines)
 
 
@@ -116,6 +213,12 @@ def cell_name(r: Result) -> str:
     """A run's name without its seed suffix: the grid cell it is one seed of."""
     suffix = f"-s{r['tags'].get('seed')}"
     return r["name"][: -len(suffix)] if r["name"].endswith(suffix) else r["name"]
+
+
+def family(arm: str) -> str:
+    """The arm a cell's learning rate and warm-up are chosen within: "post" for every Post-LN
+    Adam cell (any warm-up, none included), else the arm itself ("pre", "admin_radam", ...)."""
+    return "post" if arm == "post_nowarmup" or arm.startswith("post_warmup") else arm
 
 
 def mean_curve(runs: Sequence[Result]) -> list[list[float]]:
@@ -146,100 +249,109 @@ def largest_spike(curve: Sequence[Sequence[float]]) -> float:
     return spike
 
 
-def warmup_cells(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """One entry per grid cell (arm, lr, warm-up), its seeds pooled: the mean curve, the finals
-    and how many seeds diverged."""
+def _finals(runs: Sequence[Result]) -> float:
+    values = [r["final_eval_mlm_loss"] for r in runs]
+    return float(np.mean(values)) if runs and all(map(math.isfinite, values)) else math.nan
+
+
+def warmup_cells(
+    results: Sequence[Result], targets: Sequence[tuple[str, float]]
+) -> list[dict[str, Any]]:
+    """One entry per grid cell (arm, lr, warm-up), its seeds pooled: the mean curve, finals,
+    diverged seeds, per-seed steps to each target; "sweep_*" the same over the sweep's seeds
+    only (runs not tagged "key"), on which the best cell is chosen."""
     cells = []
     for name, runs in group(results, cell_name).items():
-        curve = mean_curve(runs)
+        runs = sorted(runs, key=lambda r: r["tags"].get("seed", 0))
+        sweep = [r for r in runs if not r["tags"].get("key")] or runs
+        steps = [targets_mod.run_steps(r, targets) for r in runs]
+        labels = [label for label, _ in targets]
         cells.append(
             {
                 "cell": name,
                 "arm": runs[0]["arm"],
+                "family": family(runs[0]["arm"]),
                 "lr": runs[0]["tags"].get("lr"),
                 "warmup_steps": runs[0]["tags"].get("warmup_steps", 0),
                 "runs": [r["name"] for r in runs],
                 "finals": [r["final_eval_mlm_loss"] for r in runs],
-                "mean_final": curve[-1][1] if curve else math.nan,
+                "mean_final": _finals(runs),
                 "diverged": sum(bool(r["diverged"]) for r in runs),
                 "spike": max(largest_spike(r["eval_curve"]) for r in runs),
-                "curve": curve,
+                "curve": mean_curve(runs),
+                "steps": {k: [s[k] for s in steps] for k in labels},
+                "sweep_steps": {
+                    k: [targets_mod.run_steps(r, targets)[k] for r in sweep] for k in labels
+                },
+                "sweep_diverged": any(r["diverged"] for r in sweep),
+                "sweep_final": _finals(sweep),
             }
         )
     return cells
 
 
-def warmup_target(cells: Sequence[dict[str, Any]], target: float | None) -> tuple[float, str]:
-    """The target loss and its source: `target`, else the lowest seed-mean final validation MLM
-    loss of the Post-LN cells with warm-up (Adam) none of whose seeds diverged."""
-    if target is not None:
-        return target, "given"
-    warm = [
-        c
-        for c in cells
-        if c["arm"].startswith("post_warmup")
-        and not c["diverged"]
-        and math.isfinite(c["mean_final"])
-    ]
-    if not warm:
-        raise ValueError(
-            "no Post-LN run with warm-up finished without diverging, so there is no default "
-            "target loss; pass --target=LOSS."
-        )
-    best = min(warm, key=lambda c: c["mean_final"])
-    return best["mean_final"], best["cell"]
+def best_cells(
+    results: Sequence[Result], plateau: float, offsets: Sequence[float] = targets_mod.OFFSETS
+) -> dict[str, str | None]:
+    """{family: the name of its best cell} (`targets.best_cell` on the middle target)."""
+    targets = targets_mod.target_losses(plateau, offsets)
+    middle = targets[len(offsets) // 2][0]
+    cells = warmup_cells(results, targets)
+    out = {}
+    for fam in dict.fromkeys(c["family"] for c in cells):
+        best = targets_mod.best_cell([c for c in cells if c["family"] == fam], middle)
+        out[fam] = best and best["cell"]
+    return out
 
 
 def warmup_summary(
-    results: Sequence[Result], target: float | None = None, plateau: float | None = None
+    results: Sequence[Result],
+    plateau: float,
+    offsets: Sequence[float] = targets_mod.OFFSETS,
+    target: float | None = None,
 ) -> dict[str, Any]:
-    """Steps and seconds to the target per cell (on its seed-mean curve) and per run; and the
-    key ratio steps(Pre-LN, no warm-up) / steps(Post-LN with warm-up) to the target, each side
-    its cell with the fewest steps. With `plateau`, each cell also gets the step at which its
-    mean curve first falls ESCAPE_MARGIN below the unigram plateau ("steps_below_plateau"):
-    the one figure that still separates the arms when the target sits on the plateau.
+    """The warm-up study's result: per cell the steps to each target (plateau - offset, and
+    `target` if given); the best cell of each family (fewest mean steps to the middle offset's
+    target on the sweep seeds, see `targets.best_cell`); and per target the ratio of mean steps
+    Pre-LN / Post-LN of the two best cells over all their seeds, with a bootstrap 95% interval.
 
-    With one seed a cell is its run. With several, the default target is the best Post-LN
-    warm-up cell's mean final loss, which its mean curve reaches by its last evaluation.
+    Returns:
+      {"targets": [[label, loss], ...], "middle", "target" (the middle loss, for plots),
+       "cells": [...], "best": {family: cell}, "ratios": [...]}.
     """
-    cells = warmup_cells(results)
-    tgt, source = warmup_target(cells, target)
+    if not offsets:
+        raise ValueError("--target_offsets is empty; give e.g. 0.3,0.6,1.0 (nats below plateau).")
+    targets = targets_mod.target_losses(plateau, offsets, target)
+    labels = [label for label, _ in targets]
+    middle = labels[len(offsets) // 2]
+    cells = warmup_cells(results, targets)
     for c in cells:
-        c["steps_to_target"] = steps_to_target(c["curve"], tgt)
-        c["seconds_to_target"] = _seconds_at(c["curve"], c["steps_to_target"])
-        if plateau is not None:
-            c["steps_below_plateau"] = steps_to_target(c["curve"], plateau - ESCAPE_MARGIN)
-    runs = []
-    for r in results:
-        steps = steps_to_target(r["eval_curve"], tgt)
-        runs.append(
-            {
-                "name": r["name"],
-                "cell": cell_name(r),
-                "final": r["final_eval_mlm_loss"],
-                "best": r["best_eval_mlm_loss"],
-                "steps_to_target": steps,
-                "seconds_to_target": _seconds_at(r["eval_curve"], steps),
-                "diverged": r["diverged"],
-                "wall_s": r["wall_s"],
-            }
-        )
-
-    def fewest(prefix: str) -> dict[str, Any] | None:
-        hits = [c for c in cells if c["arm"].startswith(prefix) and c["steps_to_target"]]
-        return min(hits, key=lambda c: c["steps_to_target"]) if hits else None
-
-    pre, post = fewest("pre"), fewest("post_warmup")
-    ratio = pre["steps_to_target"] / post["steps_to_target"] if pre and post else None
+        c["mean_steps"] = {k: targets_mod.mean_reached(v) for k, v in c["steps"].items()}
+        c["seconds_to_middle"] = _mean_seconds(results, c, dict(targets)[middle])
+    best = {}
+    for fam in dict.fromkeys(c["family"] for c in cells):
+        chosen = targets_mod.best_cell([c for c in cells if c["family"] == fam], middle)
+        best[fam] = chosen and chosen["cell"]
+    by_name = {c["cell"]: c for c in cells}
+    pre, post = (by_name.get(best.get(f)) for f in ("pre", "post"))
     return {
-        "target": tgt,
-        "target_from": source,
+        "targets": [[label, loss] for label, loss in targets],
+        "middle": middle,
+        "target": dict(targets)[middle],
         "cells": cells,
-        "runs": runs,
-        "pre_run": pre and pre["cell"],
-        "post_warmup_run": post and post["cell"],
-        "steps_ratio_pre_over_post_warmup": ratio,
+        "best": best,
+        "ratios": targets_mod.key_ratios(pre, post, labels),
     }
+
+
+def _mean_seconds(results: Sequence[Result], cell: dict[str, Any], loss: float) -> float | None:
+    """Mean training seconds to `loss` over the cell's seeds that reach it."""
+    secs = []
+    for r in results:
+        if r["name"] in cell["runs"]:
+            secs.append(_seconds_at(r["eval_curve"], steps_to_target(r["eval_curve"], loss)))
+    hit = [s for s in secs if s is not None]
+    return float(np.mean(hit)) if hit else None
 
 
 def _seconds_at(curve: Sequence[Sequence[float]], step: float | None) -> float | None:
@@ -252,27 +364,56 @@ def _seconds_at(curve: Sequence[Sequence[float]], step: float | None) -> float |
     return float(np.interp(step, [s for s, _ in pts], [t for _, t in pts]))
 
 
+def _steps_cell(steps: Sequence[float | None]) -> str:
+    """Mean ± std of the seeds that reached a target, and how many did ("412 ± 30 (5/5)")."""
+    hit = [s for s in steps if s is not None]
+    if not hit:
+        return f"never (0/{len(steps)})"
+    spread = f" ± {np.std(hit):.0f}" if len(hit) > 1 else ""
+    return f"{np.mean(hit):.0f}{spread} ({len(hit)}/{len(steps)})"
+
+
 def warmup_table(summary: dict[str, Any], plateau: float) -> str:
-    """Markdown: a row per cell (seeds pooled), then the target and the key ratio."""
+    """Markdown: a row per cell (seeds pooled, best cells marked *), then the key ratio per
+    target with its bootstrap interval against Xiong et al.'s 0.71."""
+    labels = [label for label, _ in summary["targets"]]
+    best = set(summary["best"].values())
     lines = [
-        "| run | lr_max | warm-up steps | seeds | final val MLM | steps to target | "
-        f"s to target | {ESCAPE_MARGIN} below plateau at | largest spike | diverged |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| cell | lr_max | warm-up steps | seeds | final val MLM | "
+        + " | ".join(f"steps to {lab} ({loss:.2f})" for lab, loss in summary["targets"])
+        + f" | s to {summary['middle']} | largest spike | diverged |",
+        "|---|---|---|---|---|" + "---|" * len(labels) + "---|---|---|",
     ]
     for c in summary["cells"]:
+        mark = " *" if c["cell"] in best else ""
+        lr = "–" if c["lr"] is None else f"{c['lr']:g}"
         lines.append(
-            f"| {c['cell']} | {c['lr']:g} | {c['warmup_steps']} | {len(c['runs'])} | "
-            f"{_mean_std(c['finals'])} | {_step(c['steps_to_target'])} | "
-            f"{_fmt(c['seconds_to_target'], 0)} | {_step(c.get('steps_below_plateau'))} | "
-            f"{c['spike']:.2f} | {c['diverged']}/{len(c['runs'])} |"
+            f"| {c['cell']}{mark} | {lr} | {c['warmup_steps']} | {len(c['runs'])} | "
+            f"{_mean_std(c['finals'])} | "
+            + " | ".join(_steps_cell(c["steps"][k]) for k in labels)
+            + f" | {_fmt(c['seconds_to_middle'], 0)} | {c['spike']:.2f} | "
+            f"{c['diverged']}/{len(c['runs'])} |"
         )
-    ratio = summary["steps_ratio_pre_over_post_warmup"]
-    lines.append(
-        f"\ntarget loss {summary['target']:.3f} (from {summary['target_from']}); unigram "
-        f"plateau {plateau:.3f} nats; steps to target (on the seed-mean curve), Pre-LN "
-        f"({summary['pre_run']}) / Post-LN with warm-up ({summary['post_warmup_run']}) = "
-        f"{_fmt(ratio, 2)}"
-    )
+    lines += [
+        f"\nunigram plateau {plateau:.3f} nats; * = the best cell of its arm (fewest mean steps "
+        f"to {summary['middle']} on the sweep seeds, none diverged; else lowest final loss).",
+        "",
+        f"Steps Pre-LN ({summary['best'].get('pre')}) / Post-LN ({summary['best'].get('post')}),"
+        f" mean over seeds, 95% bootstrap interval (Xiong et al.: {targets_mod.XIONG_RATIO}):",
+        "",
+        "| target | ratio | 95% interval | seeds pre / post | holds 0.71 |",
+        "|---|---|---|---|---|",
+    ]
+    for row in summary["ratios"]:
+        if row["ratio"] is None:
+            lines.append(f"| {row['target']} | – | – | – | – |")
+            continue
+        gone = row["pre_missing"] or row["post_missing"]
+        missing = f" ({row['pre_missing']} / {row['post_missing']} never reached)" if gone else ""
+        lines.append(
+            f"| {row['target']} | {row['ratio']:.2f} | [{row['lo']:.2f}, {row['hi']:.2f}] | "
+            f"{row['n_a']} / {row['n_b']}{missing} | {'yes' if row['holds_xiong'] else 'no'} |"
+        )
     return "\n".join(lines)
 
 

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 RESULT = "result.json"
 # A run whose last train losses sit above its first one has diverged (Xiong et al.'s "fails").
 TAIL = 5
+# The monitor's rank-collapse measure of the encoder output (ln_jax/monitor.py).
+COLLAPSE = "collapse/output"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +120,12 @@ def diverged(train: Sequence[Sequence[float]], error: str | None) -> tuple[bool,
 def summarize_run(
     spec: RunSpec, workdir: str, error: str | None, plateau: float | None
 ) -> dict[str, Any]:
-    """A run's result: final/best validation MLM loss, curves, divergence, wall time."""
+    """A run's result: final/best validation MLM loss, curves, divergence, wall time, and the
+    collapse measure's curve when the monitor logged it (`monitor.every` > 0)."""
     records = read_metrics(workdir)
     train = curve(records, "train", "loss")
     evals = curve(records, "eval", "mlm_loss")
+    collapse = curve(records, "monitor", COLLAPSE)
     finite_evals = [v for _, v, _ in evals if _finite(v)]
     is_diverged, reason = diverged(train, error)
     final = evals[-1][1] if evals else math.nan
@@ -137,6 +141,7 @@ def summarize_run(
         "wall_s": train[-1][2] if train else 0.0,
         "eval_curve": evals,
         "train_curve": train,
+        "collapse_curve": collapse,
     }
 
 

@@ -9,11 +9,12 @@ OUT/
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ln_jax.experiments import report, runner
+from ln_jax.experiments import grids, report, runner, targets
 from ln_jax.experiments.runner import RunSpec
 from ln_jax.results import write_json
 
@@ -42,27 +43,32 @@ def run(
     train: bool = True,
     target: float | None = None,
     arms: Sequence[str] | None = None,
+    offsets: Sequence[float] = targets.OFFSETS,
+    expand: Callable[[list[dict[str, Any]]], list[RunSpec]] | None = None,
 ) -> dict[str, Any]:
     """Trains what is missing (unless not `train`) and writes OUT/results.json, table, plot.
+
+    `expand`, given the results of `specs` once all of them are finished, returns more runs
+    (the key cells' extra seeds of the warm-up study), trained and reported with them.
 
     Returns:
       {"results": [...], "summary": ..., "table": markdown}.
     """
     os.makedirs(out, exist_ok=True)
-    if train:
-        results = runner.run_grid(base, specs, out, plateau=plateau, jobs=jobs, argv=argv)
-    else:
-        results = runner.collect(specs, out, plateau)
+    results = _train_or_collect(base, specs, out, plateau, jobs, argv, train)
+    extra = expand(results) if expand and len(results) == len(specs) else []
+    if extra:
+        results += _train_or_collect(base, extra, out, plateau, jobs, argv, train)
     if not results:
         raise ValueError(f"no finished runs in {out}; run the study without --report first.")
-    summary, table = _report(study, results, plateau, out, target, arms)
+    summary, table = _report(study, results, plateau, out, target, arms, offsets)
     write_json(
         os.path.join(out, "results.json"),
         {
             "study": study,
             "base_config": dict(base),
             "plateau": plateau,
-            "complete": len(results) == len(specs),
+            "complete": len(results) == len(specs) + len(extra),
             "runs": results,
             "summary": summary,
         },
@@ -72,26 +78,53 @@ def run(
     return {"results": results, "summary": summary, "table": table}
 
 
-def _report(study, results, plateau, out, target, arms):
+def _train_or_collect(base, specs, out, plateau, jobs, argv, train) -> list[dict[str, Any]]:
+    if train:
+        return runner.run_grid(base, specs, out, plateau=plateau, jobs=jobs, argv=argv)
+    return runner.collect(specs, out, plateau)
+
+
+def key_seed_expansion(
+    sweep: Sequence[RunSpec], plateau: float, seeds: Sequence[int], offsets: Sequence[float]
+) -> Callable[[list[dict[str, Any]]], list[RunSpec]]:
+    """The warm-up study's `expand`: the extra `seeds` of the best Post-LN and Pre-LN cells of
+    the finished sweep (`report.best_cells`), tagged "key" (not used to choose the cells)."""
+
+    def expand(results: list[dict[str, Any]]) -> list[RunSpec]:
+        best = report.best_cells(results, plateau, offsets)
+        cells = [best[f] for f in ("post", "pre") if best.get(f)]
+        extra = grids.key_cell_specs(sweep, cells, seeds)
+        return [dataclasses.replace(s, tags={**s.tags, "key": True}) for s in extra]
+
+    return expand
+
+
+def _report(study, results, plateau, out, target, arms, offsets):
     plot = os.path.join(out, "curves.png")
     if study == "depth":
         arms = list(arms or dict.fromkeys(r["arm"] for r in results))
         arms = [a for a in arms if any(r["arm"] == a for r in results)]
         report.plot_depth(results, arms, plateau, plot)
-        return _depth_summary(results), report.depth_table(results, arms, plateau)
-    summary = report.warmup_summary(results, target, plateau)
+        return _depth_summary(results, plateau), report.depth_table(results, arms, plateau)
+    summary = report.warmup_summary(results, plateau, offsets, target)
     report.plot_warmup(summary, plateau, plot)
     return summary, report.warmup_table(summary, plateau)
 
 
-def _depth_summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """{arm: {num_layers: {"runs", "diverged", "final": [...]}}}."""
+def _depth_summary(results: Sequence[dict[str, Any]], plateau: float) -> dict[str, Any]:
+    """{arm: {num_layers: {"runs", "diverged", "final": [...], "collapse": [[init, end], ...]}}}
+    (arm "ARM lr=X" when the runs have several rates), and "pilot" (`report.pilot_choice`) then."""
     out: dict[str, Any] = {}
+    several = len({r["tags"].get("lr") for r in results}) > 1
     for r in results:
-        cell = out.setdefault(r["arm"], {}).setdefault(
-            str(r["tags"]["num_layers"]), {"runs": 0, "diverged": 0, "final": []}
+        arm = f"{r['arm']} lr={r['tags']['lr']:g}" if several else r["arm"]
+        cell = out.setdefault(arm, {}).setdefault(
+            str(r["tags"]["num_layers"]), {"runs": 0, "diverged": 0, "final": [], "collapse": []}
         )
         cell["runs"] += 1
         cell["diverged"] += int(r["diverged"])
         cell["final"].append(r["final_eval_mlm_loss"])
+        cell["collapse"].append(report.collapse_ends(r))
+    if several:
+        out["pilot"] = report.pilot_choice(results, plateau)
     return out
