@@ -1,7 +1,7 @@
 """Command line of the studies (see `ln_jax.experiments`; the plan: docs/studies/PLAN.md).
 
   python -m ln_jax.experiments depth --out=DIR [--depths=6,12,18] [--arms=...] [--seeds=0,1,2]
-      [--lrs=5e-4 (several = a pilot)] [--warmup_steps=500] [--schedule=constant] [--b2=0.98]
+      [--lrs=5e-4 (several = a pilot)] [--warmup_steps=200] [--schedule=constant] [--b2=0.98]
       [--jobs=2] [--config=FILE[:variant]] [--config.FIELD=value ...]
   python -m ln_jax.experiments warmup --out=DIR [--lrs=1e-4,2e-4,3e-4,5e-4]
       [--warmup_steps=0,100,500,1000] [--pre_lrs=3e-4,5e-4,1e-3] [--extras=admin_radam,...]
@@ -77,7 +77,7 @@ _WARMUP_STEPS = flags.DEFINE_list(
     "warmup_steps",
     None,
     "Absolute warm-up steps: depth: one, of the _warmup arms (default "
-    "500); warmup: the Post-LN lengths, 0 = none (default 0,100,500,1000).",
+    "200); warmup: the Post-LN lengths, 0 = none (default 0,100,500,1000).",
 )
 _SCHEDULE = flags.DEFINE_enum(
     "schedule",

@@ -36,7 +36,7 @@ DEPTH_ARMS = (
 SUFFIXES = ("_warmup", "_radam")
 B2 = 0.98  # Adam's beta2 in both studies (Xiong et al. 3.2; Liu et al.'s recipe)
 DEPTH_LR = 5e-4
-DEPTH_WARMUP = 500  # absolute steps: 10 x 1/(1 - beta2) at beta2 = 0.98
+DEPTH_WARMUP = 200  # absolute steps: 4 x 1/(1 - beta2) at beta2 = 0.98 (rule of thumb: >= 2x)
 SCHEDULE = "constant"  # linear warm-up, then constant: independent of the run's length
 # Schedules a study may use: "constant" and "warmup_rsqrt" do not depend on total_steps;
 # "warmup_linear_decay" reproduces the old protocol (decay to 0 at the end of the run).
