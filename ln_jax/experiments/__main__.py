@@ -3,6 +3,8 @@
   python -m ln_jax.experiments depth --out=DIR [--depths=6,12,18] [--arms=...] [--seeds=0,1,2]
       [--lrs=5e-4 (several = a pilot)] [--warmup_steps=200] [--schedule=constant] [--b2=0.98]
       [--jobs=2] [--config=FILE[:variant]] [--config.FIELD=value ...]
+  python -m ln_jax.experiments downstream --out=DIR --runs=pre=WORKDIR1,post=WORKDIR2
+      [--steps=100,200] [--config=configs/glue.py:offline] [--config.FIELD=value ...]
   python -m ln_jax.experiments warmup --out=DIR [--lrs=1e-4,2e-4,3e-4,5e-4]
       [--warmup_steps=0,100,500,1000] [--pre_lrs=3e-4,5e-4,1e-3] [--extras=admin_radam,...]
       [--seeds=0,1] [--key_seeds=2,3,4] [--target_offsets=0.3,0.6,1.0] [--target=LOSS]
@@ -46,7 +48,7 @@ from absl import app, flags
 from ln_jax.experiments.grids import B2, DEPTH_ARMS, SCHEDULE, STUDY_SCHEDULES
 from ln_jax.validate import UserError
 
-COMMANDS = ("depth", "warmup")
+COMMANDS = ("depth", "warmup", "downstream")
 
 
 def _command(argv: list[str]) -> str | None:
@@ -58,6 +60,10 @@ _ARGV = list(sys.argv[1:])  # as given: absl strips the flags out of sys.argv la
 _OUT = flags.DEFINE_string("out", None, "Study directory (runs/, results.json, plots).")
 _JOBS = flags.DEFINE_integer("jobs", 1, "Runs trained at once, each in its own process.")
 _ONLY = flags.DEFINE_string("only", None, "Train only this run (by name).")
+_RUNS = flags.DEFINE_list(
+    "runs", [], "downstream: NAME=WORKDIR of pretraining runs whose checkpoints are fine-tuned."
+)
+_STEPS = flags.DEFINE_list("steps", [], "downstream: checkpoint steps (default: every one kept).")
 _REPORT = flags.DEFINE_bool("report", False, "Only rewrite the report from stored results.")
 _SEEDS = flags.DEFINE_list("seeds", None, "Seeds (default: depth 0,1,2; warmup 0,1).")
 _DEPTHS = flags.DEFINE_list("depths", ["6", "12", "18"], "depth: encoder depths.")
@@ -179,6 +185,8 @@ def main(argv: list[str], base: dict) -> int:
         )
         return 2
     out = _OUT.value
+    if command == "downstream":  # fine-tuning along pretraining runs (ln_jax.finetune)
+        return _downstream(base, out)
     try:
         specs = _specs(command)
         plateau = _plateau(out, base)["unigram_xent"]
@@ -213,6 +221,19 @@ def main(argv: list[str], base: dict) -> int:
     return 0
 
 
+def _downstream(base: dict, out: str) -> int:
+    from ln_jax.experiments import downstream
+
+    try:
+        runs = downstream.parse_runs(_RUNS.value)
+        downstream.run(base, runs, out, _ints(_STEPS.value, "steps") or None)
+    except (UserError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {os.path.join(out, downstream.RESULTS_FILE)} and {downstream.PLOT_FILE}")
+    return 0
+
+
 def command_config(argv: list[str]) -> tuple[dict, list[str]]:
     """(the nested base config, the other arguments) of a study's command line; the default
     config is `configs/study.py:<study>`."""
@@ -220,6 +241,8 @@ def command_config(argv: list[str]) -> tuple[dict, list[str]]:
 
     study = _command(["", *argv])
     default = f"configs/study.py:{study if study in COMMANDS else 'depth'}"
+    if study == "downstream":
+        default = "configs/glue.py:offline"
     values, line = config_from_command_line(argv, default)
     return values, line.rest
 
