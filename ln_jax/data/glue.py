@@ -8,10 +8,13 @@
   locally from the embedded corpus: nothing is downloaded. Sentence 1 is a sentence of the
   corpus; sentence 2 is either a rewording of it (label 1: about 15% of its words dropped and
   two neighbouring words swapped) or the same rewording of the next sentence of its document
-  (label 0: same topic, other content). Half the examples are of each label, by a hash of
-  the sentence's key. Documents go to `train` or `validation` by a hash of their key, 1 in 8
-  to validation. It is a TFDS `GeneratorBasedBuilder` writing array_record, read back with
-  `as_data_source` like GLUE, so the offline task exercises the real path end to end.
+  (label 0: same topic, other content). The rewording marks neither label; lengths are not
+  matched, so, as in MRPC (where a paraphrase is about as long as its source), comparing
+  lengths gets a model part of the way, and the rest needs what the two sentences share.
+  Half the examples are of each label, by a hash of the sentence's key. Documents go to
+  `train` or `validation` by a hash of their key, 1 in 8 to validation. It is a TFDS
+  `GeneratorBasedBuilder` writing array_record, read back with `as_data_source` like GLUE, so
+  the offline task exercises the real path end to end.
 
 `encode_examples` turns either into BERT inputs: `[CLS] A [SEP] B [SEP]`, segment ids 0/1,
 pairs longer than `max_seq_length` truncated longest-first as in BERT.
@@ -70,8 +73,9 @@ def pair_examples(
                 continue
             key = f"{doc_key}#{i}"
             label = _hash(key) % 2
-            second = reword(first if label else sentences[i + 1], key)
-            yield key, {"sentence1": first, "sentence2": second, "label": label, "idx": count}
+            second = first if label else sentences[i + 1]
+            example = {"sentence1": first, "sentence2": reword(second, key), "label": label}
+            yield key, {**example, "idx": count}
             count += 1
 
 

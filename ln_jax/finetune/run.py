@@ -158,7 +158,7 @@ def _placed_like(source: dict, target: dict) -> dict:
                 f"pretrained parameter {name} has shape {tuple(new.shape)}, the encoder of its "
                 f"config {tuple(old.shape)}: the checkpoint does not fit its config."
             )
-        return jax.device_put(new, old.sharding)
+        return jax.device_put(new, old.sharding, may_alias=False)  # the step donates it
 
     return jax.tree_util.tree_map_with_path(place, source, target)
 
