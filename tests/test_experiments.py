@@ -232,6 +232,8 @@ def test_warmup_summary_steps_to_each_target_best_cells_and_ratio():
     )
     assert "| pre-lr1e-3 | 0.001 | 0 | 2 | 6.450 ± 0.000 | 167 ± 0 (2/2) | never (0/2) |" in table
     assert f"| plateau-0.6 | {middle['ratio']:.2f} | [{middle['lo']:.2f}, " in table
+    assert "* post_warmup100-lr2e-4: plateau-0.3: 160, 133; plateau-0.6: 225, 183; " in table
+    assert "* pre-lr5e-4: plateau-0.3: 117, 117, 100; plateau-0.6: 167, 167, 140;" in table
     # With the key seed, the choice is the same: the sweep seeds decide.
     assert report.best_cells(_warmup_runs(), 7.0) == summary["best"]
 

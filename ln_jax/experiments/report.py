@@ -406,7 +406,23 @@ def warmup_table(summary: dict[str, Any], plateau: float) -> str:
         "| target | ratio | 95% interval | seeds pre / post | holds 0.71 |",
         "|---|---|---|---|---|",
     ]
-    for row in summary["ratios"]:
+    lines += _ratio_rows(summary["ratios"])
+    lines += ["", "Steps to each target per seed, best cells (in seed order):", ""]
+    by_name = {c["cell"]: c for c in summary["cells"]}
+    for cell in (summary["best"].get("post"), summary["best"].get("pre")):
+        if cell:
+            per_target = by_name[cell]["steps"]
+            text = "; ".join(
+                f"{k}: " + ", ".join(_step(x) for x in v) for k, v in per_target.items()
+            )
+            lines.append(f"* {cell}: {text}")
+    return "\n".join(lines)
+
+
+def _ratio_rows(ratios: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown rows of `targets.key_ratios`."""
+    lines = []
+    for row in ratios:
         if row["ratio"] is None:
             lines.append(f"| {row['target']} | – | – | – | – |")
             continue
@@ -416,7 +432,7 @@ def warmup_table(summary: dict[str, Any], plateau: float) -> str:
             f"| {row['target']} | {row['ratio']:.2f} | [{row['lo']:.2f}, {row['hi']:.2f}] | "
             f"{row['n_a']} / {row['n_b']}{missing} | {'yes' if row['holds_xiong'] else 'no'} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
 # --------------------------------------------------------------------------------------------
