@@ -109,6 +109,13 @@ ARM_COLOURS = {
     "pre": "tab:blue",
     "admin": "tab:green",
     "deepnorm": "tab:purple",
+    "deepnorm_alpha": "mediumorchid",
+    "deepnorm_beta": "indigo",
+    "sandwich": "tab:gray",
+    "rezero": "tab:olive",
+    "olmo2": "tab:cyan",
+    "lns": "navy",
+    "dyt": "darkgoldenrod",
     "checkpoint": "black",
 }
 

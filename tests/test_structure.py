@@ -74,3 +74,12 @@ def test_the_trainer_names_no_placement():
             words |= set(node.value.replace(".", " ").replace("_", " ").split())
     named = {p for p in (*PLACEMENTS, "mixln", "omega") if p in words}
     assert not named, f"ln_jax/trainer.py names placements {named}"
+
+
+def test_every_placement_row_has_a_colour_of_its_own():
+    """Plots over all placements (analysis, studies) must not draw two rows alike."""
+    from ln_jax.config import PLACEMENTS
+    from ln_jax.results import arm_colour
+
+    colours = [arm_colour(p, i) for i, p in enumerate(PLACEMENTS)]
+    assert len(set(colours)) == len(PLACEMENTS), dict(zip(PLACEMENTS, colours))
