@@ -82,4 +82,4 @@ def test_every_placement_row_has_a_colour_of_its_own():
     from ln_jax.results import arm_colour
 
     colours = [arm_colour(p, i) for i, p in enumerate(PLACEMENTS)]
-    assert len(set(colours)) == len(PLACEMENTS), dict(zip(PLACEMENTS, colours))
+    assert len(set(colours)) == len(PLACEMENTS), dict(zip(PLACEMENTS, colours, strict=True))
