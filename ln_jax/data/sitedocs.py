@@ -19,7 +19,7 @@ many places) are kept once, the first in (stdlib, then distributions by name, fi
 order, so the validation split never holds a training document verbatim. Documents go to
 validation by `corpus.is_validation` with a modulus chosen from the corpus's size so that the
 validation split holds about `VALIDATION_TARGET_WORDS` words (1 in 200, the pydocs rate,
-would give only ~20k words here).
+would give only ~24k words here).
 
 More folders: `LN_JAX_SITEDOCS_ROOTS=DIR1:DIR2` (os.pathsep-separated) adds the
 distributions installed in other site-packages folders (e.g. another virtual environment's).
