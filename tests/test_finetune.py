@@ -138,18 +138,19 @@ def _inputs(vocab: int, batch: int = 8, length: int = 16):
 
 def test_workdir_latest_and_named_step_give_the_source_encoder(pretrained_workdir, data_dir):
     cfg = finetune_config(data_dir, pretrained_workdir)
-    ids, segments, mask = _inputs(cfg_vocab := 8000)
-    del cfg_vocab
+    ids, segments, mask = _inputs(8000)
     latest = _context(cfg)
     assert latest.pretrained.step == PRETRAIN_STEPS
     assert latest.pretrained.model.placement == "pre" and latest.pretrained.pooler is not None
     named = _context(finetune_config(data_dir, pretrained_workdir, init_step=4))
+    outputs = []
     for ctx, step in ((latest, PRETRAIN_STEPS), (named, 4)):
         hidden, _ = _classifier_outputs(ctx, ids, segments, mask)
         source = _source_encoder_outputs(pretrained_workdir, step, ids, segments, mask)
         np.testing.assert_allclose(hidden, source, rtol=1e-5, atol=1e-5)
+        outputs.append(hidden)
     # the two steps really differ: a loader that ignored init_step would fail above
-    assert not np.allclose(_classifier_outputs(latest, ids, segments, mask)[0], source)
+    assert not np.allclose(*outputs)
 
 
 def _hf_directory(tmp_path: Path) -> Path:
