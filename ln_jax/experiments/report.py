@@ -453,14 +453,16 @@ def _plot_loss(
 
 def depth_figure(results: Sequence[Result], arms: Sequence[str], plateau: float) -> Figure:
     """One panel per depth: validation MLM loss against steps, a line per run (its gid the
-    run's name), in the order of `arms`."""
+    run's name), in the order of `arms`, labelled by arm (and rate, in a pilot)."""
     depths = sorted({r["tags"]["num_layers"] for r in results})
+    several = len({_lr(r) for r in results}) > 1
     fig, axes = new_figure(len(depths), width=5, squeeze=False)
     for ax, d in zip(axes[0], depths, strict=True):
         seen = set()
-        for r in sorted(results, key=lambda r: arms.index(r["arm"])):
+        for r in sorted(results, key=lambda r: (arms.index(r["arm"]), _lr(r))):
             if r["tags"]["num_layers"] == d:
-                label = None if r["arm"] in seen else r["arm"]
+                name = f"{r['arm']} lr={_lr(r):g}" if several else r["arm"]
+                label = None if name in seen else name
                 _plot_loss(
                     ax,
                     r["eval_curve"],
@@ -471,12 +473,12 @@ def depth_figure(results: Sequence[Result], arms: Sequence[str], plateau: float)
                     label=label,
                     gid=r["name"],
                 )
-                seen.add(r["arm"])
+                seen.add(name)
         ax.axhline(plateau, color="black", lw=0.8, ls="--", label="unigram plateau")
         ax.set(title=f"{d} layers", xlabel="step", ylabel="validation MLM loss (nats)")
-        ax.set_ylim(plateau - 0.8, plateau + 0.5)
+        ax.set_ylim(plateau - 1.5, plateau + 0.5)
         ax.legend(fontsize=7)
-    fig.suptitle("Depth study: same large learning rate (dotted = diverged)")
+    fig.suptitle("Depth study: validation MLM loss of each run (dotted = diverged)")
     return fig
 
 
