@@ -65,6 +65,6 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.checkpoint.async_save = True  # save in the background while training continues
     c.checkpoint.fallback = False  # a corrupt latest checkpoint: try the previous ones
     if task == "offline":  # the CPU-scale default: a small model learns it in minutes
-        c.learning_rates, c.batch_sizes, c.epochs, c.seeds = (1e-4,), (32,), (3,), (0, 1, 2)
+        c.learning_rates, c.batch_sizes, c.epochs, c.seeds = (5e-4,), (32,), (3,), (0, 1, 2)
         c.max_seq_length = 64
     return c
