@@ -170,6 +170,19 @@ def test_a_dead_worker_is_an_error_naming_it_and_the_examples(make_config):
         dying.close()
 
 
+def test_a_worker_reaped_before_the_watch_saw_it_is_still_named(tmp_path):
+    """On a loaded machine grain may reap the dead worker before the watch thread polls: the
+    awaited worker is named with the exit code or signal grain reports."""
+    (tmp_path / "worker-1").write_text("4242")
+    watch = loader._WorkerWatch(str(tmp_path))  # not started: it saw nothing
+    grain_error = RuntimeError("Worker process was terminated unexpectedly with exit code 3.")
+    assert watch.inferred(1, grain_error) == {1: (4242, "exit code 3")}
+    killed = RuntimeError("terminated unexpectedly with exit code -9")
+    assert watch.inferred(1, killed) == {1: (4242, "signal 9")}
+    assert watch.inferred(0, grain_error) == {}  # no pid file for worker 0
+    assert watch.inferred(1, RuntimeError("something else")) == {}
+
+
 def test_device_prefetch_keeps_the_state_of_the_next_batch(make_config, mesh):
     assert loader.device_prefetch(make_config(), mesh) == 0  # CPU devices: nothing to gain
     ahead, _ = loader.make_pipeline(make_config(device_prefetch=2), seed=1, mesh=mesh)

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import json
 import pathlib
+import re
 import shutil
 import sys
 import tempfile
@@ -306,6 +307,17 @@ class _WorkerWatch(threading.Thread):
                 if index not in self.died and (how := _zombie_status(int(path.read_text()))):
                     self.died[index] = (int(path.read_text()), how)
 
+    def inferred(self, index: int, error: Exception) -> dict[int, tuple[int, str]]:
+        """{index: (pid, how)} when the watch missed the zombie (grain reaped it first, e.g. on a
+        loaded machine): the worker whose chunk was awaited, with the exit code grain reports."""
+        path = pathlib.Path(self.folder) / f"worker-{index}"
+        found = re.search(r"exit code (-?\d+)", str(error))
+        if not (found and path.exists()):
+            return {}
+        code = int(found.group(1))  # multiprocessing gives -N for a death by signal N
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        return {index: (int(path.read_text()), how)}
+
 
 def _zombie_status(pid: int) -> str | None:
     """How a dead, not yet reaped process ended ("exit code N", "signal N"); None otherwise."""
@@ -394,6 +406,8 @@ class HostBatchIterator(Iterator[Batch]):
         workers, count = self.workers, self._chunks.count
         waiting = (self._next - self._chunks.start) // count  # the chunk being waited for
         dead = dict(self._watch.died) if self._watch else {}
+        if self._watch and not dead:
+            dead = self._watch.inferred(waiting % workers, error)
         parts = []
         for w, pid in sorted(dead.items()) or [(waiting % workers, None)]:
             chunk = waiting + (w - waiting) % workers  # w's first chunk not delivered
