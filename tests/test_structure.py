@@ -83,3 +83,11 @@ def test_every_placement_row_has_a_colour_of_its_own():
 
     colours = [arm_colour(p, i) for i, p in enumerate(PLACEMENTS)]
     assert len(set(colours)) == len(PLACEMENTS), dict(zip(PLACEMENTS, colours, strict=True))
+
+
+def test_the_warmup_studys_post_ln_cells_have_colours_of_their_own():
+    from ln_jax.experiments import grids
+    from ln_jax.results import arm_colour
+
+    arms = sorted({cell[1] for cell in grids.warmup_cells()})
+    assert len({arm_colour(a) for a in arms}) == len(arms), arms
