@@ -4,6 +4,9 @@
 
 * `"ln_jax_pydocs"` (default): the embedded corpus of CPython's own documentation, generated
   offline from the running interpreter (`ln_jax.data.corpus`).
+* `"ln_jax_sitedocs"`: the docstrings of every installed distribution and the standard library
+  (20+ MB; the studies' corpus), also generated offline, prepared on first use
+  (`ln_jax.data.sitedocs`).
 * `"name[/config][:version]"`: any TFDS dataset with a text feature, e.g.
   `"wikipedia/20230601.en"` or `"wikipedia/20230601.en:1.0.0"`. It must be prepared in
   `data_dir` (or `download=True` lets TFDS try to prepare it).
