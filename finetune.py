@@ -35,13 +35,9 @@ def main(argv: list[str], values: dict) -> int:
     from ln_jax import console
     from ln_jax.finetune.run import NonFiniteFinetuneError
 
-    console.configure_logging()
-    try:
-        return console.run_reporting_errors(
-            lambda: _finetune(values), _TRACEBACK.value, failures=(NonFiniteFinetuneError,)
-        )
-    finally:
-        console.close_logging()
+    return console.run_command(
+        lambda: _finetune(values), _TRACEBACK.value, (NonFiniteFinetuneError,)
+    )
 
 
 def _finetune(values: dict) -> int:

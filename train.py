@@ -57,13 +57,7 @@ def main(argv: list[str], values: dict) -> int:
     from ln_jax import console
     from ln_jax.trainer import NonFiniteError
 
-    console.configure_logging()
-    try:
-        return console.run_reporting_errors(
-            lambda: _train(values), _TRACEBACK.value, failures=(NonFiniteError,)
-        )
-    finally:
-        console.close_logging()  # a train.log on gs:// gets its last upload here
+    return console.run_command(lambda: _train(values), _TRACEBACK.value, (NonFiniteError,))
 
 
 def _train(values: dict) -> int:

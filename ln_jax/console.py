@@ -105,6 +105,21 @@ def run_reporting_errors(
         return 130
 
 
+def run_command(
+    main: Callable[[], int],
+    show_traceback: bool = False,
+    failures: tuple[type[BaseException], ...] = (),
+) -> int:
+    """A command line's whole run (train.py, finetune.py): logging set up, `main` run as
+    `run_reporting_errors` runs it, and the logs closed whatever happens (a log file on gs://
+    gets its last upload there)."""
+    configure_logging()
+    try:
+        return run_reporting_errors(main, show_traceback, failures=failures)
+    finally:
+        close_logging()
+
+
 def _report(err: BaseException, status: int, show_traceback: bool) -> int:
     if wants_traceback(show_traceback):
         traceback.print_exception(err)
