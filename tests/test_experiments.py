@@ -314,8 +314,12 @@ def _depth_run(arm, layers, final, lr=1e-3, seed=0, collapse=None):
     return r
 
 
+def _is(run, arm, layers, lr):
+    return (run["arm"], run["tags"]["num_layers"], run["tags"]["lr"]) == (arm, layers, lr)
+
+
 def test_pilot_chooses_the_largest_rate_with_lius_regime():
-    def pilot(post18_at_1e3, pre18_at_1e3):
+    def pilot_runs(post18_at_1e3, pre18_at_1e3):
         runs = []
         for lr in (2e-4, 1e-3):
             for d in (6, 18):
@@ -326,7 +330,10 @@ def test_pilot_chooses_the_largest_rate_with_lius_regime():
                 r["final_eval_mlm_loss"] = {"post_warmup": post18_at_1e3, "pre": pre18_at_1e3}.get(
                     r["arm"], 6.5
                 )
-        return report.pilot_choice(runs, plateau=7.0)
+        return runs
+
+    def pilot(post18_at_1e3, pre18_at_1e3):
+        return report.pilot_choice(pilot_runs(post18_at_1e3, pre18_at_1e3), plateau=7.0)
 
     regime = pilot(post18_at_1e3=7.0, pre18_at_1e3=6.5)
     assert (regime["lr"], regime["regime"]) == (1e-3, True)
@@ -335,6 +342,10 @@ def test_pilot_chooses_the_largest_rate_with_lius_regime():
     unstable = pilot(post18_at_1e3=7.0, pre18_at_1e3=6.95)  # 6.95 > 7.0 - 0.1: not trained
     assert (unstable["lr"], unstable["regime"]) == (2e-4, False)
     assert "chosen learning rate: 0.0002 (Liu's regime not found" in report.pilot_table(unstable)
+    # a rate whose Admin run at 18 layers is missing is not "stable everywhere"
+    missing = [r for r in pilot_runs(7.0, 6.5) if not _is(r, "admin_warmup", 18, 1e-3)]
+    choice = report.pilot_choice(missing, plateau=7.0)
+    assert choice["per_lr"][1e-3]["stable_everywhere"] is False and choice["lr"] == 2e-4
 
 
 def test_depth_table_shows_the_collapse_measure_and_pilot_rows():

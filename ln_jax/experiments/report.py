@@ -172,7 +172,8 @@ def pilot_choice(results: Sequence[Result], plateau: float) -> dict[str, Any]:
             runs = [r for r in at if r["arm"] == arm and r["tags"]["num_layers"] == depth]
             return [trains(r, plateau) for r in runs]
 
-        stable = all(all(ok(a, d)) for a in PILOT_STABLE for d in depths)
+        # a rate with an arm missing at some depth (a run not finished or failed) is not stable
+        stable = all(ok(a, d) and all(ok(a, d)) for a in PILOT_STABLE for d in depths)
         low, high = ok(PILOT_POST, depths[0]), ok(PILOT_POST, depths[-1])
         regime = bool(low) and all(low) and bool(high) and not any(high)
         per_lr[lr] = {"stable_everywhere": stable, "post_regime": regime}
