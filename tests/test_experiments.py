@@ -409,6 +409,19 @@ def test_depth_figure_draws_each_run_in_its_panel(tmp_path):
     changed = [results[0], results[1], run("post", 12, [[100, 7.0, 1], [200, 6.5, 2]])]
     plot = lambda rs, path: report.plot_depth(rs, ["post", "pre"], 6.7, path)  # noqa: E731
     _assert_png_of(plot, tmp_path, results, changed)
+    assert lines["L6-pre-s0"].get_marker() in ("None", None, "")  # one rate: no markers
+
+
+def test_depth_figure_of_a_pilot_marks_each_rate():
+    runs = [_depth_run(arm, 6, 6.5, lr) for arm in ("pre", "post_warmup") for lr in (1e-3, 2e-4)]
+    (ax,) = report.depth_figure(runs, ["post_warmup", "pre"], plateau=7.0).axes
+    lines = _by_gid(ax)
+    markers = {name: lines[name].get_marker() for name in lines}
+    assert markers["L6-pre-lr0.0002-s0"] == markers["L6-post_warmup-lr0.0002-s0"] == "o"
+    assert markers["L6-pre-lr0.001-s0"] == markers["L6-post_warmup-lr0.001-s0"] == "s"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[:2] == ["post_warmup lr=0.0002", "post_warmup lr=0.001"]
+    plt.close(ax.figure)
 
 
 def _two_lr_summary():

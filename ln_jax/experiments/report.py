@@ -452,11 +452,16 @@ def _plot_loss(
         ax.plot(xs, ys, ":" if diverged else "-", color=arm_colour(arm), **kw)
 
 
+_MARKERS = ("o", "s", "^", "v", "D", "x")  # a pilot's rates, smallest first
+
+
 def depth_figure(results: Sequence[Result], arms: Sequence[str], plateau: float) -> Figure:
     """One panel per depth: validation MLM loss against steps, a line per run (its gid the
-    run's name), in the order of `arms`, labelled by arm (and rate, in a pilot)."""
+    run's name), in the order of `arms`, labelled by arm (and rate, in a pilot: a marker per
+    rate, `_MARKERS` from the smallest)."""
     depths = sorted({r["tags"]["num_layers"] for r in results})
-    several = len({_lr(r) for r in results}) > 1
+    rates = sorted({_lr(r) for r in results})
+    several = len(rates) > 1  # a pilot: one marker per rate, so an arm's rates stay apart
     fig, axes = new_figure(len(depths), width=5, squeeze=False)
     for ax, d in zip(axes[0], depths, strict=True):
         seen = set()
@@ -473,6 +478,8 @@ def depth_figure(results: Sequence[Result], arms: Sequence[str], plateau: float)
                     alpha=0.8,
                     label=label,
                     gid=r["name"],
+                    marker=_MARKERS[rates.index(_lr(r)) % len(_MARKERS)] if several else None,
+                    markersize=3,
                 )
                 seen.add(name)
         ax.axhline(plateau, color="black", lw=0.8, ls="--", label="unigram plateau")
