@@ -519,7 +519,7 @@ def warmup_figure(summary: dict[str, Any], plateau: float) -> Figure:
                 )
             ax.axhline(plateau, color="black", lw=0.8, ls="--", label="unigram plateau")
             ax.axhline(summary["target"], color="gray", lw=0.8, ls="-.", label="target")
-            ax.set(xlabel=xlabel, ylim=(summary["target"] - 1.0, plateau + 1.5))
+            ax.set(xlabel=xlabel, ylim=(summary["target"] - 0.3, plateau + 0.7))  # past the plateau
             ax.set_title(f"lr_max = {lr:g}" if lr is not None else "", fontsize=9)
         axes[0, col].legend(fontsize=6)
     for row in range(2):
