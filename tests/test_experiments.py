@@ -269,6 +269,35 @@ def test_bootstrap_interval_holds_a_known_ratio_and_narrows_with_seeds():
     }
 
 
+def test_paired_bootstrap_removes_the_shared_seed_effect():
+    # Each seed has its own speed, shared by both cells (same data order); Pre-LN takes 0.8x.
+    rng = np.random.default_rng(3)
+    seed_speed = 300 * rng.lognormal(0.0, 0.4, 5)
+    post = seed_speed * (1 + 0.02 * rng.standard_normal(5))
+    pre = 0.8 * seed_speed * (1 + 0.02 * rng.standard_normal(5))
+    indep, paired = targets.bootstrap_ratio(pre, post), targets.paired_bootstrap_ratio(pre, post)
+    assert paired["ratio"] == pytest.approx(indep["ratio"]) and paired["n"] == 5
+    assert paired["lo"] < 0.8 < paired["hi"]
+    assert paired["hi"] - paired["lo"] < (indep["hi"] - indep["lo"]) / 5
+    with pytest.raises(ValueError, match="pair the seeds"):
+        targets.paired_bootstrap_ratio([1.0, 2.0], [1.0])
+
+
+def test_key_ratios_pair_runs_by_seed_and_skip_unreached():
+    label = "plateau-0.3"
+    pre = {"seeds": [0, 1, 2, 3], "steps": {label: [80.0, 90.0, None, 400.0]}}
+    post = {"seeds": [3, 0, 1, 2], "steps": {label: [500.0, 100.0, 100.0, 120.0]}}
+    (row,) = targets.key_ratios(pre, post, [label])
+    assert row["n_a"] == 3 and row["n_b"] == 4 and row["pre_missing"] == 1
+    paired = row["paired"]  # seeds 0, 1, 3 (seed 2 unreached by pre): (80+90+400)/(100+100+500)
+    assert paired["n"] == 3 and paired["ratio"] == pytest.approx(570 / 700)
+    table = report._ratio_rows([row])[0]
+    interval = f"{paired['ratio']:.2f} [{paired['lo']:.2f}, {paired['hi']:.2f}] (3)"
+    holds = "holds" if paired["lo"] <= 0.71 <= paired["hi"] else "excludes"
+    assert paired["holds_xiong"] == (holds == "holds")
+    assert table.endswith(f"| {interval}, {holds} 0.71 |")
+
+
 def test_key_seed_expansion_adds_the_best_cells_seeds():
     sweep = grids.warmup_grid(
         seeds=[0, 1], post_lrs=[2e-4, 5e-4], warmups=[100, 500], pre_lrs=[5e-4, 1e-3]

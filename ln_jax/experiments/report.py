@@ -277,6 +277,7 @@ def warmup_cells(
                 "lr": runs[0]["tags"].get("lr"),
                 "warmup_steps": runs[0]["tags"].get("warmup_steps", 0),
                 "runs": [r["name"] for r in runs],
+                "seeds": [r["tags"].get("seed", 0) for r in runs],
                 "finals": [r["final_eval_mlm_loss"] for r in runs],
                 "mean_final": _finals(runs),
                 "diverged": sum(bool(r["diverged"]) for r in runs),
@@ -404,8 +405,9 @@ def warmup_table(summary: dict[str, Any], plateau: float) -> str:
         f"Steps Pre-LN ({summary['best'].get('pre')}) / Post-LN ({summary['best'].get('post')}),"
         f" mean over seeds, 95% bootstrap interval (Xiong et al.: {targets_mod.XIONG_RATIO}):",
         "",
-        "| target | ratio | 95% interval | seeds pre / post | holds 0.71 |",
-        "|---|---|---|---|---|",
+        "| target | ratio | 95% interval | seeds pre / post | holds 0.71 | paired by seed: "
+        "ratio, 95% interval (seeds) |",
+        "|---|---|---|---|---|---|",
     ]
     lines += _ratio_rows(summary["ratios"])
     lines += ["", "Steps to each target per seed, best cells (in seed order):", ""]
@@ -420,18 +422,27 @@ def warmup_table(summary: dict[str, Any], plateau: float) -> str:
     return "\n".join(lines)
 
 
+def _paired(p: dict[str, Any] | None) -> str:
+    """A paired ratio as "0.82 [0.77, 0.88] (5), excludes 0.71"; "–" without shared seeds."""
+    if not p:
+        return "–"
+    holds = "holds" if p["holds_xiong"] else "excludes"
+    return f"{p['ratio']:.2f} [{p['lo']:.2f}, {p['hi']:.2f}] ({p['n']}), {holds} 0.71"
+
+
 def _ratio_rows(ratios: Sequence[dict[str, Any]]) -> list[str]:
     """Markdown rows of `targets.key_ratios`."""
     lines = []
     for row in ratios:
         if row["ratio"] is None:
-            lines.append(f"| {row['target']} | – | – | – | – |")
+            lines.append(f"| {row['target']} | – | – | – | – | – |")
             continue
         gone = row["pre_missing"] or row["post_missing"]
         missing = f" ({row['pre_missing']} / {row['post_missing']} never reached)" if gone else ""
         lines.append(
             f"| {row['target']} | {row['ratio']:.2f} | [{row['lo']:.2f}, {row['hi']:.2f}] | "
-            f"{row['n_a']} / {row['n_b']}{missing} | {'yes' if row['holds_xiong'] else 'no'} |"
+            f"{row['n_a']} / {row['n_b']}{missing} | {'yes' if row['holds_xiong'] else 'no'} | "
+            f"{_paired(row.get('paired'))} |"
         )
     return lines
 

@@ -84,6 +84,44 @@ def bootstrap_ratio(
     return {"ratio": ratio, "lo": float(lo), "hi": float(hi), "n_a": a.size, "n_b": b.size}
 
 
+def paired_bootstrap_ratio(
+    a: Sequence[float], b: Sequence[float], *, n_boot: int = N_BOOT, seed: int = BOOT_SEED
+) -> dict[str, Any]:
+    """mean(a) / mean(b) and its 95% percentile-bootstrap interval, resampling seeds as pairs.
+
+    For two cells that share each seed's data order and initialisation key: a slow seed is slow
+    for both, and resampling the pairs keeps that shared part out of the interval (resampling
+    each side on its own, as `bootstrap_ratio` does, counts it twice).
+
+    Args:
+      a, b: [n] steps to a target, a[i] and b[i] from the same seed (n >= 1).
+
+    Returns:
+      {"ratio", "lo", "hi", "n"}; lo = hi = ratio for one pair.
+    """
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.size == 0 or a.shape != b.shape:
+        raise ValueError(
+            f"paired_bootstrap_ratio needs two equally long, non-empty lists (got {a.size} and "
+            f"{b.size}); pair the seeds first."
+        )
+    idx = np.random.default_rng(seed).integers(0, a.size, (n_boot, a.size))
+    boot = a[idx].mean(1) / b[idx].mean(1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"ratio": float(a.mean() / b.mean()), "lo": float(lo), "hi": float(hi), "n": a.size}
+
+
+def paired_steps(
+    pre: dict[str, Any], post: dict[str, Any], label: str
+) -> tuple[list[float], list[float]]:
+    """The steps to `label` of the seeds that both cells ran and both reached it, in seed order
+    (cells carry "seeds" beside "steps", one entry per run)."""
+    a = dict(zip(pre.get("seeds", []), pre["steps"][label], strict=True))
+    b = dict(zip(post.get("seeds", []), post["steps"][label], strict=True))
+    common = sorted(s for s in a.keys() & b.keys() if a[s] is not None and b[s] is not None)
+    return [a[s] for s in common], [b[s] for s in common]
+
+
 def key_ratios(
     pre: dict[str, Any] | None, post: dict[str, Any] | None, labels: Sequence[str]
 ) -> list[dict[str, Any]]:
@@ -91,7 +129,9 @@ def key_ratios(
     reached it, with its bootstrap interval and whether the interval holds Xiong's 0.71.
 
     A seed that never reached the target is left out and counted ("pre_missing"), so a ratio
-    over fewer seeds than the cell has is visible as such.
+    over fewer seeds than the cell has is visible as such. "paired" is the same ratio over the
+    seeds both cells reached it with, its interval from resampling seeds as pairs
+    (`paired_bootstrap_ratio`), or None when no seed is shared.
     """
     rows = []
     for label in labels:
@@ -104,5 +144,10 @@ def key_ratios(
             if a and b:
                 row.update(bootstrap_ratio(a, b))
                 row["holds_xiong"] = bool(row["lo"] <= XIONG_RATIO <= row["hi"])
+                pa, pb = paired_steps(pre, post, label)
+                row["paired"] = paired_bootstrap_ratio(pa, pb) if pa else None
+                if row["paired"]:
+                    p = row["paired"]
+                    p["holds_xiong"] = bool(p["lo"] <= XIONG_RATIO <= p["hi"])
         rows.append(row)
     return rows
