@@ -542,6 +542,43 @@ def test_interrupted_grid_resumes_without_redoing_finished_runs(data_dir, tmp_pa
         runner.run_grid(base, changed, out)
 
 
+def test_extend_continues_named_finished_runs_as_a_longer_run(data_dir, tmp_path):
+    specs = grids.depth_grid([1], ["pre", "post"], [0], [1e-3], warmup_steps=2)
+    short, out = base_config(data_dir), str(tmp_path / "study")
+    runner.run_grid(short, specs, out, plateau=6.7)
+    post_lines = _lines(tmp_path / "study", "L1-post-s0")
+    longer = override(short, {"total_steps": 8})
+    extended = {r["name"]: r for r in runner.run_grid(longer, specs, out, extend=["L1-pre*"])}
+    # Only the named run goes on, from its step-4 checkpoint, to step 8.
+    assert extended["L1-pre-s0"]["steps"] == 8 and extended["L1-post-s0"]["steps"] == 4
+    assert _lines(tmp_path / "study", "L1-post-s0") == post_lines
+    # Under a constant rate after the warm-up it is the 8-step run trained from scratch.
+    (fresh,) = runner.run_grid(longer, specs[:1], str(tmp_path / "fresh"))
+    got, want = extended["L1-pre-s0"]["eval_curve"], fresh["eval_curve"]
+    assert [e[0] for e in got] == [e[0] for e in want] == [2, 4, 6, 8]
+    np.testing.assert_allclose([e[1] for e in got], [e[1] for e in want], rtol=1e-5)
+    # Rerun: nothing left to extend.
+    assert not runner.needs_training(longer, specs[0], out, ["L1-pre*"])
+
+
+def test_extend_refuses_a_schedule_that_depends_on_the_run_length(data_dir, tmp_path):
+    (spec,) = grids.depth_grid([1], ["pre"], [0], [1e-3], 2, schedule="warmup_linear_decay")
+    runner.run_grid(base_config(data_dir), [spec], str(tmp_path))
+    longer = override(base_config(data_dir), {"total_steps": 8})
+    with pytest.raises(ValueError, match="depends on the run's length"):
+        runner.run_grid(longer, [spec], str(tmp_path), extend=["*"])
+    assert json.loads((tmp_path / "runs" / spec.name / "result.json").read_text())["steps"] == 4
+
+
+def test_extension_due_skips_diverged_unnamed_and_long_enough_runs(data_dir):
+    (spec,) = grids.depth_grid([1], ["pre"], [0], [1e-3])
+    base = base_config(data_dir, total_steps=8)
+    assert runner.extension_due(base, spec, {"steps": 4, "diverged": False}, ["L1-*"])
+    assert not runner.extension_due(base, spec, {"steps": 4, "diverged": True}, ["L1-*"])
+    assert not runner.extension_due(base, spec, {"steps": 4, "diverged": False}, ["L6-*"])
+    assert not runner.extension_due(base, spec, {"steps": 8, "diverged": False}, ["*"])
+
+
 def test_forced_nan_run_is_recorded_as_diverged(data_dir, tmp_path):
     base = base_config(data_dir, **{"optim.clip_norm": 0.0})
     spec = RunSpec("nan", "post", {"model.placement": "post", "optim.peak_lr": 1e6})

@@ -18,7 +18,11 @@ and `+qk`. With --key_seeds the warm-up study, once its sweep is finished, train
 of the best Post-LN and Pre-LN cells (see `targets.best_cell`) and reports the step ratio with
 a bootstrap interval. Rerunning the same command resumes: finished runs are kept, a run cut off
 midway continues from its checkpoint. `--only=NAME` trains one run; `--report` only rewrites
-the report.
+the report. `--extend=PATTERN,...` with a larger `--config.total_steps` continues the finished
+runs it names from their last checkpoint (schedules independent of the run's length only):
+
+  python -m ln_jax.experiments warmup --out=DIR ... --config.total_steps=2000 \
+      --extend='post_nowarmup-lr5e-4-s*,pre-lr1e-3-s*' --jobs=2
 
 The protocol before issue 20 (Xavier init, beta2 0.999 in the depth study, warm-up scaled to a
 600-step run, linear decay to zero, the embedded corpus, eval every 50 steps):
@@ -65,6 +69,13 @@ _RUNS = flags.DEFINE_list(
 )
 _STEPS = flags.DEFINE_list("steps", [], "downstream: checkpoint steps (default: every one kept).")
 _REPORT = flags.DEFINE_bool("report", False, "Only rewrite the report from stored results.")
+_EXTEND = flags.DEFINE_list(
+    "extend",
+    [],
+    "Finished runs (names or fnmatch patterns, e.g. 'pre-lr1e-3-s*') to continue from their "
+    "last checkpoint to a larger --config.total_steps; only with a schedule that does not "
+    "depend on the run's length (constant, warmup_rsqrt).",
+)
 _SEEDS = flags.DEFINE_list("seeds", None, "Seeds (default: depth 0,1,2; warmup 0,1).")
 _DEPTHS = flags.DEFINE_list("depths", ["6", "12", "18"], "depth: encoder depths.")
 _ARMS = flags.DEFINE_list(
@@ -199,7 +210,7 @@ def main(argv: list[str], base: dict) -> int:
             if expand and _ONLY.value not in {s.name for s in specs}:
                 done = runner.collect(specs, out, plateau)
                 specs = [*specs, *(expand(done) if len(done) == len(specs) else [])]
-            return study.run_only(base, specs, out, _ONLY.value, plateau)
+            return study.run_only(base, specs, out, _ONLY.value, plateau, _EXTEND.value)
         results = study.run(
             command,
             base,
@@ -213,6 +224,7 @@ def main(argv: list[str], base: dict) -> int:
             arms=_ARMS.value if command == "depth" else None,
             offsets=offsets,
             expand=expand,
+            extend=_EXTEND.value,
         )
     except (UserError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

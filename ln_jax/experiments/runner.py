@@ -9,6 +9,7 @@ subprocesses, and `collect` gathers the per-run results into `OUT/results.json`.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import logging
 import math
@@ -187,16 +188,69 @@ def load_result(out: str, spec: RunSpec) -> dict[str, Any] | None:
     return result
 
 
-def run_one(base: Mapping[str, Any], spec: RunSpec, out: str, plateau: float | None) -> dict:
-    """Trains one run (resuming its checkpoint if any) and stores its result."""
+def extension_due(
+    base: Mapping[str, Any], spec: RunSpec, stored: Mapping[str, Any], extend: Sequence[str]
+) -> bool:
+    """Whether the finished run `stored` is to be continued to the config's total_steps: its
+    name matches one of the `extend` patterns (fnmatch, e.g. "pre-lr1e-3-s*"), it did not
+    diverge, and it stopped before total_steps."""
+    if not any(fnmatch.fnmatchcase(spec.name, p) for p in extend) or stored.get("diverged"):
+        return False
+    return stored.get("steps", 0) < run_config(base, spec).total_steps
+
+
+def needs_training(
+    base: Mapping[str, Any], spec: RunSpec, out: str, extend: Sequence[str] = ()
+) -> bool:
+    """A run without a stored result, or one to extend (`extension_due`)."""
+    stored = load_result(out, spec)
+    return stored is None or extension_due(base, spec, stored, extend)
+
+
+def check_extendable(cfg: Any, workdir: str) -> None:
+    """Raises ValueError unless every step the workdir's run has trained keeps its learning rate
+    under `cfg` (a schedule that does not depend on the run's length: constant, warmup_rsqrt).
+
+    Continuing a linear-decay run to a later end would give it steps no fresh run of the new
+    length has, so it is refused rather than mixed into a study.
+    """
+    from ln_jax import optim, run_identity
+
+    old = run_identity.read_config(workdir)
+    if old is None:
+        return
+    done = int(old["total_steps"])
+    lr_old = optim.make_schedule(optim.OptimConfig.from_mapping(old["optim"]))
+    lr_new = optim.make_schedule(cfg.optim)
+    steps = np.arange(done)
+    if not np.allclose(np.asarray(lr_old(steps)), np.asarray(lr_new(steps)), rtol=1e-6):
+        raise ValueError(
+            f"{workdir} cannot be extended to {cfg.total_steps} steps: its schedule "
+            f"({old['optim'].get('schedule')}) depends on the run's length, so its first {done} "
+            "steps would differ from a fresh run of the new length. Use a schedule that does "
+            "not (--schedule=constant or warmup_rsqrt), or train the longer runs in a new --out."
+        )
+
+
+def run_one(
+    base: Mapping[str, Any],
+    spec: RunSpec,
+    out: str,
+    plateau: float | None,
+    extend: bool = False,
+) -> dict:
+    """Trains one run (resuming its checkpoint if any) and stores its result; with `extend`, a
+    finished run goes on from its last checkpoint to the config's total_steps."""
     from ln_jax.trainer import NonFiniteError, train_and_evaluate
 
     cfg = run_config(base, spec)
     workdir = os.path.join(out, "runs", spec.name)
+    if extend:
+        check_extendable(cfg, workdir)
     error = None
     start = time.time()
     try:
-        outcome = train_and_evaluate(cfg, workdir)
+        outcome = train_and_evaluate(cfg, workdir, accept_changes=extend)
     except NonFiniteError as err:
         error, outcome = f"non-finite loss or gradient: {err}", {"preempted": False}
     if outcome.get("preempted"):
@@ -277,8 +331,10 @@ def run_grid(
     plateau: float | None = None,
     jobs: int = 1,
     argv: Sequence[str] = (),
+    extend: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """Trains every run of `specs` without a stored result; returns all stored results.
+    """Trains every run of `specs` without a stored result, and continues the finished runs
+    named by the `extend` patterns to the config's total_steps; returns all stored results.
 
     With `jobs` > 1 the runs go to subprocesses (`argv` is this command line, re-run per run
     with --only=NAME); otherwise they run here one after another.
@@ -288,15 +344,19 @@ def run_grid(
         raise ValueError(f"duplicate run names in the grid: {names}")
     for spec in specs:  # every config is checked before anything trains
         run_config(base, spec)
-    pending = [s for s in specs if load_result(out, s) is None]
+    pending = [s for s in specs if needs_training(base, s, out, extend)]
+    longer = sum(load_result(out, s) is not None for s in pending)
     done = len(specs) - len(pending)
-    print(f"{len(specs)} runs: {done} done, {len(pending)} to run, in {out}", flush=True)
+    print(
+        f"{len(specs)} runs: {done} done, {len(pending)} to run ({longer} extended), in {out}",
+        flush=True,
+    )
     if jobs > 1 and len(pending) > 1:
         run_parallel(pending, argv, jobs, out)
     else:
         for i, spec in enumerate(pending):
             print(f"[{done + i + 1}/{len(specs)}] {spec.name}", flush=True)
-            run_one(base, spec, out, plateau)
+            run_one(base, spec, out, plateau, extend=load_result(out, spec) is not None)
     return collect(specs, out, plateau)
 
 

@@ -20,14 +20,21 @@ from ln_jax.results import write_json
 
 
 def run_only(
-    base: Mapping[str, Any], specs: Sequence[RunSpec], out: str, name: str, plateau: float
+    base: Mapping[str, Any],
+    specs: Sequence[RunSpec],
+    out: str,
+    name: str,
+    plateau: float,
+    extend: Sequence[str] = (),
 ) -> int:
-    """Trains the one run called `name` (a worker of `run_grid(jobs>1)`, or by hand)."""
+    """Trains the one run called `name` (a worker of `run_grid(jobs>1)`, or by hand); a
+    finished one only when `extend` names it (`runner.extension_due`)."""
     chosen = [s for s in specs if s.name == name]
     if not chosen:
         raise ValueError(f"no run named {name!r} in this grid; runs: {[s.name for s in specs]}")
-    if runner.load_result(out, chosen[0]) is None:
-        runner.run_one(base, chosen[0], out, plateau)
+    if runner.needs_training(base, chosen[0], out, extend):
+        stored = runner.load_result(out, chosen[0]) is not None
+        runner.run_one(base, chosen[0], out, plateau, extend=stored)
     return 0
 
 
@@ -45,20 +52,23 @@ def run(
     arms: Sequence[str] | None = None,
     offsets: Sequence[float] = targets.OFFSETS,
     expand: Callable[[list[dict[str, Any]]], list[RunSpec]] | None = None,
+    extend: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Trains what is missing (unless not `train`) and writes OUT/results.json, table, plot.
 
     `expand`, given the results of `specs` once all of them are finished, returns more runs
     (the key cells' extra seeds of the warm-up study), trained and reported with them.
+    `extend`: patterns of finished runs to continue to the config's total_steps (fnmatch).
 
     Returns:
       {"results": [...], "summary": ..., "table": markdown}.
     """
     os.makedirs(out, exist_ok=True)
-    results = _train_or_collect(base, specs, out, plateau, jobs, argv, train)
+    grid = (base, out, plateau, jobs, argv, train, extend)
+    results = _train_or_collect(specs, *grid)
     extra = expand(results) if expand and len(results) == len(specs) else []
     if extra:
-        results += _train_or_collect(base, extra, out, plateau, jobs, argv, train)
+        results += _train_or_collect(extra, *grid)
     if not results:
         raise ValueError(f"no finished runs in {out}; run the study without --report first.")
     summary, table = _report(study, results, plateau, out, target, arms, offsets)
@@ -78,9 +88,11 @@ def run(
     return {"results": results, "summary": summary, "table": table}
 
 
-def _train_or_collect(base, specs, out, plateau, jobs, argv, train) -> list[dict[str, Any]]:
+def _train_or_collect(specs, base, out, plateau, jobs, argv, train, extend) -> list[dict[str, Any]]:
     if train:
-        return runner.run_grid(base, specs, out, plateau=plateau, jobs=jobs, argv=argv)
+        return runner.run_grid(
+            base, specs, out, plateau=plateau, jobs=jobs, argv=argv, extend=extend
+        )
     return runner.collect(specs, out, plateau)
 
 
