@@ -13,7 +13,7 @@ the optimizer's own step counter starts at 0 on the first update, so update ``k`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -186,16 +186,36 @@ def make_schedule(cfg: OptimConfig) -> optax.Schedule:
     return schedule
 
 
+# Leaf names that are never decayed, whatever their rank: biases (attention's query/key/value
+# biases are [heads, head_dim]) and norm scales.
+NO_DECAY_NAMES = frozenset({"bias", "scale"})
+
+
 def decay_mask(params: Any) -> Any:
     """Returns a bool pytree: True where weight decay applies.
 
-    Rule: decay iff ``ndim >= 2``. This decays weight matrices and embeddings and
-    skips every 1-D (or scalar) parameter: LayerNorm/RMSNorm scales and biases, all
-    biases, and per-channel vectors such as Admin's omega or ReZero's alpha.
-    Works on plain dicts of arrays and on ``nnx.State`` (whose ``nnx.Param``
-    nodes are pytree nodes, so the map reaches the arrays inside).
+    Rule: decay a weight matrix or embedding, i.e. a leaf not named ``bias`` or ``scale``
+    with at least 2 axes besides a stacked ``layers`` axis. Under ``scan_layers`` every layer
+    parameter carries a leading [num_layers] axis (a norm scale is [L, d]); it is recognised by
+    its path (``.../layers/<name>`` rather than ``.../layers/<index>/...``) and not counted,
+    so a model decays the same parameters with and without ``scan_layers``. Skipped: norm
+    scales and biases (the q/k/v biases are 2-D), per-channel vectors such as Admin's omega,
+    scalars such as ReZero's alpha. Works on plain dicts of arrays and on ``nnx.State``
+    (whose ``nnx.Param`` nodes are pytree nodes, so the map reaches the arrays inside).
     """
-    return jax.tree.map(lambda x: jnp.ndim(x) >= 2, params)
+    return jax.tree_util.tree_map_with_path(_decays, params)
+
+
+def _decays(path: Sequence[Any], leaf: Any) -> bool:
+    """Whether the parameter at `path` (a key path of `decay_mask`'s tree) is decayed."""
+    keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    names = [k for k in keys if isinstance(k, str)]
+    stacked = any(
+        k == "layers" and i + 1 < len(keys) and isinstance(keys[i + 1], str)
+        for i, k in enumerate(keys)
+    )
+    rank = jnp.ndim(leaf) - int(stacked)
+    return rank >= 2 and not (names and names[-1] in NO_DECAY_NAMES)
 
 
 def _scaling(cfg: OptimConfig) -> optax.GradientTransformation:

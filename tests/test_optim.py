@@ -158,6 +158,36 @@ def test_decay_mask_nnx_structure():
     assert not bool(mask["ln"]["scale"].get_value()) and not bool(mask["lin"]["bias"].get_value())
 
 
+def test_decay_mask_of_the_bert_model_ignores_the_scan_axis_and_skips_biases():
+    """The same parameters are decayed with and without scan_layers (stacked norm scales are
+    [L, d] but still norm scales), and the 2-D attention biases [heads, head_dim] are not."""
+    import ln_jax
+    from ln_jax.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=16, num_heads=2, mlp_dim=32, num_layers=2)
+    masks = {}
+    for scan in (False, True):
+        model = ln_jax.create_model(cfg.replace(scan_layers=scan), seed=0)
+        params = nnx.split(model, nnx.Param, ...)[1]
+        flat = jax.tree_util.tree_leaves_with_path(decay_mask(params))
+        # Layer i of the list is "layers/i/..."; the stacked tree holds all layers in one leaf.
+        masks[scan] = {
+            jax.tree_util.keystr(p).replace("['layers'][0]", "['layers']"): bool(m)
+            for p, m in flat
+            if "['layers'][1]" not in jax.tree_util.keystr(p)
+        }
+    assert masks[False] == masks[True]
+    decayed = {k for k, m in masks[True].items() if m}
+    layer = "['bert']['encoder']['layers']"
+    assert f"{layer}['attention']['branch']['query']['kernel'].value" in decayed
+    assert f"{layer}['ffn']['branch']['wi']['kernel'].value" in decayed
+    assert "['bert']['embeddings']['word'].value" in decayed
+    for name in ("['attention']['branch']['query']['bias']", "['ffn']['pre_norm']['scale']"):
+        key = f"{layer}{name}.value"
+        assert key in masks[True] and not masks[True][key]
+    assert not any(k.endswith(("['bias'].value", "['scale'].value")) for k in decayed)
+
+
 def test_adamw_inside_nnx_optimizer():
     """nnx.Optimizer inits with Param nodes but updates with pure arrays: two of its updates
     equal AdamW computed by hand (clipping, bias-corrected moments, decay on the kernel only)."""
