@@ -7,7 +7,8 @@
 --config=FILE[:task] names the config; every field it declares can be overridden with
 --config.FIELD=VALUE (see configs/glue.py), e.g. --config.seeds="(0,1,2)",
 --config.learning_rates="(2e-5,3e-5,5e-5)". Rerunning the same command keeps finished runs and
-resumes a cut-off one from its last epoch. User errors print one line and exit 2 (--traceback
+resumes a cut-off one from its last checkpoint (every epoch; SIGTERM and Ctrl-C save the step in
+flight and exit 0). User errors print one line and exit 2 (--traceback
 shows the traceback); library logs go to WORKDIR/finetune.log.
 """
 
@@ -43,13 +44,19 @@ def main(argv: list[str], values: dict) -> int:
 def _finetune(values: dict) -> int:
     from ln_jax import console, run_identity
     from ln_jax.finetune import build_finetune_config, finetune, format_summary
+    from ln_jax.finetune.run import Preempted
 
     cfg = build_finetune_config(values)
     workdir = _WORKDIR.value or default_workdir(cfg)
     run_identity.prepare_workdir(workdir)
     console.configure_logging(os.path.join(workdir, "finetune.log"))
     print(f"ln_jax: fine-tuning {cfg.init_from} on {cfg.task}, workdir {workdir}", flush=True)
-    print(format_summary(finetune(cfg, workdir)))
+    try:
+        summary = finetune(cfg, workdir)
+    except Preempted as stop:
+        print(f"{stop}; run the same command to resume", flush=True)
+        return 0
+    print(format_summary(summary))
     return 0
 
 

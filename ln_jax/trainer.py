@@ -11,14 +11,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from flax import nnx
-from jax.experimental import multihost_utils
 
 from ln_jax import accumulation, monitor, optim, paths, run_identity, sharding, steps
 from ln_jax.checkpoint import Checkpointer, CheckpointError
@@ -27,6 +24,7 @@ from ln_jax.data import make_pipeline
 from ln_jax.early_warning import EarlyWarning
 from ln_jax.metrics import METRICS_FILE, MetricsWriter, Progress, read_records
 from ln_jax.placement_setup import setup_placements
+from ln_jax.preemption import Preemption
 from ln_jax.validate import ConfigError
 
 __all__ = [
@@ -132,52 +130,6 @@ def evaluate(run: Run) -> dict[str, float]:
     return out
 
 
-class _Preemption:
-    """Turns SIGTERM (preemption) and Ctrl-C into a stop after a step (then: save, exit 0); a
-    second Ctrl-C aborts at once.
-
-    The processes of a multi-process job must stop after the same step: one that stopped alone
-    would wait in the checkpoint's barrier while the others wait in the next all-reduce. There
-    SIGTERM is left to JAX's preemption service, which tells every process the same step to stop
-    after (`multihost_utils.reached_preemption_sync_point`), and Ctrl-C becomes a SIGTERM to it.
-    """
-
-    def __init__(self, shared: bool):
-        self.shared = shared
-        self.requested: str | None = None  # the signal's name, once the run is to stop
-        self._received: str | None = None  # a signal this process received
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self):
-        # Outside the main thread signals cannot be caught: preemption is the caller's business.
-        if threading.current_thread() is threading.main_thread():
-            caught = (signal.SIGINT,) if self.shared else (signal.SIGTERM, signal.SIGINT)
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in caught}
-        return self
-
-    def _handle(self, signum, frame):
-        del frame
-        if self._received and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # the second Ctrl-C: abort without saving
-        self._received = signal.Signals(signum).name
-        if signum == signal.SIGINT:
-            print("\nCtrl-C: saving after this step (Ctrl-C again aborts)", flush=True)
-            if self.shared:
-                os.kill(os.getpid(), signal.SIGTERM)  # to JAX's preemption notifier
-
-    def stop_after(self, step: int) -> str | None:
-        """The signal's name if the run stops after `step` (alike on every process)."""
-        if not self.shared:
-            self.requested = self._received
-        elif multihost_utils.reached_preemption_sync_point(step):
-            self.requested = self._received or "SIGTERM"
-        return self.requested
-
-    def __exit__(self, *exc):
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-
-
 def _check_finite(run: Run, ckpt: Checkpointer) -> None:
     """Raises NonFiniteError naming the first non-finite step and the checkpoint kept."""
     if not bool(run.state["halted"]):
@@ -276,7 +228,7 @@ def train_and_evaluate(
         tokens = cfg.data.global_batch_size * cfg.data.max_seq_length
         progress = Progress(cfg.total_steps, tokens, start, enabled=is_main)
         result = {"step": start, "train": {}, "eval": {}, "preempted": None, "already_done": False}
-        with _Preemption(shared=jax.process_count() > 1) as preemption:
+        with Preemption(shared=jax.process_count() > 1) as preemption:
             return _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks)
     finally:
         if run is not None:

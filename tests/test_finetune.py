@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -231,6 +232,23 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
     assert _records(tmp_path / "split") == _records(tmp_path / "straight")
     again = ft_run.finetune(short, str(tmp_path / "split"), ctx=ctx)  # finished: read back
     assert again["cells"] == first["cells"]
+
+    # SIGTERM (preemption) mid-epoch: the step in flight is saved, and the rerun goes on from
+    # it (not from the epoch's start) to the uninterrupted run's records.
+    def sigterm_in_epoch_2(step, run):
+        if step == run.steps_per_epoch + 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(ft_run.Preempted, match="SIGTERM: saved step 11"):
+        ft_run.finetune(short, str(tmp_path / "term"), hooks=[sigterm_in_epoch_2], ctx=ctx)
+    ckpts = tmp_path / "term" / "lr0.001_bs32_ep3" / "seed0" / "checkpoints"
+    assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())[-1] == 11
+    resumed_from = []
+    ft_run.finetune(
+        short, str(tmp_path / "term"), hooks=[lambda step, run: resumed_from.append(step)], ctx=ctx
+    )
+    assert resumed_from[0] == 12
+    assert _records(tmp_path / "term") == _records(tmp_path / "straight")
 
 
 def _records(workdir) -> list[dict]:

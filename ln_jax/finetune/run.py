@@ -10,7 +10,8 @@ and mean; the best cell by median), and per run `WORKDIR/<cell>/seed<k>/` with `
 after every epoch). Batch `s` of a run is a function of (seed, s) only (each epoch a keyed
 permutation of the training set, the last partial batch dropped) and dropout keys are the
 train step's, so a run resumed from its last epoch's checkpoint logs what an uninterrupted
-one logs.
+one logs. SIGTERM and Ctrl-C (`ln_jax.preemption`) save the step in flight and raise Preempted;
+the rerun resumes from that step.
 
 The update is `ln_jax.steps`' one train step: `steps.model_state` builds the classifier's state
 (AdamW's moments in the parameters' shardings), and `steps.jit_train_step(..., forward=...)`
@@ -40,6 +41,7 @@ from ln_jax.finetune.config import Cell, FinetuneConfig, train_config
 from ln_jax.finetune.pretrained import Pretrained, check_sequence_length, load_pretrained
 from ln_jax.finetune.tasks import TASKS, Task, predictions, task_scores
 from ln_jax.metrics import METRICS_FILE, MetricsWriter, read_records
+from ln_jax.preemption import Preemption
 from ln_jax.results import write_json
 from ln_jax.validate import ConfigError, UserError
 
@@ -250,8 +252,24 @@ def result_of(records: Sequence[dict]) -> dict[str, float]:
     return out
 
 
-def _train(ctx: Context, run: Run, hooks: Sequence[Callable]) -> None:
-    """Trains `run` from its latest checkpoint to its last step."""
+class Preempted(Exception):  # noqa: N818 (a stop, not an error: the command exits 0)
+    """Fine-tuning stopped on SIGTERM or Ctrl-C after saving a checkpoint; rerunning the same
+    command resumes from `step` of the run in `directory`."""
+
+    def __init__(self, signal_name: str, step: int, directory: str):
+        super().__init__(f"{signal_name}: saved step {step} in {directory}")
+        self.signal_name, self.step, self.directory = signal_name, step, directory
+
+
+def _train(
+    ctx: Context, run: Run, hooks: Sequence[Callable], preemption: Preemption | None = None
+) -> None:
+    """Trains `run` from its latest checkpoint to its last step.
+
+    Raises:
+      Preempted: after SIGTERM / Ctrl-C, once the step in flight is checkpointed (batches are
+        a function of (seed, step), so a run resumed mid-epoch continues exactly).
+    """
     ckpt = Checkpointer(os.path.join(run.directory, "checkpoints"), ctx.cfg.checkpoint)
     state, rest, total = run.pieces.state, run.pieces.rest, run.cfg.total_steps
     writer = None
@@ -269,6 +287,11 @@ def _train(ctx: Context, run: Run, hooks: Sequence[Callable]) -> None:
             _after_step(ctx, run, state, metrics, step, writer, ckpt)
             for hook in hooks:
                 hook(step, run)
+            stop = preemption.stop_after(step) if preemption else None
+            if stop:
+                if step % run.steps_per_epoch:  # an epoch's end is saved already
+                    ckpt.save(step, state, {"step": step}, ctx.config_dict)
+                raise Preempted(stop, step, run.directory)
     finally:
         ckpt.close()
         if writer is not None:
@@ -292,14 +315,22 @@ def _after_step(ctx, run, state, metrics, step, writer, ckpt) -> None:
         ckpt.save(step, state, {"step": step}, ctx.config_dict)
 
 
-def run_one(ctx: Context, cell: Cell, seed: int, workdir: str, hooks=()) -> dict[str, float]:
-    """Trains (or resumes, or just reads) one cell x seed; returns its result record."""
+def run_one(
+    ctx: Context,
+    cell: Cell,
+    seed: int,
+    workdir: str,
+    hooks=(),
+    preemption: Preemption | None = None,
+) -> dict[str, float]:
+    """Trains (or resumes, or just reads) one cell x seed; returns its result record (raises
+    Preempted when `preemption` saw SIGTERM / Ctrl-C)."""
     directory = os.path.join(workdir, cell.name, f"seed{seed}")
     found = _finished_result(directory)
     if found is not None:
         return found
     run = _make_run(ctx, cell, seed, workdir)
-    _train(ctx, run, hooks)
+    _train(ctx, run, hooks, preemption)
     path = paths.as_path(directory) / METRICS_FILE
     result = result_of(read_records(path))
     writer = MetricsWriter(directory, tensorboard=False, resume_step=run.cfg.total_steps)
@@ -362,13 +393,23 @@ def finetune(
 
     Raises:
       UserError subclasses (ConfigError, CheckpointError, DatasetNotPreparedError,
-      FinetuneMismatchError) for what the user must fix; NonFiniteFinetuneError.
+      FinetuneMismatchError) for what the user must fix; NonFiniteFinetuneError; Preempted
+      (SIGTERM or Ctrl-C: the run in flight saved its step; rerun to resume).
     """
     ctx = ctx or setup(cfg, workdir)
+    with Preemption(shared=jax.process_count() > 1) as preemption:
+        results = _run_grid(ctx, cfg, workdir, hooks, preemption)
+    summary = summarize(ctx, results)
+    write_json(os.path.join(workdir, SUMMARY_FILE), summary)
+    return summary
+
+
+def _run_grid(ctx, cfg, workdir, hooks, preemption) -> dict[str, dict[int, dict]]:
+    """{cell: {seed: result}} of every cell x seed, trained or read back in grid order."""
     results: dict[str, dict[int, dict]] = {}
     for cell in cfg.cells:
         for seed in cfg.seeds:
-            result = run_one(ctx, cell, seed, workdir, hooks)
+            result = run_one(ctx, cell, seed, workdir, hooks, preemption)
             results.setdefault(cell.name, {})[seed] = result
             log.info(
                 "%s seed %d: best %.4f, last %.4f",
@@ -377,9 +418,7 @@ def finetune(
                 result["best_score"],
                 result["last_score"],
             )
-    summary = summarize(ctx, results)
-    write_json(os.path.join(workdir, SUMMARY_FILE), summary)
-    return summary
+    return results
 
 
 def format_summary(summary: dict[str, Any]) -> str:
