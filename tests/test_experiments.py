@@ -12,6 +12,7 @@ import pytest
 from matplotlib.colors import to_hex
 
 from configs import study as study_config
+from ln_jax import run_identity
 from ln_jax.config import override
 from ln_jax.experiments import grids, plateau, report, runner, study, targets
 from ln_jax.experiments.runner import RunSpec
@@ -561,13 +562,17 @@ def test_extend_continues_named_finished_runs_as_a_longer_run(data_dir, tmp_path
     assert not runner.needs_training(longer, specs[0], out, ["L1-pre*"])
 
 
-def test_extend_refuses_a_schedule_that_depends_on_the_run_length(data_dir, tmp_path):
-    (spec,) = grids.depth_grid([1], ["pre"], [0], [1e-3], 2, schedule="warmup_linear_decay")
-    runner.run_grid(base_config(data_dir), [spec], str(tmp_path))
-    longer = override(base_config(data_dir), {"total_steps": 8})
-    with pytest.raises(ValueError, match="depends on the run's length"):
-        runner.run_grid(longer, [spec], str(tmp_path), extend=["*"])
-    assert json.loads((tmp_path / "runs" / spec.name / "result.json").read_text())["steps"] == 4
+@pytest.mark.parametrize("schedule", ["warmup_linear_decay", "constant", "warmup_rsqrt"])
+def test_extend_refuses_a_schedule_that_depends_on_the_run_length(data_dir, tmp_path, schedule):
+    (spec,) = grids.depth_grid([1], ["pre"], [0], [1e-3], 2, schedule=schedule)
+    done = runner.run_config(base_config(data_dir), spec)  # what a finished 4-step run recorded
+    run_identity.record_config(str(tmp_path), run_identity.as_dict(done))
+    longer = runner.run_config(base_config(data_dir, total_steps=8), spec)
+    if schedule == "warmup_linear_decay":
+        with pytest.raises(ValueError, match="depends on the run's length"):
+            runner.check_extendable(longer, str(tmp_path))
+    else:
+        runner.check_extendable(longer, str(tmp_path))
 
 
 def test_extension_due_skips_diverged_unnamed_and_long_enough_runs(data_dir):
