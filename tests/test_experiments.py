@@ -391,6 +391,22 @@ def test_depth_table_shows_the_collapse_measure_and_pilot_rows():
     assert "chosen learning rate" in table
 
 
+def test_depth_table_of_a_study_lists_each_seeds_final_and_steps_to_deeper_targets():
+    def run(arm, layers, seed, losses):
+        r = _depth_run(arm, layers, losses[-1], 1e-3, seed)
+        r["eval_curve"] = [[100 * (i + 1), v, i] for i, v in enumerate(losses)]
+        return r
+
+    runs = [
+        run("pre", 6, 1, [6.9, 6.6, 6.4]),  # plateau 7: 6.7 at step 167, 6.5 at 250
+        run("pre", 6, 0, [6.5, 6.4, 6.3]),
+        run("post", 6, 0, [7.0, 6.9, 6.8]),
+    ]
+    table = report.depth_table(runs, ["post", "pre"], plateau=7.0)
+    assert "| pre | 6 | 0,1 | 6.300, 6.400 | 100, 167 | 100, 250 |" in table
+    assert "| post | 6 | 0 | 6.800 | never | never |" in table
+
+
 def _by_gid(ax) -> dict:
     """The curves drawn on `ax`, by the gid the plot gave each (a run's or a cell's name)."""
     return {line.get_gid(): line for line in ax.lines if line.get_gid()}

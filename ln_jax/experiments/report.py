@@ -52,6 +52,7 @@ ESCAPE_MARGIN = 0.1  # nats below the unigram plateau that count as having left 
 # A pilot run "trains" if it ends this far below the plateau without diverging (a pilot is
 # short: escaping the plateau is what it can show).
 TRAIN_MARGIN = ESCAPE_MARGIN
+DEPTH_OFFSETS = (0.3, 0.5)  # the depth study's per-seed targets, nats below the plateau
 PILOT_STABLE = ("pre", "admin_warmup")  # must train at every depth at the chosen rate
 PILOT_POST = "post_warmup"  # should train at the smallest depth and fail at the largest
 
@@ -122,6 +123,8 @@ def depth_table(results: Sequence[Result], arms: Sequence[str], plateau: float) 
         f"{plateau:.3f} nats; collapse = mean cosine between positions of the encoder output"
     )
     lines += ["", escape_table(results, arms, plateau)]
+    if len({_lr(r) for r in results}) == 1:  # a study (a pilot's runs are too short for this)
+        lines += ["", seed_table(results, arms, plateau)]
     if len({_lr(r) for r in results}) > 1:
         lines += ["", pilot_table(pilot_choice(results, plateau))]
     return "\n".join(lines)
@@ -146,6 +149,41 @@ def escape_table(results: Sequence[Result], arms: Sequence[str], plateau: float)
             steps = [steps_to_target(r["eval_curve"], plateau - ESCAPE_MARGIN) for r in runs]
             row.append(", ".join(_step(x) for x in steps) or "–")
         lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def seed_table(
+    results: Sequence[Result],
+    arms: Sequence[str],
+    plateau: float,
+    offsets: Sequence[float] = DEPTH_OFFSETS,
+) -> str:
+    """Markdown: per arm and depth, each seed's final validation MLM loss and the step at which
+    it reaches plateau - offset for each of `offsets` (in seed order; "never")."""
+    depths = sorted({r["tags"]["num_layers"] for r in results})
+    cells = _depth_cells(results)
+    lines = [
+        "Per seed (in seed order): final validation MLM, and the step at plateau − "
+        + " / − ".join(f"{o:g}" for o in offsets)
+        + " nats:",
+        "",
+        "| arm | L | seeds | final val MLM | "
+        + " | ".join(f"step at {plateau - o:.3f}" for o in offsets)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(offsets),
+    ]
+    for label, (arm, lr) in row_labels(results, arms):
+        for d in depths:
+            runs = sorted(cells.get((arm, lr, d), []), key=lambda r: r["tags"].get("seed", 0))
+            if not runs:
+                continue
+            finals = ", ".join(f"{r['final_eval_mlm_loss']:.3f}" for r in runs)
+            steps = [
+                ", ".join(_step(steps_to_target(r["eval_curve"], plateau - o)) for r in runs)
+                for o in offsets
+            ]
+            seeds = ",".join(str(r["tags"].get("seed", 0)) for r in runs)
+            lines.append(f"| {label} | {d} | {seeds} | {finals} | " + " | ".join(steps) + " |")
     return "\n".join(lines)
 
 
