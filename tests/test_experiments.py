@@ -451,6 +451,9 @@ def test_depth_figure_draws_each_run_in_its_panel(tmp_path):
     assert legend == ["post", "pre", "unigram plateau"]
     plateau_line = next(x for x in six.lines if x.get_label() == "unigram plateau")
     assert list(plateau_line.get_ydata()) == [6.7, 6.7]
+    # Both panels: from 0.1 under the lowest loss of any run (6.0) to 0.5 above the plateau.
+    for ax in (six, twelve):
+        np.testing.assert_allclose(ax.get_ylim(), (5.9, 7.2))
     plt.close(fig)
     changed = [results[0], results[1], run("post", 12, [[100, 7.0, 1], [200, 6.5, 2]])]
     plot = lambda rs, path: report.plot_depth(rs, ["post", "pre"], 6.7, path)  # noqa: E731

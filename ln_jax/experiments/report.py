@@ -512,6 +512,7 @@ def depth_figure(results: Sequence[Result], arms: Sequence[str], plateau: float)
     rates = sorted({_lr(r) for r in results})
     several = len(rates) > 1  # a pilot: one marker per rate, so an arm's rates stay apart
     fig, axes = new_figure(len(depths), width=5, squeeze=False)
+    ylim = _depth_ylim(results, plateau)
     for ax, d in zip(axes[0], depths, strict=True):
         seen = set()
         for r in sorted(results, key=lambda r: (arms.index(r["arm"]), _lr(r))):
@@ -533,10 +534,17 @@ def depth_figure(results: Sequence[Result], arms: Sequence[str], plateau: float)
                 seen.add(name)
         ax.axhline(plateau, color="black", lw=0.8, ls="--", label="unigram plateau")
         ax.set(title=f"{d} layers", xlabel="step", ylabel="validation MLM loss (nats)")
-        ax.set_ylim(plateau - 1.5, plateau + 0.5)
+        ax.set_ylim(*ylim)
         ax.legend(fontsize=7)
     fig.suptitle("Depth study: validation MLM loss of each run (dotted = diverged)")
     return fig
+
+
+def _depth_ylim(results: Sequence[Result], plateau: float) -> tuple[float, float]:
+    """The y range every depth panel shares: from 0.1 nats under the lowest validation loss of
+    any run (at least 0.3 under the plateau) to 0.5 above the plateau."""
+    losses = [p[1] for r in results for p in r["eval_curve"] if math.isfinite(p[1])]
+    return min([plateau - 0.3, *(v - 0.1 for v in losses)]), plateau + 0.5
 
 
 def plot_depth(results: Sequence[Result], arms: Sequence[str], plateau: float, path: str) -> str:
