@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -601,6 +604,25 @@ def test_extension_due_skips_diverged_unnamed_and_long_enough_runs(data_dir):
     assert not runner.extension_due(base, spec, {"steps": 4, "diverged": True}, ["L1-*"])
     assert not runner.extension_due(base, spec, {"steps": 4, "diverged": False}, ["L6-*"])
     assert not runner.extension_due(base, spec, {"steps": 8, "diverged": False}, ["*"])
+
+
+def test_a_run_held_by_a_live_process_is_not_trained_twice(data_dir, tmp_path):
+    (spec,) = grids.depth_grid([1], ["pre"], [0], [1e-3])
+    lock = tmp_path / "runs" / spec.name / runner.LOCK_FILE
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lock.write_text(str(holder.pid))
+        with pytest.raises(runner.RunLockedError, match=f"process {holder.pid}"):
+            runner.run_grid(base_config(data_dir), [spec], str(tmp_path))
+        assert not (lock.parent / "metrics.jsonl").exists()  # nothing trained
+    finally:
+        holder.kill()
+        holder.wait()
+    # Its process gone, the stale lock is taken over, held while training, then released.
+    with runner.run_lock(str(lock.parent)):
+        assert lock.read_text() == str(os.getpid())
+    assert not lock.exists()
 
 
 def test_forced_nan_run_is_recorded_as_diverged(data_dir, tmp_path):
