@@ -189,6 +189,10 @@ def make_schedule(cfg: OptimConfig) -> optax.Schedule:
 # Leaf names that are never decayed, whatever their rank: biases (attention's query/key/value
 # biases are [heads, head_dim]) and norm scales.
 NO_DECAY_NAMES = frozenset({"bias", "scale"})
+# Modules none of whose parameters are decayed: DLCL's combination weights [L, L] are a mixing
+# matrix initialised to averages (rows sum to 1), not a projection; decay would pull every
+# layer's input towards zero.
+NO_DECAY_MODULES = frozenset({"dlcl"})
 
 
 def decay_mask(params: Any) -> Any:
@@ -200,8 +204,9 @@ def decay_mask(params: Any) -> Any:
     its path (``.../layers/<name>`` rather than ``.../layers/<index>/...``) and not counted,
     so a model decays the same parameters with and without ``scan_layers``. Skipped: norm
     scales and biases (the q/k/v biases are 2-D), per-channel vectors such as Admin's omega,
-    scalars such as ReZero's alpha. Works on plain dicts of arrays and on ``nnx.State``
-    (whose ``nnx.Param`` nodes are pytree nodes, so the map reaches the arrays inside).
+    scalars such as ReZero's alpha, and DLCL's [L, L] combination weights. Works on plain
+    dicts of arrays and on ``nnx.State`` (whose ``nnx.Param`` nodes are pytree nodes, so the
+    map reaches the arrays inside).
     """
     return jax.tree_util.tree_map_with_path(_decays, params)
 
@@ -215,6 +220,8 @@ def _decays(path: Sequence[Any], leaf: Any) -> bool:
         for i, k in enumerate(keys)
     )
     rank = jnp.ndim(leaf) - int(stacked)
+    if NO_DECAY_MODULES.intersection(names):
+        return False
     return rank >= 2 and not (names and names[-1] in NO_DECAY_NAMES)
 
 

@@ -188,6 +188,27 @@ def test_decay_mask_of_the_bert_model_ignores_the_scan_axis_and_skips_biases():
     assert not any(k.endswith(("['bias'].value", "['scale'].value")) for k in decayed)
 
 
+def test_decay_mask_skips_dlcl_combination_weights():
+    """DLCL's [L, L] layer weights are a mixing matrix (rows sum to 1): not decayed, while the
+    kernels beside them are."""
+    import ln_jax
+    from ln_jax.config import ModelConfig
+
+    cfg = ModelConfig(
+        vocab_size=64, hidden_size=16, num_heads=2, mlp_dim=32, num_layers=3, dlcl=True
+    )
+    model = ln_jax.create_model(cfg.replace(placement="pre", scan_layers=False), seed=0)
+    params = nnx.split(model, nnx.Param, ...)[1]
+    flat = {
+        jax.tree_util.keystr(p): bool(m)
+        for p, m in jax.tree_util.tree_leaves_with_path(decay_mask(params))
+    }
+    dlcl = [k for k in flat if "['dlcl']['weights']" in k]
+    assert len(dlcl) == 1 and not flat[dlcl[0]]
+    assert params["bert"]["encoder"]["dlcl"]["weights"][...].shape == (3, 3)
+    assert flat["['bert']['encoder']['layers'][0]['ffn']['branch']['wi']['kernel'].value"]
+
+
 def test_adamw_inside_nnx_optimizer():
     """nnx.Optimizer inits with Param nodes but updates with pure arrays: two of its updates
     equal AdamW computed by hand (clipping, bias-corrected moments, decay on the kernel only)."""
