@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ln_jax import sharding
-from ln_jax.data import DataConfig, loader, parse_dataset
+from ln_jax.data import DataConfig, host_iterator, loader, parse_dataset
 from ln_jax.data import pairs as pairs_lib
 from ln_jax.data import pretraining as pt
 from ln_jax.data.stream import HostBatches
@@ -156,7 +156,7 @@ def test_a_dead_worker_is_an_error_naming_it_and_the_examples(make_config):
             return super().__call__(step, count)
 
     dying = loader.HostBatchIterator(Dying(batches.stream, 8, batches.rows), {}, workers=2)
-    first = loader._chunk_size(8)  # batches in worker 0's chunk
+    first = host_iterator._chunk_size(8)  # batches in worker 0's chunk
     try:
         message = (
             r"^data worker 1 of 2 \(pid \d+\) died with exit code 3 before delivering global "
@@ -174,7 +174,7 @@ def test_a_worker_reaped_before_the_watch_saw_it_is_still_named(tmp_path):
     """On a loaded machine grain may reap the dead worker before the watch thread polls: the
     awaited worker is named with the exit code or signal grain reports."""
     (tmp_path / "worker-1").write_text("4242")
-    watch = loader._WorkerWatch(str(tmp_path))  # not started: it saw nothing
+    watch = host_iterator._WorkerWatch(str(tmp_path))  # not started: it saw nothing
     grain_error = RuntimeError("Worker process was terminated unexpectedly with exit code 3.")
     assert watch.inferred(1, grain_error) == {1: (4242, "exit code 3")}
     killed = RuntimeError("terminated unexpectedly with exit code -9")
