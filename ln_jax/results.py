@@ -108,6 +108,7 @@ ARM_COLOURS = {
     "post_smalllr": "tab:pink",
     "post_sgd": "tab:gray",
     "post_sgd_warmup": "tab:olive",
+    "admin_radam": "yellowgreen",  # apart from admin_warmup, which takes admin's colour
     "pre": "tab:blue",
     "admin": "tab:green",
     "deepnorm": "tab:purple",
@@ -127,13 +128,16 @@ def arm_colour(arm: str, index: int | None = None) -> str:
 
     Args:
       arm: the arm's name.
-      index: the arm's position in its plot; an arm without a colour of its own then takes
-        matplotlib's colour C{index + 3}, else black.
+      index: the arm's position in its plot; an arm without a colour of its own (nor a
+        "<row>_warmup" arm of a row with one) then takes matplotlib's colour C{index + 3},
+        else black.
     """
     if arm in ARM_COLOURS:
         return ARM_COLOURS[arm]
     if arm.startswith("post_warmup"):
         return ARM_COLOURS["post_warmup"]
+    if arm.endswith("_warmup") and arm.removesuffix("_warmup") in ARM_COLOURS:
+        return ARM_COLOURS[arm.removesuffix("_warmup")]  # e.g. deepnorm_alpha_warmup
     return f"C{index + 3}" if index is not None else "black"
 
 

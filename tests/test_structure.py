@@ -85,6 +85,18 @@ def test_every_placement_row_has_a_colour_of_its_own():
     assert len(set(colours)) == len(PLACEMENTS), dict(zip(PLACEMENTS, colours, strict=True))
 
 
+def test_the_depth_studys_arms_have_colours_of_their_own():
+    """Recipe arms (admin_warmup, deepnorm_alpha_warmup, ...) take their row's colour, and
+    admin_radam one apart from admin_warmup; none falls back to black."""
+    from ln_jax.experiments import grids
+    from ln_jax.results import arm_colour
+
+    colours = {a: arm_colour(a) for a in grids.DEPTH_ARMS}
+    assert len(set(colours.values())) == len(colours), colours
+    assert "black" not in colours.values(), colours
+    assert colours["deepnorm_alpha_warmup"] == arm_colour("deepnorm_alpha")
+
+
 def test_the_warmup_studys_post_ln_cells_have_colours_of_their_own():
     from ln_jax.experiments import grids
     from ln_jax.results import arm_colour

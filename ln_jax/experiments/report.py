@@ -536,7 +536,8 @@ def depth_figure(results: Sequence[Result], arms: Sequence[str], plateau: float)
         ax.set(title=f"{d} layers", xlabel="step", ylabel="validation MLM loss (nats)")
         ax.set_ylim(*ylim)
         ax.legend(fontsize=7)
-    fig.suptitle("Depth study: validation MLM loss of each run (dotted = diverged)")
+    title = "Depth study: validation MLM loss of each run (dotted = diverged)"
+    fig.suptitle(title if len(depths) > 1 else title.replace(" (", "\n("))  # one panel: narrow
     return fig
 
 
