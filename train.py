@@ -65,10 +65,10 @@ def _train(values: dict) -> int:
     from ln_jax.config import build_config
     from ln_jax.trainer import train_and_evaluate
 
+    _init_distributed()  # before the config: its "auto" fields ask JAX for the platform
     cfg = build_config(values)
     workdir = _WORKDIR.value or os.path.join("workdirs", cfg.name)
     run_identity.prepare_workdir(workdir)
-    _init_distributed()
     log_file = _log_file_of_this_process(workdir)
     console.configure_logging(log_file)
     print(

@@ -6,6 +6,10 @@
       --config.dropout_rng=unsafe_rbg                  # cuDNN attention (no attention dropout)
   python bench/bench_accel.py --size=base --batch=256 --feed=both --profile_dir=/tmp/trace
   # TPU (device kind "TPU v5 lite" = v5e, 197 TFLOP/s): the same commands, e.g. --batch=128
+  # several configs side by side in one process (compiled in parallel, steps alternating)
+  python bench/bench_accel.py --size=base --batch=256 --steps=30 \
+      --arm=shipped:model.attention_impl=xla,dropout_rng=threefry \
+      --arm=default --profile_arm=default --profile_dir=/tmp/trace
   # CPU: a measured matmul peak; pin one core (two-thread timings here are bimodal)
   taskset -c 0 python bench/bench_accel.py --size=mini --batch=32 --dtype=f32 --feed=both \\
       --steps=30 --warmup=3 --out=/tmp/accel_cpu.json
@@ -34,7 +38,8 @@ FLOPs per step (a multiply-add = 2):
   at all T positions). The convention of MaxText-style MFU figures.
 * done: the work the step really does, the encoder + MLM head at the P masked positions + NSP
   (`bench.measure.model_flops`); smaller than 6ND because ln_jax decodes only P positions.
-* xla: XLA's `cost_analysis()` of the compiled step (per device x devices), when given.
+* xla: XLA's `cost_analysis()` of the compiled step (per device x devices), when given; not
+  on a GPU, where it leaves out the cuBLAS and cuDNN calls (1.5 of 17.9 TFLOP at BERT-base).
 MFU = FLOPs / median step time / peak. Peak: the dense bf16 (or float32 at default precision:
 TF32 on NVIDIA, one bf16 pass on TPU) figure of the device kind from `PEAKS` x devices; for a
 CPU or an unknown device an `--matmul`^3 XLA matmul in the compute dtype, timed in the same
@@ -42,7 +47,13 @@ alternation (on CPU the host's, whatever the number of fake devices); `--peak_tf
 device) overrides both. The output says which one it divided by.
 
 The vocabulary: `--vocab`, else 30522 (BERT's) with `--feed=fixed`, else the data's (8000 on
-the embedded corpus, which supports ~10k pieces). `--attention=cudnn` sets attention dropout 0.
+the embedded corpus, which supports ~10k pieces). `--attention` (default auto: cuDNN on a GPU,
+its fused attention dropout included) sets model.attention_impl.
+
+Arms (`--arm=NAME[:FIELD=VALUE,...]`, repeated): each is the benchmark's config plus its own
+overrides (dotted fields as after `--config.`); all are built and compiled first (in parallel
+threads), then their steps alternate on fixed batches, A B C A B C ..., and the result holds
+each arm's figures and its speed-up over the first arm. `--profile_arm` traces one arm alone.
 """
 
 from __future__ import annotations
@@ -69,6 +80,7 @@ from ln_jax.config import (  # noqa: E402
     TrainConfig,
     build_config,
     config_from_command_line,
+    override,
     parse_command_line,
 )
 
@@ -105,7 +117,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=None, help="global batch (default: config's)")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="compute dtype")
-    p.add_argument("--attention", default="xla", choices=("xla", "cudnn"))
+    p.add_argument("--attention", default="auto", choices=("xla", "cudnn", "auto"))
     p.add_argument("--vocab", type=int, default=None, help="see the module docstring")
     p.add_argument("--steps", type=int, default=20, help="timed steps per feed")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per feed first")
@@ -116,17 +128,51 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile_dir", default=None, help="jax.profiler trace of a few steps")
     p.add_argument("--profile_steps", type=int, default=3, help="rounds traced")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        help="NAME[:FIELD=VALUE,...]: a config to time beside the others (repeat)",
+    )
+    p.add_argument("--profile_arm", default=None, help="the arm that --profile_dir traces")
     line = parse_command_line(argv)
     args = p.parse_args(line.rest)
     if args.size and line.spec:
         p.error("--size picks a variant of configs/bert_preln.py; with --config give FILE:variant")
     if args.attention == "cudnn" and jax.default_backend() != "gpu":
         p.error(f"--attention=cudnn needs an NVIDIA GPU; JAX runs on {jax.default_backend()}")
+    if args.arm and args.feed != "fixed":
+        p.error("--arm times fixed batches; leave --feed at fixed")
+    try:
+        args.arms = dict(parse_arm(text) for text in args.arm)
+    except ValueError as err:
+        p.error(str(err))
+    if len(args.arms) != len(args.arm):
+        p.error("--arm names must differ")
+    if args.profile_arm and args.profile_arm not in args.arms:
+        p.error(f"--profile_arm={args.profile_arm!r} names no --arm ({', '.join(args.arms)})")
     return args
 
 
-def train_config(args: argparse.Namespace, argv: list[str]) -> TrainConfig:
-    """The TrainConfig, read as train.py reads it, with the benchmark's settings as defaults."""
+def parse_arm(text: str) -> tuple[str, dict[str, str]]:
+    """ "NAME:a.b=1,c=x" -> ("NAME", {"a.b": "1", "c": "x"})."""
+    name, _, rest = text.partition(":")
+    overrides = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--arm={text!r}: give NAME:FIELD=VALUE,FIELD=VALUE")
+        overrides[key.strip()] = value.strip()
+    if not name:
+        raise ValueError(f"--arm={text!r} has no name")
+    return name, overrides
+
+
+def train_config(
+    args: argparse.Namespace, argv: list[str], arm: dict[str, str] | None = None
+) -> TrainConfig:
+    """The TrainConfig, read as train.py reads it, with the benchmark's settings as defaults
+    and an arm's overrides (`--arm`) last."""
     spec = f"configs/bert_preln.py:{args.size or 'base'}"
     mesh = [int(x) for x in args.mesh.split(",")]
     defaults = {
@@ -140,12 +186,11 @@ def train_config(args: argparse.Namespace, argv: list[str]) -> TrainConfig:
     }
     if args.batch:
         defaults["data.global_batch_size"] = args.batch
-    if args.attention == "cudnn":
-        defaults["model.attention_dropout"] = 0.0
     vocab = args.vocab or (BERT_VOCAB if args.feed == "fixed" else None)
     if vocab:
         defaults["data.vocab_size"] = vocab
     values, _ = config_from_command_line(argv, spec, defaults)
+    values = override(values, arm or {})
     model = values["model"]
     model["max_position_embeddings"] = max(model["max_position_embeddings"], args.seq)
     return build_config(values)
@@ -357,22 +402,44 @@ def profile(arms: dict[str, measure.Step], directory: str, rounds: int) -> None:
 
 def run(args: argparse.Namespace, cfg: TrainConfig, mesh, feeds: Feeds) -> dict[str, Any]:
     """Times the feeds (and the matmul peak if it must be measured); the results dict."""
-    s = shape_of(cfg)
     arms = feeds.callables()
+    peak_arm = peak_step(args, cfg, mesh)
+    times = measure.run_alternating({**arms, **peak_arm}, args.warmup, args.steps)
+    peak, source = total_peak(args, cfg, mesh, times)
+    result = arm_result(cfg, mesh, feeds, times, (peak, source))
+    result.update(steps=args.steps, warmup=args.warmup)
+    if feeds.pipeline is not None:
+        result["loader"] = compare(times, feeds, args.warmup)
+    return result
+
+
+def peak_step(args: argparse.Namespace, cfg: TrainConfig, mesh) -> dict[str, measure.Step]:
+    """{"matmul": step} where the peak must be measured, else {}."""
+    if known_peak(args, cfg, mesh)[0] is not None:
+        return {}
+    return {"matmul": measure.xla_matmul(args.matmul, cfg.model.compute_dtype)}
+
+
+def total_peak(args: argparse.Namespace, cfg: TrainConfig, mesh, times: dict) -> tuple:
+    """(peak FLOP/s, description): the table's, or the timed matmul's (popped from times)."""
     peak, source = known_peak(args, cfg, mesh)
     if peak is None:
-        arms["matmul"] = measure.xla_matmul(args.matmul, cfg.model.compute_dtype)
-    times = measure.run_alternating(arms, args.warmup, args.steps)
-    if peak is None:
         peak, source = measured_peak(times.pop("matmul"), args.matmul, mesh, cfg.model.dtype)
-    xla = measure.compiled_flops(feeds.compiled)
+    return peak, source
+
+
+def arm_result(cfg: TrainConfig, mesh, feeds: Feeds, times: dict, peak: tuple) -> dict:
+    """One config's figures: its FLOPs per step each way, and each of its feeds' timings."""
+    s = shape_of(cfg)
+    device = mesh.devices.flat[0]
+    # On a GPU, cost_analysis() leaves out the cuBLAS/cuDNN custom calls: no XLA column.
+    xla = measure.compiled_flops(feeds.compiled) if device.platform != "gpu" else None
     flops = {
         "6nd": measure.six_n_flops(feeds.num_params, s),
         "done": measure.model_flops(s),
         "xla": xla * mesh.size if xla else None,
     }
-    device = mesh.devices.flat[0]
-    result = {
+    return {
         "config": {
             "name": cfg.name,
             "size": cfg.model.size,
@@ -387,22 +454,86 @@ def run(args: argparse.Namespace, cfg: TrainConfig, mesh, feeds: Feeds) -> dict[
         "num_params": feeds.num_params,
         "device": {"platform": device.platform, "kind": device.device_kind, "count": mesh.size},
         "mesh": dict(mesh.shape),
-        "peak": {"flops_per_s": peak, "source": source},
+        "peak": {"flops_per_s": peak[0], "source": peak[1]},
         "flops_per_step": flops,
-        "feeds": {name: summarize(t, s, flops, peak) for name, t in times.items()},
-        "steps": args.steps,
-        "warmup": args.warmup,
+        "feeds": {name: summarize(times[name], s, flops, peak[0]) for name in feeds.callables()},
         "updates": int(jax.device_get(feeds.state["step"])),
         "last_loss": {k: float(v) for k, v in feeds.last_loss.items()},
     }
-    if feeds.pipeline is not None:
-        result["loader"] = compare(times, feeds, args.warmup)
-    return result
+
+
+def _compile_arm(args, argv, overrides) -> tuple[TrainConfig, Any, Any, Any, float]:
+    cfg = train_config(args, argv, overrides)
+    mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    pieces, compiled, seconds = compile_step(cfg, mesh)
+    return cfg, mesh, pieces, compiled, seconds
+
+
+def run_arms(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """Every `--arm` compiled (in parallel threads), then timed in alternation; the result
+    holds each arm's figures (`arm_result`) and its speed-up over the first arm."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(args.arms)) as pool:
+        futures = {n: pool.submit(_compile_arm, args, argv, o) for n, o in args.arms.items()}
+        built = {name: future.result() for name, future in futures.items()}
+    print(f"{len(built)} arms built and compiled in {time.perf_counter() - start:.1f} s")
+    feeds = {}
+    for name, (cfg, mesh, pieces, compiled, _) in built.items():
+        feeds[name] = Feeds(compiled, pieces, fixed_batch(shape_of(cfg), mesh), None)
+    first = next(iter(built.values()))
+    steps = {name: f.fixed_step for name, f in feeds.items()}
+    times = measure.run_alternating({**steps, **peak_step(args, first[0], first[1])},
+                                    args.warmup, args.steps)  # fmt: skip
+    peak = total_peak(args, first[0], first[1], times)
+    arms = {}
+    for name, (cfg, mesh, _, _, seconds) in built.items():
+        arms[name] = arm_result(cfg, mesh, feeds[name], {"fixed": times[name]}, peak)
+        arms[name].update(overrides=args.arms[name], compile_s=seconds)
+    base = next(iter(arms.values()))["feeds"]["fixed"]["median_s"]
+    for r in arms.values():
+        r["speedup_over_first"] = base / r["feeds"]["fixed"]["median_s"]
+    if args.profile_dir and args.profile_arm:
+        profile({args.profile_arm: steps[args.profile_arm]}, args.profile_dir, args.profile_steps)
+    return {"arms": arms, "steps": args.steps, "warmup": args.warmup}
+
+
+def print_arms(result: dict[str, Any]) -> None:
+    first = next(iter(result["arms"].values()))
+    s, d = first["shape"], first["device"]
+    print(
+        f"\nbatch {s['batch']} x seq {s['seq']}, L={s['layers']} d={s['d']} V={s['vocab']}, on "
+        f"{d['count']} x {d['kind']}; peak {first['peak']['flops_per_s'] / 1e12:.4g} TFLOP/s "
+        f"({first['peak']['source']})"
+    )
+    print(f"{'arm':<14s}{'ms/step':>9s}{'seq/s':>10s}{'MFU 6ND':>9s}{'MFU done':>10s}"
+          f"{'x first':>9s}  config")  # fmt: skip
+    for name, r in result["arms"].items():
+        x, c = r["feeds"]["fixed"], r["config"]
+        what = (
+            f"{c['dtype']}, attention {c['attention_impl']}, dropout {c['hidden_dropout']}/"
+            f"{c['attention_dropout']} ({c['dropout_rng']})"
+        )
+        print(
+            f"{name:<14s}{x['ms_per_step']:9.1f}{x['sequences_per_s']:10.1f}"
+            f"{100 * x['mfu_6nd']:8.1f}%{100 * x['mfu_done']:9.1f}%"
+            f"{r['speedup_over_first']:8.2f}x  {what}"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.arms:
+        result = run_arms(args, argv)
+        result.update(
+            command=["python", "bench/bench_accel.py", *argv],
+            versions={"jax": jax.__version__, "jaxlib": jax.lib.__version__},
+        )
+        print_arms(result)
+        measure.write_result(args.out, result)
+        return result
     cfg = train_config(args, argv)
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     pieces, compiled, seconds = compile_step(cfg, mesh)

@@ -24,7 +24,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.log_every = 100  # progress line, metrics.jsonl and TensorBoard every N steps
     c.eval_batches = 50  # validation batches per evaluation (None = one pass)
     c.grad_accum_steps = 0  # micro-batches per update; 0 = auto: the fewest that fit in memory
-    c.dropout_rng = "threefry"  # dropout PRNG: threefry (portable bits), rbg, unsafe_rbg (fast)
+    # dropout PRNG: threefry (portable bits), rbg, unsafe_rbg (fast on GPU/TPU), or auto (rbg on
+    # GPU/TPU, threefry on CPU); config.json records the resolved one
+    c.dropout_rng = "auto"
     c.nan_policy = "stop"  # non-finite loss/gradient: "stop" (keep last checkpoint) or "skip"
 
     c.model = ml_collections.ConfigDict()
@@ -56,9 +58,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.embedding_layernorm = True  # LayerNorm after the summed embeddings (BERT has one)
     c.model.hidden_dropout = 0.1  # dropout on embeddings and residual branches
     c.model.attention_dropout = 0.1  # dropout on attention probabilities
-    c.model.dtype = "float32"  # compute dtype (bfloat16 on GPU/TPU); params stay float32
+    # compute dtype: float32 | bfloat16 | float16 | auto (bfloat16 on GPU/TPU, float32 on CPU);
+    # parameters stay float32; config.json records the resolved one
+    c.model.dtype = "auto"
     c.model.residual_float32 = False  # with bf16: keep the residual sum in float32
-    c.model.attention_impl = "xla"  # xla | cudnn (GPU, bf16, needs attention_dropout=0)
+    # xla | cudnn (cuDNN's fused attention: NVIDIA GPU, bf16/fp16; its attention-dropout masks
+    # are cuDNN's own, so a resumed run draws fresh ones) | auto (cudnn on a GPU where it can
+    # run the config, else xla)
+    c.model.attention_impl = "auto"
     c.model.remat = "none"  # none | full | dots: recompute activations in the backward pass
     c.model.scan_layers = False  # lax.scan over stacked layers (fast compiles for deep stacks)
     c.model.nsp_head = True  # build the NSP head (its loss counts only when data.nsp is True)

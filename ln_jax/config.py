@@ -183,6 +183,32 @@ def parse_placement(placement: str | tuple[str, ...], num_layers: int) -> tuple[
 ATTENTION_IMPLS = ("xla", "cudnn")
 RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}  # -> JAX's
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+AUTO = "auto"  # a field resolved by the platform when the typed config is built
+
+
+def platform() -> str:
+    """The platform JAX computes on ("cpu", "gpu", "tpu"): what "auto" fields resolve by.
+
+    It initialises JAX's backends, so a multi-host program calls `jax.distributed.initialize`
+    before building a config with "auto" fields (train.py does).
+    """
+    import jax
+
+    return jax.default_backend()
+
+
+def auto_dtype(on: str) -> str:
+    """model.dtype="auto": bfloat16 on an accelerator, float32 on a CPU."""
+    return "float32" if on == "cpu" else "bfloat16"
+
+
+def auto_dropout_rng(on: str) -> str:
+    """dropout_rng="auto": the accelerator's bit generator ("rbg") on GPU/TPU, where threefry's
+    ~1.2e9 dropout bits a BERT-base step cost whole milliseconds; threefry (the same bits on
+    every backend and mesh, what the CPU tests and the recorded studies use) on a CPU."""
+    return "threefry" if on == "cpu" else "rbg"
+
+
 REMAT_POLICIES = ("none", "full", "dots")
 
 # name -> (num_layers, hidden_size, num_heads, mlp_dim)
@@ -231,7 +257,8 @@ class ModelConfig:
         and becomes placement="admin" with BERT's initialiser (for Admin on Xavier weights
         say placement="admin", init="xavier").
       init_std: standard deviation of the "bert" initialiser (at width 768 for "bert_scaled").
-      dtype: compute dtype name; parameters are always float32.
+      dtype: compute dtype name ("float32", "bfloat16", "float16"), or "auto" (resolved when the
+        config is built: bfloat16 on GPU/TPU, float32 on CPU); parameters are always float32.
       residual_float32: keep the residual stream (embedding output, every sub-layer's output,
         Post-LN's norm outputs) in float32 while the branches compute in `dtype`: each branch
         output is added to a float32 sum, so a deep Pre-LN stack does not round its running
@@ -240,8 +267,13 @@ class ModelConfig:
         rows, vocab_size rounded up to a multiple of this (128 fills GPU/TPU matmul tiles);
         the padded rows are never looked up and their logits are masked (-1e9), so losses
         and predictions are those of the unpadded model. HF import/export use vocab_size rows.
-      attention_impl: "xla" or "cudnn" (GPU, bf16/fp16, no attention dropout: other settings
-        are errors). Both take the padding as sequence lengths of a right-padded mask.
+      attention_impl: "xla", "cudnn" (cuDNN's fused attention: an NVIDIA GPU, bf16/fp16) or
+        "auto" (resolved when the config is built: "cudnn" on a GPU where it can run, else
+        "xla"; see `auto_attention`). Both take the padding as sequence lengths of a
+        right-padded mask. cuDNN draws its attention-dropout masks itself (a static seed per
+        layer and a counter the runtime advances each call), not from the step's PRNG key:
+        exact resume holds for the XLA path; on cuDNN a resumed run draws fresh masks of the
+        same distribution. With attention dropout it needs scan_layers=False, remat="none".
       remat: "none", "full" (recompute each layer in the backward pass) or "dots".
       scan_layers: stack layer parameters [num_layers, ...] and lax.scan over them.
       nsp_head: build the next-sentence-prediction head.
@@ -267,10 +299,10 @@ class ModelConfig:
     attention_dropout: float = 0.1
     init: str = "bert"
     init_std: float = 0.02
-    dtype: str = "float32"
+    dtype: str = AUTO
     residual_float32: bool = False
     vocab_multiple: int = 1
-    attention_impl: str = "xla"
+    attention_impl: str = AUTO
     remat: str = "none"
     scan_layers: bool = False
     nsp_head: bool = True
@@ -281,8 +313,8 @@ class ModelConfig:
         check_choice("admin_omega", self.admin_omega, ADMIN_OMEGAS)
         check_choice("activation", self.activation, ACTIVATIONS)
         check_choice("init", self.init, INITS)
-        check_choice("dtype", self.dtype, DTYPES)
-        check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        check_choice("dtype", self.dtype, (*DTYPES, AUTO))
+        check_choice("attention_impl", self.attention_impl, (*ATTENTION_IMPLS, AUTO))
         check_choice("remat", self.remat, REMAT_POLICIES)
         self._check_shapes()
         self._resolve_admin_init()
@@ -290,23 +322,47 @@ class ModelConfig:
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be in [0, 1).")
+        self._resolve_auto()
         self._check_cudnn()
 
+    def _resolve_auto(self) -> None:
+        """dtype / attention_impl "auto" -> the platform's choice (only asked if needed)."""
+        if AUTO not in (self.dtype, self.attention_impl):
+            return
+        on = platform()
+        if self.dtype == AUTO:
+            object.__setattr__(self, "dtype", auto_dtype(on))
+        if self.attention_impl == AUTO:
+            object.__setattr__(self, "attention_impl", auto_attention(self, on))
+
+    def cudnn_problem(self) -> str | None:
+        """Why cuDNN's fused attention cannot run this config (None if it can), as advice."""
+        if self.dtype not in ("bfloat16", "float16"):
+            return (
+                f"it needs model.dtype bfloat16 or float16, not {self.dtype!r}; set "
+                "--config.model.dtype=bfloat16"
+            )
+        if self.head_dim > 128 or self.head_dim % 8:
+            return f"it needs a head_dim that is a multiple of 8 up to 128, not {self.head_dim}"
+        if self.attention_dropout > 0.0 and (self.scan_layers or self.remat != "none"):
+            # Its masks come from a per-call counter: a recomputed (remat) or scanned forward
+            # would not be paired with its own backward's mask.
+            return (
+                "its attention dropout needs scan_layers=False and remat='none' (cuDNN draws "
+                "the masks itself, per call); set --config.model.attention_dropout=0"
+            )
+        return None
+
     def _check_cudnn(self) -> None:
-        """cuDNN's fused attention runs in bf16/fp16 and has no dropout on the probabilities;
-        asking for either is an error, never a silent switch to another implementation."""
+        """Settings cuDNN cannot run are errors, never a silent switch to another
+        implementation (only "auto" chooses)."""
         if self.attention_impl != "cudnn":
             return
-        if self.dtype not in ("bfloat16", "float16"):
+        problem = self.cudnn_problem()
+        if problem:
             raise ValueError(
-                f"model.attention_impl='cudnn' needs model.dtype bfloat16 or float16, not "
-                f"{self.dtype!r}; set --config.model.dtype=bfloat16 or attention_impl='xla'."
-            )
-        if self.attention_dropout > 0.0:
-            raise ValueError(
-                f"model.attention_impl='cudnn' has no attention dropout, but "
-                f"model.attention_dropout={self.attention_dropout}; set "
-                "--config.model.attention_dropout=0 or attention_impl='xla'."
+                f"model.attention_impl='cudnn' cannot run this config: {problem}, or use "
+                "--config.model.attention_impl=xla (or auto)."
             )
 
     def _resolve_admin_init(self) -> None:
@@ -415,6 +471,12 @@ class ModelConfig:
         return cls(**{k: v for k, v in values.items() if v is not None})
 
 
+def auto_attention(cfg: ModelConfig, on: str) -> str:
+    """attention_impl="auto": cuDNN's fused attention (dropout included) on a GPU where it can
+    run `cfg` (`ModelConfig.cudnn_problem`), else XLA's."""
+    return "cudnn" if on == "gpu" and cfg.cudnn_problem() is None else "xla"
+
+
 def model_config(size: str = "tiny", **overrides: Any) -> ModelConfig:
     """Shorthand: `model_config("mini", placement="post")`."""
     return ModelConfig.from_mapping({"size": size, **overrides})
@@ -492,7 +554,8 @@ class TrainConfig:
         0 = "auto": the fewest that fit the device's memory by XLA's estimate.
       dropout_rng: PRNG of the dropout masks: "threefry" (JAX's default: the same bits on every
         backend and sharding), "rbg" or "unsafe_rbg" (the accelerator's bit generator: far
-        cheaper for BERT-base's ~1.2e9 dropout bits per step; bits depend on the backend).
+        cheaper for BERT-base's ~1.2e9 dropout bits per step; bits depend on the backend), or
+        "auto" (resolved when the config is built: rbg on GPU/TPU, threefry on CPU).
       nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
         last good checkpoint is kept) or "skip" (drop that update and go on).
       monitor: per-layer measurements and early warnings (`MonitorConfig`).
@@ -507,7 +570,7 @@ class TrainConfig:
     eval_batches: int | None = None
     grad_accum_steps: int = 1
     nan_policy: str = "stop"
-    dropout_rng: str = "threefry"
+    dropout_rng: str = AUTO
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -523,7 +586,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("nan_policy", self.nan_policy, ("stop", "skip"))
-        check_choice("dropout_rng", self.dropout_rng, tuple(RNG_IMPLS))
+        check_choice("dropout_rng", self.dropout_rng, (*RNG_IMPLS, AUTO))
+        if self.dropout_rng == AUTO:
+            object.__setattr__(self, "dropout_rng", auto_dropout_rng(platform()))
         if self.total_steps <= 0:
             raise ValueError(f"total_steps={self.total_steps} must be positive.")
         if self.grad_accum_steps < 0:

@@ -5,6 +5,8 @@ loss, and the dropout PRNG choice. The cuDNN kernel itself runs where a GPU is p
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import re
 
 import jax
@@ -59,15 +61,84 @@ def test_the_model_ignores_padding_through_sequence_lengths():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"dtype": "float32", "attention_dropout": 0.0}, "needs model.dtype bfloat16 or float16"),
-        ({"dtype": "bfloat16", "attention_dropout": 0.1}, "has no attention dropout"),
+        ({"dtype": "float32"}, "needs model.dtype bfloat16 or float16"),
+        ({"dtype": "bfloat16", "scan_layers": True}, "needs scan_layers=False and remat='none'"),
+        ({"dtype": "bfloat16", "remat": "full"}, "needs scan_layers=False and remat='none'"),
+        ({"dtype": "bfloat16", "hidden_size": 640, "num_heads": 4}, "multiple of 8 up to 128"),
     ],
 )
 def test_cudnn_settings_that_cannot_work_are_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
         ln_jax.ModelConfig.from_mapping({"size": "tiny", "attention_impl": "cudnn", **overrides})
-    ok = {"size": "tiny", "attention_impl": "cudnn", "dtype": "bfloat16", "attention_dropout": 0}
+    ok = {"size": "tiny", "attention_impl": "cudnn", "dtype": "bfloat16", "attention_dropout": 0.1}
     assert ln_jax.ModelConfig.from_mapping(ok).attention_impl == "cudnn"
+    # Without attention dropout, scan and remat are fine (cuDNN draws no masks then).
+    scan = {**ok, "attention_dropout": 0.0, "scan_layers": True, "remat": "full"}
+    assert ln_jax.ModelConfig.from_mapping(scan).attention_impl == "cudnn"
+
+
+@pytest.mark.parametrize(
+    "on, extra, expected",
+    [
+        ("cpu", {}, ("float32", "xla", "threefry")),
+        ("gpu", {}, ("bfloat16", "cudnn", "rbg")),
+        ("tpu", {}, ("bfloat16", "xla", "rbg")),
+        ("gpu", {"model.scan_layers": True}, ("bfloat16", "xla", "rbg")),
+        ("gpu", {"model.scan_layers": True, "model.attention_dropout": 0.0},
+         ("bfloat16", "cudnn", "rbg")),
+        ("gpu", {"model.dtype": "float32"}, ("float32", "xla", "rbg")),
+        ("gpu", {"model.hidden_size": 1280, "model.num_heads": 4}, ("bfloat16", "xla", "rbg")),
+        ("gpu", {"dropout_rng": "threefry", "model.attention_impl": "xla"},
+         ("bfloat16", "xla", "threefry")),
+    ],
+)  # fmt: skip
+def test_auto_fields_resolve_by_platform_into_the_config(monkeypatch, on, extra, expected):
+    """dtype / attention_impl / dropout_rng "auto" become the platform's choice when the config
+    is built, so config.json (the run's identity) holds the resolved values."""
+    from ln_jax import config, run_identity
+    from ln_jax.config import build_config, load_config, override
+
+    monkeypatch.setattr(config, "platform", lambda: on)
+    values = override(load_config("configs/bert_preln.py:tiny"), extra)
+    assert values["model"]["dtype"] == "auto" or "model.dtype" in extra
+    cfg = build_config(values)
+    assert (cfg.model.dtype, cfg.model.attention_impl, cfg.dropout_rng) == expected
+    saved = run_identity.as_dict(cfg)  # what config.json holds
+    assert saved["model"]["dtype"] == expected[0] and saved["dropout_rng"] == expected[2]
+    assert '"auto"' not in json.dumps(saved)
+
+
+def test_the_decoder_backward_multiplies_in_the_compute_dtype():
+    """bert.decode: float32 logits from bf16 operands; its backward's two matmuls take bf16
+    operands (autodiff's would take the float32 cotangent: a TF32 GEMM on a GPU); in float32
+    its gradients are autodiff's exactly, in bf16 within bf16 rounding of them."""
+    rng = np.random.default_rng(0)
+    h = jnp.asarray(rng.normal(size=(3, 5, 16)), jnp.float32)
+    table = jnp.asarray(rng.normal(size=(37, 16)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(3, 5, 37)), jnp.float32)
+
+    def auto(h, t):
+        return jnp.einsum("bpd,vd->bpv", h, t, preferred_element_type=jnp.float32)
+
+    def loss(fn, h, t):
+        return (fn(h, t) * w).sum()
+
+    g_ref = jax.grad(functools.partial(loss, auto), argnums=(0, 1))(h, table)
+    g32 = jax.grad(functools.partial(loss, bert.decode), argnums=(0, 1))(h, table)
+    for a, b in zip(g32, g_ref, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    hb, tb = h.astype(jnp.bfloat16), table.astype(jnp.bfloat16)
+    assert bert.decode(hb, tb).dtype == jnp.float32
+    grad16 = jax.jit(jax.grad(functools.partial(loss, bert.decode), argnums=(0, 1)))
+    for a, b in zip(grad16(hb, tb), g_ref, strict=True):
+        assert a.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=0.05, atol=0.05)
+    text = grad16.lower(hb, tb).as_text()
+    dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    assert len(dots) == 2, dots  # the two gradient matmuls (a linear loss needs no forward)
+    assert all(re.search(r": \(tensor<[^)]*bf16>, tensor<[^)]*bf16>\)", d) for d in dots), dots
+    auto_text = jax.jit(jax.grad(functools.partial(loss, auto), argnums=(0, 1))).lower(hb, tb)
+    assert "xf32>, tensor<" in auto_text.as_text()  # what the custom backward avoids
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the error off a GPU")
@@ -93,6 +164,98 @@ def test_cudnn_attention_with_padding_equals_xla_on_gpu():
     np.testing.assert_allclose(
         np.asarray(cudnn, np.float32), np.asarray(xla, np.float32), atol=2e-2
     )
+
+
+def _dropped_probabilities(seed_a: int = 1, seed_b: int = 2):
+    """cuDNN attention with dropout 0.1 read out directly (a GPU): with v[s] = e_s (one-hot
+    over the 64 head dims) the output is the dropped probability matrix P' [B, N, T, 64] of keys
+    0..63; the gradient of v under a cotangent w[t] = e_t reads P' [B, N, 64, S] of queries
+    0..63 from the backward. Returns (forward P', backward P', the no-dropout P', two more
+    forward readouts: a second call and a second layer of another seed in the same program)."""
+    b, t, n, h = 4, 128, 4, 64
+    q, k, _ = _qkv(11, jnp.bfloat16, b=b, t=t, n=n, h=h)
+    lengths = jnp.asarray([128, 100, 57, 128], jnp.int32)
+    eye = jnp.eye(t, h, dtype=jnp.bfloat16)  # [S, H]: key s < 64 -> unit vector e_s
+    v = jnp.broadcast_to(eye[None, :, None, :], (b, t, n, h))
+    w = jnp.broadcast_to(jnp.eye(t, h, dtype=jnp.bfloat16)[None, :, None, :], (b, t, n, h))
+
+    def attend(v, seed, rate=0.1):
+        return layers.cudnn_attention(q, k, v, lengths, rate, seed=seed)
+
+    @jax.jit
+    def readout(v):
+        out, pullback = jax.vjp(lambda x: attend(x, seed_a), v)
+        (gv,) = pullback(w)
+        other_layer = attend(v, seed_b)
+        return out, gv, other_layer
+
+    out, gv, other = readout(v)
+    out2, _, _ = readout(v)
+    plain = jax.jit(lambda v: attend(v, seed_a, 0.0))(v)
+    as_bnts = lambda x: jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3))  # [B, N, T, 64]
+    # gv[b, s, n, h] = sum_t P'[b, n, t, s] w[b, t, n, h] = P'[b, n, h, s]  ->  [B, N, 64, S]
+    backward = jnp.transpose(gv.astype(jnp.float32), (0, 2, 3, 1))
+    return tuple(np.asarray(x) for x in (
+        as_bnts(out), backward, as_bnts(plain), as_bnts(out2), as_bnts(other)
+    ))  # fmt: skip
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="cuDNN attention needs an NVIDIA GPU")
+def test_cudnn_attention_dropout_is_inverted_dropout_paired_with_its_backward_on_gpu():
+    """What the cuDNN path promises, read off the kernel: a tenth of the probabilities
+    dropped, the rest scaled by 1/0.9; the backward uses its own forward's mask; a second call
+    (the next step) and a second layer (another seed) draw other masks; padded keys stay 0."""
+    fwd, bwd, plain, again, other = _dropped_probabilities()
+    real = plain > 0  # [B, N, T, 64]: keys 0..63 that are not padding
+    lengths = np.array([128, 100, 57, 128])
+    assert not np.any(real[2, :, :, 57:]) and np.all(fwd[2, :, :, 57:] == 0)
+    dropped = (fwd == 0) & real
+    rate = dropped.sum() / real.sum()
+    assert 0.09 < rate < 0.11, rate
+    kept = ~dropped & real
+    np.testing.assert_allclose(fwd[kept], plain[kept] / 0.9, rtol=2e-2)  # inverted dropout
+    # The backward's mask is the forward's: P' of queries 0..63 from both sides agree exactly.
+    overlap = real[:, :, :64, :]
+    f_mask, b_mask = fwd[:, :, :64, :] == 0, bwd[:, :, :, :64] == 0
+    assert np.array_equal(f_mask[overlap], b_mask[overlap])
+    np.testing.assert_allclose(bwd[:, :, :, :64][overlap], fwd[:, :, :64, :][overlap], rtol=2e-2)
+    del lengths
+    # Fresh masks per call and per seed: about 18% of the entries differ (1 - 0.9^2 - 0.1^2).
+    for name, x in (("second call", again), ("other seed", other)):
+        differ = ((x == 0) != (fwd == 0))[real].mean()
+        assert 0.12 < differ < 0.24, (name, differ)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="cuDNN attention needs an NVIDIA GPU")
+def test_a_cudnn_bf16_model_step_matches_the_xla_path_in_expectation_on_gpu():
+    """BERT-tiny shapes, bf16, dropout 0.1: the loss averaged over 16 dropout draws on the
+    cuDNN path equals XLA's (its own 16 draws) within the spread of the draws; with dropout
+    off the two paths give the same loss."""
+    ids, seg, mask, pos = batch(np.random.default_rng(9), t=16, pad_from=(16, 11, 5))
+    tgt = {
+        "masked_ids": jnp.asarray(ids[np.arange(3)[:, None], pos]),
+        "masked_weights": jnp.ones(pos.shape),
+    }
+    shape = dict(ODD, hidden_size=64, num_heads=2, mlp_dim=128, num_layers=2, dtype="bfloat16")
+    from flax import nnx
+
+    def jitted_loss(graphdef):
+        def loss(state, key):
+            out = nnx.merge(graphdef, state)(ids, seg, mask, pos, dropout_key=key)
+            return bert.pretraining_loss(out, tgt, use_nsp=False)[0]
+
+        return jax.jit(loss)
+
+    losses = {}
+    for impl in ("xla", "cudnn"):
+        model = ln_jax.create_model(ln_jax.ModelConfig(**shape, attention_impl=impl))
+        graphdef, state = nnx.split(model)
+        loss = jitted_loss(graphdef)
+        draws = [float(loss(state, jax.random.key(i))) for i in range(16)]
+        losses[impl] = (np.mean(draws), np.std(draws), float(loss(state, None)))
+    (mx, sx, dx), (mc, sc, dc) = losses["xla"], losses["cudnn"]
+    assert abs(dx - dc) < 0.01 * abs(dx), losses
+    assert sc > 0 and abs(mx - mc) < 4 * max(sx, sc) / np.sqrt(16) + 0.01 * abs(dx), losses
 
 
 def test_mlm_loss_in_logsumexp_form_equals_log_softmax():

@@ -94,7 +94,7 @@ class FinetuneConfig:
     classifier_dropout: float | None = None
     log_every: int = 10
     nan_policy: str = "stop"
-    dropout_rng: str = "threefry"
+    dropout_rng: str = "auto"
     data: GlueDataConfig = dataclasses.field(default_factory=GlueDataConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
