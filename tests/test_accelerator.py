@@ -166,64 +166,21 @@ def test_cudnn_attention_with_padding_equals_xla_on_gpu():
     )
 
 
-def _dropped_probabilities(seed_a: int = 1, seed_b: int = 2):
-    """cuDNN attention with dropout 0.1 read out directly (a GPU): with v[s] = e_s (one-hot
-    over the 64 head dims) the output is the dropped probability matrix P' [B, N, T, 64] of keys
-    0..63; the gradient of v under a cotangent w[t] = e_t reads P' [B, N, 64, S] of queries
-    0..63 from the backward. Returns (forward P', backward P', the no-dropout P', two more
-    forward readouts: a second call and a second layer of another seed in the same program)."""
-    b, t, n, h = 4, 128, 4, 64
-    q, k, _ = _qkv(11, jnp.bfloat16, b=b, t=t, n=n, h=h)
-    lengths = jnp.asarray([128, 100, 57, 128], jnp.int32)
-    eye = jnp.eye(t, h, dtype=jnp.bfloat16)  # [S, H]: key s < 64 -> unit vector e_s
-    v = jnp.broadcast_to(eye[None, :, None, :], (b, t, n, h))
-    w = jnp.broadcast_to(jnp.eye(t, h, dtype=jnp.bfloat16)[None, :, None, :], (b, t, n, h))
-
-    def attend(v, seed, rate=0.1):
-        return layers.cudnn_attention(q, k, v, lengths, rate, seed=seed)
-
-    @jax.jit
-    def readout(v):
-        out, pullback = jax.vjp(lambda x: attend(x, seed_a), v)
-        (gv,) = pullback(w)
-        other_layer = attend(v, seed_b)
-        return out, gv, other_layer
-
-    out, gv, other = readout(v)
-    out2, _, _ = readout(v)
-    plain = jax.jit(lambda v: attend(v, seed_a, 0.0))(v)
-    as_bnts = lambda x: jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3))  # [B, N, T, 64]
-    # gv[b, s, n, h] = sum_t P'[b, n, t, s] w[b, t, n, h] = P'[b, n, h, s]  ->  [B, N, 64, S]
-    backward = jnp.transpose(gv.astype(jnp.float32), (0, 2, 3, 1))
-    return tuple(np.asarray(x) for x in (
-        as_bnts(out), backward, as_bnts(plain), as_bnts(out2), as_bnts(other)
-    ))  # fmt: skip
-
-
 @pytest.mark.skipif(not HAS_GPU, reason="cuDNN attention needs an NVIDIA GPU")
 def test_cudnn_attention_dropout_is_inverted_dropout_paired_with_its_backward_on_gpu():
-    """What the cuDNN path promises, read off the kernel: a tenth of the probabilities
-    dropped, the rest scaled by 1/0.9; the backward uses its own forward's mask; a second call
-    (the next step) and a second layer (another seed) draw other masks; padded keys stay 0."""
-    fwd, bwd, plain, again, other = _dropped_probabilities()
-    real = plain > 0  # [B, N, T, 64]: keys 0..63 that are not padding
-    lengths = np.array([128, 100, 57, 128])
-    assert not np.any(real[2, :, :, 57:]) and np.all(fwd[2, :, :, 57:] == 0)
-    dropped = (fwd == 0) & real
-    rate = dropped.sum() / real.sum()
-    assert 0.09 < rate < 0.11, rate
-    kept = ~dropped & real
-    np.testing.assert_allclose(fwd[kept], plain[kept] / 0.9, rtol=2e-2)  # inverted dropout
-    # The backward's mask is the forward's: P' of queries 0..63 from both sides agree exactly.
-    overlap = real[:, :, :64, :]
-    f_mask, b_mask = fwd[:, :, :64, :] == 0, bwd[:, :, :, :64] == 0
-    assert np.array_equal(f_mask[overlap], b_mask[overlap])
-    np.testing.assert_allclose(bwd[:, :, :, :64][overlap], fwd[:, :, :64, :][overlap], rtol=2e-2)
-    del lengths
-    # Fresh masks per call and per seed: about 18% of the entries differ (1 - 0.9^2 - 0.1^2).
-    for name, x in (("second call", again), ("other seed", other)):
-        differ = ((x == 0) != (fwd == 0))[real].mean()
-        assert 0.12 < differ < 0.24, (name, differ)
+    """What the cuDNN path promises, read off the kernel (bench/cudnn_dropout_facts.py): a
+    tenth of the probabilities dropped, the rest scaled by 1/0.9; the backward uses its own
+    forward's mask; a second execution (the next step) and another seed (another layer) draw
+    other masks (~18% of the entries differ: 1 - 0.9^2 - 0.1^2); padded keys stay 0."""
+    from bench import cudnn_dropout_facts
+
+    f = cudnn_dropout_facts.facts()
+    assert 0.09 < f["drop_rate"] < 0.11, f
+    assert abs(f["kept_scale_median"] - 1 / 0.9) < 0.01 and f["kept_scale_worst_error"] < 0.03, f
+    assert f["padded_keys_zero"], f
+    assert f["backward_uses_forward_mask"] == 1.0, f
+    assert 0.12 < f["second_execution_differs"] < 0.24, f
+    assert 0.12 < f["other_seed_differs"] < 0.24, f
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="cuDNN attention needs an NVIDIA GPU")

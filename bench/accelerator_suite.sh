@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The accelerator suite: what any session with a GPU runs first, in one call (8 minutes on one
+# H100/H200, compilation included), writing one results folder and printing one table.
+#
+#   bench/accelerator_suite.sh [--cpu] [--out DIR] [--wheels DIR] [--budget SECONDS]
+#
+#   GPU (default): BERT-base, batch 256 x 128, bf16, dropout 0.1 everywhere:
+#     1. the GPU tests (tests/test_accelerator.py: cuDNN dropout read off the kernel, ...)
+#     2. the step benchmark, arms side by side in one process (bench_accel.py --arm):
+#        shipped (XLA attention, threefry: ln_jax's step before the GPU defaults),
+#        xla_rbg (XLA attention, rbg), default (the GPU defaults: cuDNN attention with its
+#        dropout, rbg), main (default at the main job's vocabulary, 8000; its step time is
+#        what the main job's is compared with), and a profile
+#        of `default` summarised by kernel class (profile_summary.py)
+#     3. the PyTorch anchor: HuggingFace BertForPreTraining, eager and torch.compile, MLM at
+#        all positions and at the masked ones (bench_torch_anchor.py)
+#     4. the main job: train.py, configs/bert_preln.py for 300 steps on the embedded corpus
+#        (prepared in a fresh TFDS dir), loader, monitor and checkpoint at their defaults
+#     5. cuDNN dropout facts (cudnn_dropout_facts.py), then the table (suite_report.py)
+#   --cpu: the same steps at tiny shapes on the CPU (CI runs this so the suite never rots);
+#     no GPU tests, cuDNN facts, xla_rbg arm or torch.compile.
+#
+# It installs nothing from a network: it uses the python3 on PATH (or $PYTHON) and its
+# packages, plus the wheels in --wheels DIR if given (pip --no-index into a temporary folder).
+# Each step runs under a time limit drawn from --budget (default 480 s); a step that fails or
+# runs out of time is recorded in status.txt and the suite goes on.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+MODE=gpu
+OUT=/tmp/accelerator_suite
+WHEELS=""
+BUDGET=480
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu) MODE=cpu ;;
+    --out) OUT=$2; shift ;;
+    --out=*) OUT=${1#--out=} ;;
+    --wheels) WHEELS=$2; shift ;;
+    --wheels=*) WHEELS=${1#--wheels=} ;;
+    --budget) BUDGET=$2; shift ;;
+    --budget=*) BUDGET=${1#--budget=} ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    *) echo "accelerator_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+: > "$OUT/status.txt"
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$OUT/jax_cache}
+if [ -n "$WHEELS" ]; then
+  SITE=$(mktemp -d)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "$WHEELS"/*.whl || { echo "installing $WHEELS failed" >&2; exit 2; }
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export TFDS_DATA_DIR=${TFDS_DATA_DIR:-$OUT/tfds}
+
+# step NAME SECONDS COMMAND...: runs COMMAND with its output in NAME.log, under the smaller of
+# SECONDS and what the budget has left (less 20 s for the report), and records its exit code.
+step() {
+  local name=$1 limit=$2 left
+  shift 2
+  left=$((BUDGET - ($(date +%s) - START) - 20))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -le 5 ]; then
+    echo "$name: skipped (budget spent)" | tee -a "$OUT/status.txt"
+    return
+  fi
+  echo "=== $(date +%T) $name (limit ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log"
+  echo "$name: rc=$rc ($(( $(date +%s) - START ))s)" | tee -a "$OUT/status.txt"
+}
+
+"$PY" - > "$OUT/environment.txt" 2>&1 <<'EOF'
+import platform, jax
+print("python", platform.python_version(), "jax", jax.__version__, jax.devices())
+for name in ("flax", "optax", "orbax.checkpoint", "torch", "transformers", "tensorflow_datasets"):
+    try:
+        module = __import__(name, fromlist=["_"])
+        print(name, getattr(module, "__version__", "?"))
+    except Exception as err:  # noqa: BLE001
+        print(name, "MISSING", type(err).__name__, err)
+EOF
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv \
+  >> "$OUT/environment.txt" 2>&1 || true
+cat "$OUT/environment.txt"
+
+if [ "$MODE" = gpu ]; then
+  SHAPE=(--size=base --batch=256 --steps=20 --warmup=3)
+  TORCH=(--size=base --batch=256 --steps=10 --warmup=2)
+  MAIN=(--config=configs/bert_preln.py --config.total_steps=300 --config.eval_batches=10)
+  # tests/conftest.py defaults JAX to the CPU and XLA to fast (unoptimised) compiles: not here
+  step gpu_tests 150 env JAX_PLATFORMS=cuda,cpu LN_JAX_TEST_OPTIMIZED_COMPILE=1 \
+    "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_accelerator.py
+else
+  SHAPE=(--size=tiny --batch=8 --steps=2 --warmup=1 --dtype=f32 --matmul=256)
+  TORCH=(--size=tiny --batch=8 --steps=2 --warmup=1 --vocab=8000 --modes=eager_all,eager_masked)
+  MAIN=(--config=configs/bert_preln.py:tiny --config.total_steps=6 --config.log_every=2
+        --config.eval_every=0 --config.eval_batches=1 --config.checkpoint_every=0)
+fi
+ARMS=(--arm=shipped:model.attention_impl=xla,dropout_rng=threefry)
+[ "$MODE" = gpu ] && ARMS+=(--arm=xla_rbg:model.attention_impl=xla,dropout_rng=rbg)
+ARMS+=(--arm=default --arm=main:data.vocab_size=8000)
+step bench 300 "$PY" bench/bench_accel.py "${SHAPE[@]}" "${ARMS[@]}" --profile_arm=default \
+  --profile_dir="$OUT/trace" --profile_steps=3 --out="$OUT/arms.json"
+step profile 60 "$PY" bench/profile_summary.py "$OUT/trace" --steps=3 --out="$OUT/profile.json"
+step torch 200 "$PY" bench/bench_torch_anchor.py "${TORCH[@]}" --out="$OUT/torch.json"
+rm -rf "$OUT/main_job"
+step main_job 150 "$PY" train.py "${MAIN[@]}" --workdir="$OUT/main_job"
+if [ "$MODE" = gpu ]; then
+  step cudnn_facts 60 "$PY" bench/cudnn_dropout_facts.py --out="$OUT/cudnn_facts.json"
+fi
+"$PY" bench/suite_report.py "$OUT"
+echo "suite done in $(( $(date +%s) - START )) s; results in $OUT"

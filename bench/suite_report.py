@@ -1,0 +1,131 @@
+"""The accelerator suite's table: reads the results folder of `bench/accelerator_suite.sh` and
+prints (and writes as summary.json / summary.md) one table and the issue's targets.
+
+  python bench/suite_report.py /tmp/accelerator_suite
+
+Inputs (each optional: a missing one is reported as not run): `arms.json` (bench_accel.py
+--arm), `torch.json` (bench_torch_anchor.py), `profile.json` (profile_summary.py),
+`main_job/metrics.jsonl` (train.py), `cudnn_facts.json`, `status.txt` (each step's exit code).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+MFU_TARGET = 0.50  # of 6ND at BERT-base, batch 256 x 128, dropout 0.1 everywhere
+TORCH_TARGET = 1.25  # x HuggingFace BERT + torch.compile, sequences/s
+MAIN_JOB_TARGET = 1.05  # main job's step time / the fixed-batch step's
+
+
+def load(folder: str, name: str) -> Any:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def main_job_step_s(folder: str) -> float | None:
+    """Median seconds per step of the main job's logged intervals from step 3 on (steps 1
+    and 2 compile the measured and the plain step); monitored steps and the loader included."""
+    path = os.path.join(folder, "main_job", "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        rates = [
+            r["steps_per_s"]
+            for r in map(json.loads, f)
+            if r.get("split") == "train" and r.get("steps_per_s") and r["step"] > 2
+        ]
+    return 1.0 / statistics.median(rates) if rates else None
+
+
+def rows(folder: str) -> tuple[list[dict], dict]:
+    """The table's rows (one per timed step) and the targets' verdicts."""
+    out: list[dict] = []
+    checks: dict[str, Any] = {}
+    arms = (load(folder, "arms.json") or {}).get("arms", {})
+    for name, r in arms.items():
+        x, c = r["feeds"]["fixed"], r["config"]
+        out.append({
+            "what": f"ln_jax {name} ({c['attention_impl']}, {c['dropout_rng']}, "
+                    f"V={r['shape']['vocab']})",
+            "ms_per_step": x["ms_per_step"], "sequences_per_s": x["sequences_per_s"],
+            "mfu_6nd": x["mfu_6nd"],
+        })  # fmt: skip
+    torch = load(folder, "torch.json") or {}
+    for mode, r in torch.get("modes", {}).items():
+        out.append({
+            "what": f"HuggingFace PyTorch {mode}", "ms_per_step": r["ms_per_step"],
+            "sequences_per_s": r["sequences_per_s"], "mfu_6nd": None,
+        })  # fmt: skip
+    default = arms.get("default")
+    if default:
+        checks["mfu_6nd"] = (default["feeds"]["fixed"]["mfu_6nd"], MFU_TARGET)
+        compiled = torch.get("modes", {}).get("compile_all")
+        if compiled:
+            ratio = default["feeds"]["fixed"]["sequences_per_s"] / compiled["sequences_per_s"]
+            checks["x_torch_compile"] = (ratio, TORCH_TARGET)
+    main_s = main_job_step_s(folder)
+    if main_s and "main" in arms:
+        fixed = arms["main"]["feeds"]["fixed"]["median_s"]
+        out.append({
+            "what": "train.py main job (loader, monitor, V as arm main)",
+            "ms_per_step": 1e3 * main_s, "sequences_per_s":
+                arms["main"]["shape"]["batch"] / main_s, "mfu_6nd": None,
+        })  # fmt: skip
+        checks["main_job_over_fixed"] = (main_s / fixed, MAIN_JOB_TARGET)
+    return out, checks
+
+
+def render(folder: str) -> tuple[str, dict]:
+    table, checks = rows(folder)
+    lines = ["| step | ms/step | sequences/s | MFU (6ND) |", "|---|---|---|---|"]
+    for r in table:
+        mfu = f"{100 * r['mfu_6nd']:.1f}%" if r["mfu_6nd"] is not None else "–"
+        lines.append(
+            f"| {r['what']} | {r['ms_per_step']:.1f} | {r['sequences_per_s']:,.0f} | {mfu} |"
+        )
+    lines.append("")
+    verdict = {}
+    for name, (value, target) in checks.items():
+        met = value <= target if name == "main_job_over_fixed" else value >= target
+        verdict[name] = {"value": value, "target": target, "met": met}
+        lines.append(f"- {name}: {value:.3f} (target {target}): {'met' if met else 'NOT met'}")
+    profile = load(folder, "profile.json")
+    if profile:
+        parts = ", ".join(f"{c} {x['ms_per_step']:.1f}" for c, x in profile["classes"].items())
+        lines.append(
+            f"- profile of arm default: {profile['kernel_ms_per_step']:.1f} ms of kernels per "
+            f"step: {parts}"
+        )
+    facts = load(folder, "cudnn_facts.json")
+    if facts:
+        lines.append("- cuDNN dropout facts: " + json.dumps(facts))
+    status = os.path.join(folder, "status.txt")
+    if os.path.exists(status):
+        with open(status) as f:
+            lines.append("- steps: " + "; ".join(line.strip() for line in f if line.strip()))
+    return "\n".join(lines), {"rows": table, "targets": verdict}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit("usage: python bench/suite_report.py RESULTS_FOLDER")
+    folder = argv[0]
+    text, summary = render(folder)
+    print(text)
+    with open(os.path.join(folder, "summary.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

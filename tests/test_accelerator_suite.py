@@ -1,0 +1,60 @@
+"""bench/accelerator_suite.sh in its CPU mode (tiny shapes): every step runs, and the table it
+prints follows from the step results it wrote (so the GPU mode's table can be trusted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import suite_report
+
+pytest_plugins = ("tests.data_fixtures",)
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+@pytest.mark.slow
+def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, tmp_path):
+    out = tmp_path / "suite"
+    env = dict(os.environ, TFDS_DATA_DIR=data_dir, PYTHON=sys.executable)
+    run = subprocess.run(
+        ["bash", "bench/accelerator_suite.sh", "--cpu", "--out", str(out), "--budget", "400"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    status = (out / "status.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in status] == ["bench", "profile", "torch", "main_job"]
+    assert all(": rc=0 " in line for line in status), status
+
+    arms = json.loads((out / "arms.json").read_text())["arms"]
+    assert list(arms) == ["shipped", "default", "main"]
+    assert arms["shipped"]["config"]["attention_impl"] == "xla"
+    assert arms["default"]["config"]["dropout_rng"] == "threefry"  # "auto" on a CPU
+    assert arms["main"]["shape"]["vocab"] == 8000 and arms["default"]["shape"]["vocab"] == 30522
+    base = arms["shipped"]["feeds"]["fixed"]["median_s"]
+    for r in arms.values():
+        assert r["speedup_over_first"] == pytest.approx(base / r["feeds"]["fixed"]["median_s"])
+    torch = json.loads((out / "torch.json").read_text())["modes"]
+    assert set(torch) == {"eager_all", "eager_masked"}
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["kernel_ms_per_step"] == pytest.approx(
+        sum(c["ms_per_step"] for c in profile["classes"].values())
+    )
+
+    summary = json.loads((out / "summary.json").read_text())
+    table = {r["what"].split(" (")[0]: r for r in summary["rows"]}
+    assert (
+        table["ln_jax default"]["ms_per_step"] == arms["default"]["feeds"]["fixed"]["ms_per_step"]
+    )
+    assert table["HuggingFace PyTorch eager_all"]["sequences_per_s"] == pytest.approx(
+        torch["eager_all"]["sequences_per_s"]
+    )
+    main_s = suite_report.main_job_step_s(str(out))
+    ratio = summary["targets"]["main_job_over_fixed"]
+    assert ratio["value"] == pytest.approx(main_s / arms["main"]["feeds"]["fixed"]["median_s"])
+    assert ratio["met"] == (ratio["value"] <= 1.05)
+    assert "main_job_over_fixed" in (out / "summary.md").read_text()
+    assert "| ln_jax default (xla, threefry, V=30522) |" in run.stdout
