@@ -3,6 +3,8 @@
 # H100/H200, compilation included), writing one results folder and printing one table.
 #
 #   bench/accelerator_suite.sh [--cpu] [--out DIR] [--wheels DIR] [--budget SECONDS]
+#                              [--skip STEP,...]   (steps: gpu_tests bench profile torch
+#                                                   main_job cudnn_facts)
 #
 #   GPU (default): BERT-base, batch 256 x 128, bf16, dropout 0.1 everywhere:
 #     1. the GPU tests (tests/test_accelerator.py: cuDNN dropout read off the kernel, ...)
@@ -31,6 +33,7 @@ MODE=gpu
 OUT=/tmp/accelerator_suite
 WHEELS=""
 BUDGET=480
+SKIP=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) MODE=cpu ;;
@@ -40,7 +43,9 @@ while [ $# -gt 0 ]; do
     --wheels=*) WHEELS=${1#--wheels=} ;;
     --budget) BUDGET=$2; shift ;;
     --budget=*) BUDGET=${1#--budget=} ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --skip) SKIP=$2; shift ;;
+    --skip=*) SKIP=${1#--skip=} ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "accelerator_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -65,6 +70,10 @@ export TFDS_DATA_DIR=${TFDS_DATA_DIR:-$OUT/tfds}
 step() {
   local name=$1 limit=$2 left
   shift 2
+  if [[ ",$SKIP," == *",$name,"* ]]; then
+    echo "$name: skipped (--skip)" | tee -a "$OUT/status.txt"
+    return
+  fi
   left=$((BUDGET - ($(date +%s) - START) - 20))
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -le 5 ]; then

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from ln_jax import gpu_flags
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.optim import OptimConfig
 from ln_jax.validate import ConfigError, check_choice, closest, reject_unknown_keys
@@ -344,6 +345,12 @@ class ModelConfig:
             )
         if self.head_dim > 128 or self.head_dim % 8:
             return f"it needs a head_dim that is a multiple of 8 up to 128, not {self.head_dim}"
+        if self.attention_dropout > 0.0 and not gpu_flags.cudnn_dropout_safe():
+            return (
+                "its attention dropout aborts XLA unless cuDNN calls are kept out of CUDA "
+                f"graphs: start with XLA_FLAGS={gpu_flags.KEEP_CUDNN_OUT} (ln_jax adds it "
+                "when imported before JAX starts), or set --config.model.attention_dropout=0"
+            )
         if self.attention_dropout > 0.0 and (self.scan_layers or self.remat != "none"):
             # Its masks come from a per-call counter: a recomputed (remat) or scanned forward
             # would not be paired with its own backward's mask.
