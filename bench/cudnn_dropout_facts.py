@@ -1,17 +1,21 @@
 """What cuDNN's fused attention dropout does, read off the kernel on an NVIDIA GPU.
 
   python bench/cudnn_dropout_facts.py --out=/tmp/cudnn_facts.json
+  python bench/cudnn_dropout_facts.py --command_buffers     # XLA's CUDA graphs left as they are
 
-cuDNN draws its dropout masks itself (a static seed and an offset the XLA runtime advances per
-call), so which calls share a mask is a property of the runtime, not of ln_jax's code. This
-reads the masks out and reports, each as a measured fact:
-* the drop rate and the 1/(1 - rate) scale of the kept probabilities;
+cuDNN draws its dropout masks itself, from a static seed and an offset that XLA's runtime is
+meant to advance, so which calls share a mask is a property of JAX/XLA, not of ln_jax. ln_jax's
+model refuses cuDNN attention dropout (`ModelConfig.cudnn_problem`) because of what this reads
+(jax 0.11.2, H200, 2026-11-26, docs/gpu.md): two executions of one jitted program draw the SAME
+masks (every training step would drop the same probabilities), and inside XLA's CUDA graphs the
+call aborts the process, which is why this script keeps cuDNN out of them
+(`--xla_gpu_enable_command_buffer=-CUDNN`) unless `--command_buffers`. Rerun it on a newer JAX
+before lifting the refusal. It reports, each as a measured fact:
+* the drop rate and the 1/(1 - rate) scale of the kept probabilities; padded keys stay 0;
 * whether a call's backward uses its own forward's mask (plain, under `jax.checkpoint`, and
-  inside a 2-step `lax.scan`): ln_jax's config allows attention dropout on cuDNN only where
-  this holds (no remat, no scan);
-* whether two calls with the same seed in one program draw the same mask (why ln_jax seeds
-  each layer with its index) and whether two executions of one program differ (fresh masks
-  per step).
+  inside a 2-step `lax.scan`);
+* whether two executions of one program differ (fresh masks per step), and whether two calls
+  in one program with the same seed / other seeds differ.
 
 The readout: with v[s] = e_s (one-hot over the 64 head dims) the attention output is the
 dropped probability matrix P' of keys 0..63; the gradient of v under the cotangent w[t] = e_t
@@ -26,17 +30,29 @@ import os
 import sys
 from typing import Any
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
+KEEP_CUDNN_OUT_OF_GRAPHS = "--xla_gpu_enable_command_buffer=-CUDNN"
+if "--command_buffers" not in sys.argv and "jax" not in sys.modules:  # before JAX starts
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {KEEP_CUDNN_OUT_OF_GRAPHS}"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ln_jax.layers import cudnn_attention  # noqa: E402
-
 B, T, N, H = 4, 128, 4, 64
 LENGTHS = (128, 100, 57, 128)
+
+
+def cudnn_attention(q, k, v, lengths, rate: float, *, seed: int) -> jax.Array:
+    """cuDNN's fused attention with dropout `rate`; q/k/v [B, T, N, H] bf16, lengths [B] int32
+    token counts of right-padded keys (every query row computed, as jax.nn's cuDNN path)."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn  # JAX's only dropout entry
+
+    return cudnn.dot_product_attention(
+        q, k, v,
+        q_seqlen=jnp.full((q.shape[0],), q.shape[1], jnp.int32), kv_seqlen=lengths,
+        scale=q.shape[-1] ** -0.5, mask_type=cudnn.MaskType.PADDING, seed=seed,
+        dropout_rate=rate,
+    )  # fmt: skip
 
 
 def inputs(seed: int = 11) -> dict[str, jax.Array]:
@@ -131,12 +147,13 @@ def facts(rate: float = 0.1) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None)
+    p.add_argument("--command_buffers", action="store_true", help="leave cuDNN in CUDA graphs")
     args = p.parse_args(argv)
     if jax.default_backend() != "gpu":
         raise SystemExit(
             f"cuDNN attention needs an NVIDIA GPU; JAX runs on {jax.default_backend()}"
         )
-    result = facts()
+    result = {**facts(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
     for key, value in result.items():
         print(f"{key}: {value}")
     if args.out:

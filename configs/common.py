@@ -24,8 +24,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.log_every = 100  # progress line, metrics.jsonl and TensorBoard every N steps
     c.eval_batches = 50  # validation batches per evaluation (None = one pass)
     c.grad_accum_steps = 0  # micro-batches per update; 0 = auto: the fewest that fit in memory
-    # dropout PRNG: threefry (portable bits), rbg, unsafe_rbg (fast on GPU/TPU), or auto (rbg on
-    # GPU/TPU, threefry on CPU); config.json records the resolved one
+    # dropout PRNG: threefry (portable bits), rbg, unsafe_rbg, or auto (rbg on a TPU, threefry
+    # elsewhere: on an H200 rbg was no faster); config.json records the resolved one
     c.dropout_rng = "auto"
     c.nan_policy = "stop"  # non-finite loss/gradient: "stop" (keep last checkpoint) or "skip"
 
@@ -62,9 +62,8 @@ def base_config() -> ml_collections.ConfigDict:
     # parameters stay float32; config.json records the resolved one
     c.model.dtype = "auto"
     c.model.residual_float32 = False  # with bf16: keep the residual sum in float32
-    # xla | cudnn (cuDNN's fused attention: NVIDIA GPU, bf16/fp16; its attention-dropout masks
-    # are cuDNN's own, so a resumed run draws fresh ones) | auto (cudnn on a GPU where it can
-    # run the config, else xla)
+    # xla | cudnn (cuDNN's fused attention: NVIDIA GPU, bf16/fp16, attention_dropout=0) | auto
+    # (cudnn on a GPU where it can run the config, else xla)
     c.model.attention_impl = "auto"
     c.model.remat = "none"  # none | full | dots: recompute activations in the backward pass
     c.model.scan_layers = False  # lax.scan over stacked layers (fast compiles for deep stacks)

@@ -9,10 +9,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ln_jax import gpu_flags as _gpu_flags
-
-_gpu_flags.apply()  # XLA flags for GPUs, before JAX starts its backends (see gpu_flags.py)
-
 _EXPORTS = {
     "BertEncoder": "ln_jax.bert",
     "BertForPreTraining": "ln_jax.bert",

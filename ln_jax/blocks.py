@@ -106,7 +106,7 @@ class ResidualSublayer(nnx.Module):
         rec: Record = {}
         branch_key, drop_key = split_key(dropout_key, 2)
         h = self._norm("pre_norm", x, rec, self._pre_scale(depth))
-        f = self.branch(h, mask=mask, dropout_key=branch_key, depth=depth)
+        f = self.branch(h, mask=mask, dropout_key=branch_key)
         rec["branch_out"] = f
         f = self._norm("branch_norm", f, rec)
         if self.gate is not None:

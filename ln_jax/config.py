@@ -18,7 +18,6 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ln_jax import gpu_flags
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.optim import OptimConfig
 from ln_jax.validate import ConfigError, check_choice, closest, reject_unknown_keys
@@ -204,10 +203,11 @@ def auto_dtype(on: str) -> str:
 
 
 def auto_dropout_rng(on: str) -> str:
-    """dropout_rng="auto": the accelerator's bit generator ("rbg") on GPU/TPU, where threefry's
-    ~1.2e9 dropout bits a BERT-base step cost whole milliseconds; threefry (the same bits on
-    every backend and mesh, what the CPU tests and the recorded studies use) on a CPU."""
-    return "threefry" if on == "cpu" else "rbg"
+    """dropout_rng="auto": the TPU's bit generator ("rbg") on a TPU, the usual advice there;
+    threefry (the same bits on every backend and mesh) elsewhere. On an H200 rbg was no faster
+    for BERT-base (78.9 vs 78.0 ms a step, docs/gpu.md): the dropout's cost there is moving the
+    masks, not drawing the bits."""
+    return "rbg" if on == "tpu" else "threefry"
 
 
 REMAT_POLICIES = ("none", "full", "dots")
@@ -268,13 +268,11 @@ class ModelConfig:
         rows, vocab_size rounded up to a multiple of this (128 fills GPU/TPU matmul tiles);
         the padded rows are never looked up and their logits are masked (-1e9), so losses
         and predictions are those of the unpadded model. HF import/export use vocab_size rows.
-      attention_impl: "xla", "cudnn" (cuDNN's fused attention: an NVIDIA GPU, bf16/fp16) or
-        "auto" (resolved when the config is built: "cudnn" on a GPU where it can run, else
-        "xla"; see `auto_attention`). Both take the padding as sequence lengths of a
-        right-padded mask. cuDNN draws its attention-dropout masks itself (a static seed per
-        layer and a counter the runtime advances each call), not from the step's PRNG key:
-        exact resume holds for the XLA path; on cuDNN a resumed run draws fresh masks of the
-        same distribution. With attention dropout it needs scan_layers=False, remat="none".
+      attention_impl: "xla", "cudnn" (cuDNN's fused attention: an NVIDIA GPU, bf16/fp16, no
+        attention dropout) or "auto" (resolved when the config is built: "cudnn" on a GPU
+        where it can run the config, else "xla"; see `auto_attention`). Both take the padding
+        as sequence lengths of a right-padded mask. cuDNN's own attention dropout is refused:
+        measured on an H200 (jax 0.11.2), it draws the same masks at every step.
       remat: "none", "full" (recompute each layer in the backward pass) or "dots".
       scan_layers: stack layer parameters [num_layers, ...] and lax.scan over them.
       nsp_head: build the next-sentence-prediction head.
@@ -345,18 +343,12 @@ class ModelConfig:
             )
         if self.head_dim > 128 or self.head_dim % 8:
             return f"it needs a head_dim that is a multiple of 8 up to 128, not {self.head_dim}"
-        if self.attention_dropout > 0.0 and not gpu_flags.cudnn_dropout_safe():
+        if self.attention_dropout > 0.0:
+            # Measured (jax 0.11.2, H200; bench/cudnn_dropout_facts.py): cuDNN draws the same
+            # masks at every step of a jitted program, and aborts XLA inside CUDA graphs.
             return (
-                "its attention dropout aborts XLA unless cuDNN calls are kept out of CUDA "
-                f"graphs: start with XLA_FLAGS={gpu_flags.KEEP_CUDNN_OUT} (ln_jax adds it "
-                "when imported before JAX starts), or set --config.model.attention_dropout=0"
-            )
-        if self.attention_dropout > 0.0 and (self.scan_layers or self.remat != "none"):
-            # Its masks come from a per-call counter: a recomputed (remat) or scanned forward
-            # would not be paired with its own backward's mask.
-            return (
-                "its attention dropout needs scan_layers=False and remat='none' (cuDNN draws "
-                "the masks itself, per call); set --config.model.attention_dropout=0"
+                "its attention dropout is not usable (cuDNN repeats the same masks at every "
+                "step; docs/gpu.md); set --config.model.attention_dropout=0"
             )
         return None
 
@@ -479,8 +471,8 @@ class ModelConfig:
 
 
 def auto_attention(cfg: ModelConfig, on: str) -> str:
-    """attention_impl="auto": cuDNN's fused attention (dropout included) on a GPU where it can
-    run `cfg` (`ModelConfig.cudnn_problem`), else XLA's."""
+    """attention_impl="auto": cuDNN's fused attention on a GPU where it can run `cfg`
+    (`ModelConfig.cudnn_problem`: bf16/fp16, head_dim, no attention dropout), else XLA's."""
     return "cudnn" if on == "gpu" and cfg.cudnn_problem() is None else "xla"
 
 
@@ -562,7 +554,7 @@ class TrainConfig:
       dropout_rng: PRNG of the dropout masks: "threefry" (JAX's default: the same bits on every
         backend and sharding), "rbg" or "unsafe_rbg" (the accelerator's bit generator: far
         cheaper for BERT-base's ~1.2e9 dropout bits per step; bits depend on the backend), or
-        "auto" (resolved when the config is built: rbg on GPU/TPU, threefry on CPU).
+        "auto" (resolved when the config is built: rbg on a TPU, threefry elsewhere).
       nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
         last good checkpoint is kept) or "skip" (drop that update and go on).
       monitor: per-layer measurements and early warnings (`MonitorConfig`).

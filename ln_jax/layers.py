@@ -250,21 +250,13 @@ class SelfAttention(nnx.Module):
         self.impl = cfg.attention_impl
 
     def __call__(
-        self,
-        x: Array,
-        *,
-        mask: Array | None = None,
-        dropout_key: Array | None = None,
-        depth: Array | int = 1,
+        self, x: Array, *, mask: Array | None = None, dropout_key: Array | None = None
     ) -> Array:
         """x [batch, length, embed], mask [batch, length] (1 = token, right-padded: tokens
         first) -> [batch, length, embed]. Padded keys are masked through sequence lengths, the
-        same way for the "xla" and "cudnn" implementations.
-
-        `dropout_key` (None = no dropout) keys the XLA path's attention-dropout mask; the
-        cuDNN path draws its own (see `cudnn_attention`), seeded by `depth`, the layer's
-        1-based index, so that layers do not share masks.
-        """
+        same way for the "xla" and "cudnn" implementations. Attention dropout (keyed by
+        `dropout_key`) runs on the XLA path; the config keeps it off cuDNN's (see
+        `ModelConfig.cudnn_problem`)."""
         names = ("act_batch", "act_length", "act_heads", "act_kv")
         q = constrain(self.query(x), names)
         k = constrain(self.key(x), names)
@@ -272,55 +264,14 @@ class SelfAttention(nnx.Module):
             q, k = self.query_norm(q), self.key_norm(k)
         v = constrain(self.value(x), names)
         lengths = sequence_lengths(mask)
-        rate = self.dropout_rate if dropout_key is not None else 0.0
-        if self.impl == "cudnn" and rate > 0.0:
-            ctx = cudnn_attention(q, k, v, lengths, rate, seed=_static_seed(depth))
-        elif rate > 0.0:
+        if dropout_key is not None and self.dropout_rate > 0.0:
             bool_mask = key_mask(lengths, x.shape[1])
-            ctx = _attention_with_dropout(q, k, v, bool_mask, rate, dropout_key)
+            ctx = _attention_with_dropout(q, k, v, bool_mask, self.dropout_rate, dropout_key)
         else:
             ctx = jax.nn.dot_product_attention(
                 q, k, v, key_value_seq_lengths=lengths, implementation=self.impl
             )
         return self.out(constrain(ctx, names))
-
-
-def _static_seed(depth: Array | int) -> int:
-    """cuDNN's dropout seed of layer `depth` (a static int; 0 where the index is traced)."""
-    return depth if isinstance(depth, int) else 0
-
-
-def cudnn_attention(
-    q: Array, k: Array, v: Array, lengths: Array | None, rate: float, *, seed: int
-) -> Array:
-    """cuDNN's fused attention with dropout `rate` on the probabilities; q/k/v [B, T, N, H]
-    (bf16/fp16, an NVIDIA GPU), lengths [B] int32 token counts of right-padded keys or None.
-
-    The masks are cuDNN's: from the static `seed` and an offset the XLA runtime advances on
-    every call, so two steps (and two layers of different seeds) draw different masks and a
-    step's backward reuses its forward's (tests/test_accelerator.py checks both on a GPU). They
-    do not come from the step's PRNG key: a resumed run draws fresh masks of the same
-    distribution rather than the uninterrupted run's.
-    """
-    from jax._src.cudnn import fused_attention_stablehlo as cudnn  # JAX's only dropout entry
-
-    batch, length = q.shape[0], q.shape[1]
-    mask_type = cudnn.MaskType.NO_MASK
-    q_lengths = None
-    if lengths is not None:
-        mask_type = cudnn.MaskType.PADDING
-        q_lengths = jnp.full((batch,), length, jnp.int32)  # every query row, as jax.nn's path
-    return cudnn.dot_product_attention(
-        q,
-        k,
-        v,
-        q_seqlen=q_lengths,
-        kv_seqlen=lengths,
-        scale=q.shape[-1] ** -0.5,
-        mask_type=mask_type,
-        seed=seed,
-        dropout_rate=rate,
-    )
 
 
 def _attention_with_dropout(
@@ -345,16 +296,10 @@ class FeedForward(nnx.Module):
         self.activation = cfg.activation
 
     def __call__(
-        self,
-        x: Array,
-        *,
-        mask: Array | None = None,
-        dropout_key: Array | None = None,
-        depth: Array | int = 1,
+        self, x: Array, *, mask: Array | None = None, dropout_key: Array | None = None
     ) -> Array:
-        """x: [batch, length, embed] -> [batch, length, embed]. mask/dropout_key/depth are
-        unused (a branch's common signature)."""
-        del mask, dropout_key, depth
+        """x: [batch, length, embed] -> [batch, length, embed]. mask/dropout_key are unused."""
+        del mask, dropout_key
         h = activation(self.activation, self.wi(x))
         h = constrain(h, ("act_batch", "act_length", "act_mlp"))
         return self.wo(h)

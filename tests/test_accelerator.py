@@ -61,35 +61,35 @@ def test_the_model_ignores_padding_through_sequence_lengths():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"dtype": "float32"}, "needs model.dtype bfloat16 or float16"),
-        ({"dtype": "bfloat16", "scan_layers": True}, "needs scan_layers=False and remat='none'"),
-        ({"dtype": "bfloat16", "remat": "full"}, "needs scan_layers=False and remat='none'"),
-        ({"dtype": "bfloat16", "hidden_size": 640, "num_heads": 4}, "multiple of 8 up to 128"),
+        ({"dtype": "float32", "attention_dropout": 0.0}, "needs model.dtype bfloat16 or float16"),
+        ({"dtype": "bfloat16", "attention_dropout": 0.1}, "attention dropout is not usable"),
+        ({"dtype": "bfloat16", "attention_dropout": 0.0, "hidden_size": 640, "num_heads": 4},
+         "multiple of 8 up to 128"),
     ],
-)
+)  # fmt: skip
 def test_cudnn_settings_that_cannot_work_are_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
         ln_jax.ModelConfig.from_mapping({"size": "tiny", "attention_impl": "cudnn", **overrides})
-    ok = {"size": "tiny", "attention_impl": "cudnn", "dtype": "bfloat16", "attention_dropout": 0.1}
+    ok = {"size": "tiny", "attention_impl": "cudnn", "dtype": "bfloat16", "attention_dropout": 0}
     assert ln_jax.ModelConfig.from_mapping(ok).attention_impl == "cudnn"
-    # Without attention dropout, scan and remat are fine (cuDNN draws no masks then).
-    scan = {**ok, "attention_dropout": 0.0, "scan_layers": True, "remat": "full"}
+    scan = {**ok, "scan_layers": True, "remat": "full"}
     assert ln_jax.ModelConfig.from_mapping(scan).attention_impl == "cudnn"
+
+
+NO_ATTENTION_DROPOUT = {"model.attention_dropout": 0.0}
 
 
 @pytest.mark.parametrize(
     "on, extra, expected",
     [
         ("cpu", {}, ("float32", "xla", "threefry")),
-        ("gpu", {}, ("bfloat16", "cudnn", "rbg")),
+        ("gpu", {}, ("bfloat16", "xla", "threefry")),  # the recipe's attention dropout: XLA
+        ("gpu", NO_ATTENTION_DROPOUT, ("bfloat16", "cudnn", "threefry")),
         ("tpu", {}, ("bfloat16", "xla", "rbg")),
-        ("gpu", {"model.scan_layers": True}, ("bfloat16", "xla", "rbg")),
-        ("gpu", {"model.scan_layers": True, "model.attention_dropout": 0.0},
-         ("bfloat16", "cudnn", "rbg")),
-        ("gpu", {"model.dtype": "float32"}, ("float32", "xla", "rbg")),
-        ("gpu", {"model.hidden_size": 1280, "model.num_heads": 4}, ("bfloat16", "xla", "rbg")),
-        ("gpu", {"dropout_rng": "threefry", "model.attention_impl": "xla"},
+        ("gpu", {**NO_ATTENTION_DROPOUT, "model.dtype": "float32"}, ("float32", "xla", "threefry")),
+        ("gpu", {**NO_ATTENTION_DROPOUT, "model.hidden_size": 1280, "model.num_heads": 4},
          ("bfloat16", "xla", "threefry")),
+        ("gpu", {"dropout_rng": "rbg"}, ("bfloat16", "xla", "rbg")),
     ],
 )  # fmt: skip
 def test_auto_fields_resolve_by_platform_into_the_config(monkeypatch, on, extra, expected):
@@ -167,34 +167,18 @@ def test_cudnn_attention_with_padding_equals_xla_on_gpu():
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="cuDNN attention needs an NVIDIA GPU")
-def test_cudnn_attention_dropout_is_inverted_dropout_paired_with_its_backward_on_gpu():
-    """What the cuDNN path promises, read off the kernel (bench/cudnn_dropout_facts.py): a
-    tenth of the probabilities dropped, the rest scaled by 1/0.9; the backward uses its own
-    forward's mask; a second execution (the next step) and another seed (another layer) draw
-    other masks (~18% of the entries differ: 1 - 0.9^2 - 0.1^2); padded keys stay 0."""
-    from bench import cudnn_dropout_facts
+def test_a_cudnn_bf16_model_matches_the_xla_path_under_the_same_dropout_key_on_gpu():
+    """BERT-tiny shapes, bf16, hidden dropout 0.1, no attention dropout (what "auto" runs on
+    cuDNN): under each dropout key the two implementations give the same loss (the hidden masks
+    come from the key, the attention is the same function), and different keys differ."""
+    from flax import nnx
 
-    f = cudnn_dropout_facts.facts()
-    assert 0.09 < f["drop_rate"] < 0.11, f
-    assert abs(f["kept_scale_median"] - 1 / 0.9) < 0.01 and f["kept_scale_worst_error"] < 0.03, f
-    assert f["padded_keys_zero"], f
-    assert f["backward_uses_forward_mask"] == 1.0, f
-    assert 0.12 < f["second_execution_differs"] < 0.24, f
-    assert 0.12 < f["other_seed_differs"] < 0.24, f
-
-
-@pytest.mark.skipif(not HAS_GPU, reason="cuDNN attention needs an NVIDIA GPU")
-def test_a_cudnn_bf16_model_step_matches_the_xla_path_in_expectation_on_gpu():
-    """BERT-tiny shapes, bf16, dropout 0.1: the loss averaged over 16 dropout draws on the
-    cuDNN path equals XLA's (its own 16 draws) within the spread of the draws; with dropout
-    off the two paths give the same loss."""
     ids, seg, mask, pos = batch(np.random.default_rng(9), t=16, pad_from=(16, 11, 5))
     tgt = {
         "masked_ids": jnp.asarray(ids[np.arange(3)[:, None], pos]),
         "masked_weights": jnp.ones(pos.shape),
     }
     shape = dict(ODD, hidden_size=64, num_heads=2, mlp_dim=128, num_layers=2, dtype="bfloat16")
-    from flax import nnx
 
     def jitted_loss(graphdef):
         def loss(state, key):
@@ -205,14 +189,12 @@ def test_a_cudnn_bf16_model_step_matches_the_xla_path_in_expectation_on_gpu():
 
     losses = {}
     for impl in ("xla", "cudnn"):
-        model = ln_jax.create_model(ln_jax.ModelConfig(**shape, attention_impl=impl))
-        graphdef, state = nnx.split(model)
+        cfg = ln_jax.ModelConfig(**shape, attention_impl=impl, attention_dropout=0.0)
+        graphdef, state = nnx.split(ln_jax.create_model(cfg))
         loss = jitted_loss(graphdef)
-        draws = [float(loss(state, jax.random.key(i))) for i in range(16)]
-        losses[impl] = (np.mean(draws), np.std(draws), float(loss(state, None)))
-    (mx, sx, dx), (mc, sc, dc) = losses["xla"], losses["cudnn"]
-    assert abs(dx - dc) < 0.01 * abs(dx), losses
-    assert sc > 0 and abs(mx - mc) < 4 * max(sx, sc) / np.sqrt(16) + 0.01 * abs(dx), losses
+        losses[impl] = np.array([float(loss(state, jax.random.key(i))) for i in range(4)])
+    np.testing.assert_allclose(losses["cudnn"], losses["xla"], rtol=1e-2)
+    assert np.ptp(losses["xla"]) > 1e-3, losses  # the keys do change the hidden masks
 
 
 def test_mlm_loss_in_logsumexp_form_equals_log_softmax():
