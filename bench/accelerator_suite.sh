@@ -20,7 +20,7 @@
 #        (prepared in a fresh TFDS dir), loader, monitor and checkpoint at their defaults
 #     5. cuDNN dropout facts (cudnn_dropout_facts.py), then the table (suite_report.py)
 #   --cpu: the same steps at tiny shapes on the CPU (CI runs this so the suite never rots);
-#     no GPU tests, cuDNN facts, rbg arm, HLO dump or torch.compile.
+#     no GPU tests, cuDNN facts, rbg or cudnn_nodrop arm, HLO dump or torch.compile.
 #
 # It installs nothing from a network: it uses the python3 on PATH (or $PYTHON) and its
 # packages, plus the wheels in --wheels DIR if given (pip --no-index into a temporary folder).
@@ -116,7 +116,7 @@ else
 fi
 ARMS=(--arm=default)  # the config as a user runs it ("auto": XLA attention, its dropout)
 [ "$MODE" = gpu ] && ARMS+=(--arm=rbg:dropout_rng=rbg)
-ARMS+=(--arm=cudnn_nodrop:model.attention_dropout=0.0)  # "auto" -> cuDNN attention on a GPU
+[ "$MODE" = gpu ] && ARMS+=(--arm=cudnn_nodrop:model.attention_dropout=0.0)  # -> cuDNN
 ARMS+=(--arm=main:data.vocab_size=8000)  # default at the main job's vocabulary
 BENCH_ENV=()
 # The optimised HLO, to match the profile's fusion names (input_transpose_fusion_25, ...).

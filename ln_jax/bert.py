@@ -10,7 +10,7 @@ from flax import nnx
 from ln_jax.blocks import ACT, Encoder, Record
 from ln_jax.config import ModelConfig
 from ln_jax.init import embed_init
-from ln_jax.layers import Dense, LayerNorm, activation, dropout, split_key
+from ln_jax.layers import Dense, LayerNorm, activation, custom_backwards, dropout, split_key
 from ln_jax.sharding import constrain
 
 Array = jax.Array
@@ -127,7 +127,7 @@ class MlmHead(nnx.Module):
         # gave wrong gradients on a data x fsdp x tensor mesh (measured in tests/test_sharding).
         h = constrain(h, ("act_batch", "act_predictions", "act_embed"))
         table = constrain(word_embeddings, ("vocab", "act_embed")).astype(self.dtype)
-        logits = decode(h, table) + self.bias[...]
+        logits = (decode if custom_backwards() else _plain_decode)(h, table) + self.bias[...]
         if logits.shape[-1] > self.vocab_size:  # padded rows: never a prediction
             real = jnp.arange(logits.shape[-1]) < self.vocab_size
             logits = jnp.where(real, logits, MASKED_LOGIT)
@@ -144,11 +144,16 @@ def decode(h: Array, table: Array) -> Array:
     step on an H200). The cotangent is rounded to h's dtype first, as PyTorch's autocast does;
     in float32 this is exactly autodiff's gradient.
     """
+    return _plain_decode(h, table)
+
+
+def _plain_decode(h: Array, table: Array) -> Array:
     return jnp.einsum("bpd,vd->bpv", h, table, preferred_element_type=jnp.float32)
 
 
 def _decode_fwd(h: Array, table: Array) -> tuple[Array, tuple[Array, Array]]:
-    return decode(h, table), (h, table)
+    # Plain ops, not `decode` itself: forward-over-reverse (jax.hessian) differentiates this.
+    return _plain_decode(h, table), (h, table)
 
 
 def _decode_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:

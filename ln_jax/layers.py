@@ -112,7 +112,8 @@ _CLOSED_FORM = [True]  # flipped by `autodiff_normalization` while a function is
 
 @contextlib.contextmanager
 def autodiff_normalization() -> Iterator[None]:
-    """Traces LayerNorm/RMSNorm as plain jnp ops inside the block, for forward mode.
+    """Traces LayerNorm/RMSNorm (and the MLM decoder) as plain jnp ops inside the block, for
+    forward mode.
 
     Outside it the normalisation is a `jax.custom_vjp` (closed-form backward, faster on CPU):
     reverse mode and forward-over-reverse (`jax.hessian`, Hessian-vector products) work, pure
@@ -130,12 +131,18 @@ def autodiff_normalization() -> Iterator[None]:
         _CLOSED_FORM.pop()
 
 
+def custom_backwards() -> bool:
+    """False while a function is traced inside `autodiff_normalization()`: the layers with a
+    hand-written backward (the norms, the MLM decoder) then trace as plain ops."""
+    return _CLOSED_FORM[-1]
+
+
 def _plain_standardize(x: Array, eps: float, center: bool) -> Array:
     return _standardize_fwd(x, eps, center)[0]
 
 
 def _normalizer():
-    return _standardize if _CLOSED_FORM[-1] else _plain_standardize
+    return _standardize if custom_backwards() else _plain_standardize
 
 
 def normalize(x: Array, eps: float) -> Array:
