@@ -3,13 +3,13 @@
   # H100 / H200 / A100: BERT-base, batch 256 x 128, bf16, a fixed device batch
   python bench/bench_accel.py --size=base --batch=256 --steps=50 --out=/tmp/accel.json
   python bench/bench_accel.py --size=base --batch=256 --attention=cudnn \\
-      --config.dropout_rng=unsafe_rbg                  # cuDNN attention (no attention dropout)
+      --config.model.attention_dropout=0               # cuDNN attention (no attention dropout)
   python bench/bench_accel.py --size=base --batch=256 --feed=both --profile_dir=/tmp/trace
   # TPU (device kind "TPU v5 lite" = v5e, 197 TFLOP/s): the same commands, e.g. --batch=128
   # several configs side by side in one process (compiled in parallel, steps alternating)
-  python bench/bench_accel.py --size=base --batch=256 --steps=30 \
-      --arm=shipped:model.attention_impl=xla,dropout_rng=threefry \
-      --arm=default --profile_arm=default --profile_dir=/tmp/trace
+  python bench/bench_accel.py --size=base --batch=256 --steps=30 \\
+      --arm=default --arm=rbg:dropout_rng=rbg --arm=cudnn_nodrop:model.attention_dropout=0 \\
+      --profile_arm=default --profile_dir=/tmp/trace
   # CPU: a measured matmul peak; pin one core (two-thread timings here are bimodal)
   taskset -c 0 python bench/bench_accel.py --size=mini --batch=32 --dtype=f32 --feed=both \\
       --steps=30 --warmup=3 --out=/tmp/accel_cpu.json
