@@ -212,9 +212,7 @@ def compile_step(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> tuple[Any, Any, f
     pieces = steps.init_state(cfg, mesh)
     train, _ = steps.jit_steps(cfg, mesh, pieces)
     with sharding.use_mesh(mesh):
-        compiled = train.lower(
-            pieces.state, pieces.rest, steps.abstract_batch(cfg.data, mesh)
-        ).compile()
+        compiled = train.lower(pieces.state, pieces.rest, steps.abstract_batch(cfg, mesh)).compile()
     return pieces, compiled, time.perf_counter() - start
 
 

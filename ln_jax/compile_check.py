@@ -78,7 +78,7 @@ def lower_train_step(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> tuple[Any, di
     constraints apply (outside a mesh context they are no-ops).
     """
     pieces = steps.abstract_state(cfg, mesh)
-    batch = steps.abstract_batch(cfg.data, mesh)
+    batch = steps.abstract_batch(cfg, mesh)
     train, _ = steps.jit_steps(cfg, mesh, pieces)
     with sharding.use_mesh(mesh):
         lowered = train.lower(pieces.state, pieces.rest, batch)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.optim import OptimConfig
+from ln_jax.task import factory as task_factory
 from ln_jax.validate import ConfigError, check_choice, closest, reject_unknown_keys
 
 __all__ = [
@@ -545,6 +546,8 @@ class TrainConfig:
 
     Attributes:
       name: config name and variant (e.g. "bert_preln_mini"); names the default workdir.
+      task: the model family and objective (`ln_jax.task`): "bert_pretraining", or a
+        "module:attribute" Task class defined outside ln_jax.
       seed: seed of the parameters and of dropout (the data has its own, data.seed).
       total_steps: optimizer updates.
       eval_every / checkpoint_every / log_every: intervals in steps (0 = only at the end).
@@ -561,6 +564,7 @@ class TrainConfig:
     """
 
     name: str = "run"
+    task: str = "bert_pretraining"
     seed: int = 0
     total_steps: int = 100
     eval_every: int = 0
@@ -585,6 +589,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("nan_policy", self.nan_policy, ("stop", "skip"))
+        task_factory(self.task)  # an unknown or unimportable task is an error here
         check_choice("dropout_rng", self.dropout_rng, (*RNG_IMPLS, AUTO))
         if self.dropout_rng == AUTO:
             object.__setattr__(self, "dropout_rng", auto_dropout_rng(platform()))

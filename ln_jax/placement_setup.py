@@ -31,13 +31,15 @@ def setup_placements(
     """Runs the set-up hook of every placement `model` uses; returns the placements set up.
 
     Args:
-      model: a fresh `BertForPreTraining` (inside the mesh context if it is sharded).
+      model: a freshly initialised model (inside the mesh context if it is sharded) whose
+        `cfg` attribute is its ModelConfig; a model without one has nothing to set up.
       peek_batch: returns one training batch without consuming it.
       key: the dropout key of a training-mode forward pass (None = deterministic).
       workdir: the run's folder, where a hook keeps what a resumed run must reuse; None keeps
         nothing.
     """
-    names = sorted(set(model.cfg.layer_placements) & set(SETUP_HOOKS))
+    cfg = getattr(model, "cfg", None)  # a model exposes its ModelConfig as `cfg` (BERT does)
+    names = sorted(set(getattr(cfg, "layer_placements", ())) & set(SETUP_HOOKS))
     for name in names:
         SETUP_HOOKS[name](model, peek_batch, key, workdir)
     return names

@@ -53,6 +53,9 @@ SAFE_FIELDS = frozenset(
         "monitor.keep_checkpoint",
     }
 )
+# Fields added after runs were recorded, with the value those runs had: a config.json without
+# the field matches a config that has this value.
+ADDED_FIELDS: dict[str, Any] = {"task": "bert_pretraining"}
 # Safe too, but they move the learning-rate schedule: the change is shown before it is taken.
 SCHEDULE_FIELDS = frozenset({"total_steps", "optim.total_steps"})
 
@@ -100,6 +103,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     """The fields whose values differ (a field only one side has counts as a change)."""
     a, b = flatten(old), flatten(new)
+    a = {**{k: v for k, v in ADDED_FIELDS.items() if k not in a}, **a}
     missing = object()
     changes = [Change(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))]
     return [c for c in changes if c.old != c.new]

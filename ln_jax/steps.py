@@ -2,7 +2,8 @@
 
 The trainer, the ahead-of-time check (`compile_check`), automatic accumulation
 (`accumulation`), the benchmarks and the analyses all build their state and steps here, so an
-estimate or a measurement can never drift from what a run really does:
+estimate or a measurement can never drift from what a run really does. The model family and
+its loss come from the config's task (`ln_jax.task`): nothing here names one.
 
   pieces = init_state(cfg, mesh)        # parameters and optimizer state, created in shards
   pieces = abstract_state(cfg, mesh)    # the same tree as ShapeDtypeStructs, same shardings
@@ -30,9 +31,9 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import monitor, optim, sharding
-from ln_jax.bert import BertForPreTraining, create_model, pretraining_loss
+from ln_jax import optim, sharding
 from ln_jax.config import RNG_IMPLS, TrainConfig
+from ln_jax.task import Task, make_task
 from ln_jax.validate import ConfigError
 
 Batch = dict[str, jax.Array]
@@ -89,7 +90,20 @@ def _optimizer_and_shardings(cfg: TrainConfig, params: Any, mesh: jax.sharding.M
 
 def init_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
     """The run's parameters and optimizer state, each created directly in its shards."""
-    return model_state(create_model(cfg.model, seed=cfg.seed, mesh=mesh), cfg, mesh)
+    return model_state(create_model(make_task(cfg), mesh), cfg, mesh)
+
+
+def create_model(task: Task, mesh: jax.sharding.Mesh | None = None) -> nnx.Module:
+    """The task's model with `task.cfg.seed`'s parameters, created in its shards under `mesh`
+    (its initialisers compiled once per task, model config and mesh)."""
+    cfg = task.cfg
+    return sharding.create_seeded(
+        task.build,
+        cfg.seed,
+        cache_key=(task.name, cfg.model),
+        mesh=mesh,
+        rules=sharding.DEFAULT_RULES,
+    )
 
 
 def model_state(model: nnx.Module, cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
@@ -113,7 +127,8 @@ def model_state(model: nnx.Module, cfg: TrainConfig, mesh: jax.sharding.Mesh) ->
 def abstract_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
     """`init_state`'s tree as ShapeDtypeStructs carrying the same NamedShardings; nothing is
     allocated, so a BERT-large state for 256 devices is built on a laptop."""
-    build = lambda: BertForPreTraining(cfg.model, rngs=nnx.Rngs(params=cfg.seed))
+    task = make_task(cfg)
+    build = lambda: task.build(nnx.Rngs(params=cfg.seed))
     graphdef, abstract = sharding.abstract_sharded(build, mesh)
     graphdef, params, rest = nnx.split(nnx.merge(graphdef, abstract), nnx.Param, ...)
     tx, opt_sh = _optimizer_and_shardings(cfg, params, mesh)
@@ -133,57 +148,35 @@ def abstract_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
     return TrainState(graphdef, rest, state, tx)
 
 
-def abstract_batch(data_cfg: Any, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """The shapes, dtypes and shardings of one global batch (no data is read).
+def abstract_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes, dtypes and shardings of one global batch of the config's task (no data is
+    read; every array split over data x fsdp).
 
     Raises:
-      ValueError: if the global batch does not divide over the data x fsdp devices.
+      ConfigError: if the global batch does not divide over the data x fsdp devices.
     """
-    b, t, p = data_cfg.global_batch_size, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
+    b = cfg.data.global_batch_size
     divisor = sharding.batch_divisor(mesh)
     if b % divisor:
         raise ConfigError(
             f"data.global_batch_size={b} is not divisible by the data x fsdp device count "
             f"{divisor} of mesh {dict(mesh.shape)}."
         )
-    sh = sharding.batch_sharding(mesh)
-    spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
-    return {
-        "input_ids": spec((b, t)),
-        "segment_ids": spec((b, t)),
-        "attention_mask": spec((b, t)),
-        "masked_positions": spec((b, p)),
-        "masked_ids": spec((b, p)),
-        "masked_weights": spec((b, p), jnp.float32),
-        "nsp_label": spec((b,)),
-    }
+    return make_task(cfg).abstract_batch(mesh)
 
 
 # --------------------------------------------------------------------------- steps
 
 
-def _forward(
-    graphdef, params, rest, batch: Batch, key, use_nsp: bool, *denominators, measure: int = 0
-):
+def _forward(graphdef, params, rest, batch: Batch, key, task: Task, normalizers, measure=0):
     """(loss, metrics) of one (micro-)batch; with `measure` > 0, metrics["monitor"] holds the
-    activation measures of `ln_jax.monitor.forward_stats`, divided by `measure` (the number of
-    micro-batches, so that their sum is the mean)."""
+    task's activation measures divided by `measure` (the number of micro-batches, so that
+    their sum is the mean)."""
     model = nnx.merge(graphdef, params, rest)
-    outputs = model(
-        batch["input_ids"],
-        batch["segment_ids"],
-        batch["attention_mask"],
-        batch["masked_positions"],
-        dropout_key=key,
-        record=bool(measure),
-    )
-    loss, metrics = pretraining_loss(outputs, batch, use_nsp, *denominators)
-    if not measure:
-        return loss, metrics
-    rec = outputs["intermediates"]
-    hidden = rec.get("final_norm_out", rec["ffn/output"][-1])  # what the heads read
-    stats = monitor.forward_stats(rec, hidden, params, batch["attention_mask"], model.cfg)
-    metrics["monitor"] = jax.tree.map(lambda x: x / measure, stats)
+    loss, metrics, outputs = task.loss(model, batch, key, normalizers, record=bool(measure))
+    if measure:
+        stats = task.forward_measures(model, outputs, batch)
+        metrics["monitor"] = jax.tree.map(lambda x: jax.lax.stop_gradient(x) / measure, stats)
     return loss, metrics
 
 
@@ -200,34 +193,31 @@ def _micro_batches(batch: Batch, accum: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def _grads(graphdef, params, rest, batch, key, cfg: TrainConfig, measure=False, forward=None):
+def _grads(graphdef, params, rest, batch, key, cfg, task, measure=False, forward=None):
     """Loss metrics and gradients of the whole batch, summed over `grad_accum_steps`
-    micro-batches (with `measure`, metrics["monitor"]: `_forward`'s activation measures).
+    micro-batches (with `measure`, metrics["monitor"]: the task's activation measures).
     A `forward(graphdef, params, rest, batch, key) -> (loss, metrics)` of another task
-    (fine-tuning) replaces pretraining's loss; it takes the batch whole (no accumulation).
+    (fine-tuning) replaces the task's loss; it takes the batch whole (no accumulation).
 
-    Each micro-batch's MLM loss is divided by the whole batch's masked-token weight (and NSP by
-    the whole batch's sequences), so the sum over micro-batches is the big batch's loss: a
-    micro-batch with fewer masked tokens weighs exactly as much as its tokens.
+    Every micro-batch's loss divides by the whole batch's normalizers (`Task.normalizers`:
+    e.g. the masked-token weight), so the sum over micro-batches is the big batch's loss: a
+    micro-batch with fewer tokens weighs exactly as much as its tokens.
     """
     if forward is not None:
         grad_fn = jax.value_and_grad(forward, argnums=1, has_aux=True)
         (_, metrics), grads = grad_fn(graphdef, params, rest, batch, key)
         return metrics, grads
-    use_nsp = cfg.data.nsp and cfg.model.nsp_head
     accum = cfg.grad_accum_steps
-    forward = functools.partial(_forward, measure=accum if measure else 0)
+    normalizers = task.normalizers(batch)
+    forward = functools.partial(_forward, task=task, measure=accum if measure else 0)
     grad_fn = jax.value_and_grad(forward, argnums=1, has_aux=True)
     if accum == 1:
-        (_, metrics), grads = grad_fn(graphdef, params, rest, batch, key, use_nsp)
+        (_, metrics), grads = grad_fn(graphdef, params, rest, batch, key, normalizers=normalizers)
         return metrics, grads
-    mlm_weight = jnp.maximum(batch["masked_weights"].astype(jnp.float32).sum(), 1.0)
-    num_sequences = batch["input_ids"].shape[0]
 
     def one(micro, index):
         micro_key = jax.random.fold_in(key, index)
-        args = (graphdef, params, rest, micro, micro_key, use_nsp, mlm_weight, num_sequences)
-        (_, m), g = grad_fn(*args)
+        (_, m), g = grad_fn(graphdef, params, rest, micro, micro_key, normalizers=normalizers)
         return m, g
 
     def body(carry, xs):
@@ -264,10 +254,13 @@ def make_train_step(
     stay this step's.
     """
 
+    task = make_task(cfg)
+
     def step_fn(state: State, rest, batch: Batch):
         step = state["step"]
         key = dropout_key(cfg, step)
-        metrics, grads = _grads(graphdef, state["params"], rest, batch, key, cfg, measure, forward)
+        args = (graphdef, state["params"], rest, batch, key, cfg, task, measure, forward)
+        metrics, grads = _grads(*args)
         grad_norm = optim.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -285,33 +278,19 @@ def make_train_step(
         }
         metrics.update(grad_norm=grad_norm, learning_rate=schedule(step), finite=finite)
         if measure:
-            stats = monitor.parameter_stats(grads, updates, state["params"], cfg.model)
-            metrics["monitor"] = {**metrics["monitor"], **stats}
+            stats = task.parameter_measures(grads, updates, state["params"])
+            metrics["monitor"] = {**metrics["monitor"], **jax.lax.stop_gradient(stats)}
         return new_state, metrics
 
     return step_fn
 
 
 def make_eval_step(graphdef, cfg: TrainConfig) -> Callable:
-    """(params, rest, batch) -> summed metrics of one batch (weights for exact averages)."""
-    use_nsp = cfg.data.nsp and cfg.model.nsp_head
+    """(params, rest, batch) -> the task's summed metrics of one batch (for exact averages)."""
+    task = make_task(cfg)
 
     def eval_fn(params, rest, batch: Batch):
-        _, metrics = _forward(graphdef, params, rest, batch, None, use_nsp)
-        n_pred = jnp.maximum(batch["masked_weights"].sum(), 1.0)
-        n_seq = batch["input_ids"].shape[0]
-        sums = {
-            "mlm_loss": metrics["mlm_loss"] * n_pred,
-            "mlm_accuracy": metrics["mlm_accuracy"] * n_pred,
-            "n_pred": n_pred,
-        }
-        if use_nsp:
-            sums.update(
-                nsp_loss=metrics["nsp_loss"] * n_seq,
-                nsp_accuracy=metrics["nsp_accuracy"] * n_seq,
-                n_seq=n_seq * 1.0,
-            )
-        return sums
+        return task.eval_sums(nnx.merge(graphdef, params, rest), batch)
 
     return eval_fn
 

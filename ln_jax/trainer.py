@@ -20,11 +20,11 @@ from flax import nnx
 from ln_jax import accumulation, monitor, optim, paths, run_identity, sharding, steps
 from ln_jax.checkpoint import Checkpointer, CheckpointError
 from ln_jax.config import TrainConfig
-from ln_jax.data import make_pipeline
 from ln_jax.early_warning import EarlyWarning
 from ln_jax.metrics import METRICS_FILE, MetricsWriter, Progress, read_records
 from ln_jax.placement_setup import setup_placements
 from ln_jax.preemption import Preemption
+from ln_jax.task import Task, make_task
 from ln_jax.validate import ConfigError
 
 __all__ = [
@@ -63,6 +63,7 @@ class Run:
     schedule: Callable
     train_iter: Any
     eval_batches: Any
+    task: Task
     monitor_step: Callable | None = None  # the train step with measurements (None = off)
 
 
@@ -81,19 +82,12 @@ def setup(cfg: TrainConfig) -> Run:
     with `grad_accum_steps=0` the accumulation is chosen here (`ln_jax.accumulation`)."""
     _check_device(cfg)
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    train_iter, tokenizer = make_pipeline(cfg.data, split="train", seed=cfg.data.seed, mesh=mesh)
-    if tokenizer.vocab_size != cfg.model.vocab_size:
-        raise ConfigError(
-            f"the tokenizer has {tokenizer.vocab_size} pieces but model.vocab_size="
-            f"{cfg.model.vocab_size}; set them equal (data.vocab_size sets both)."
-        )
-    eval_batches, _ = make_pipeline(
-        cfg.data, split="eval", seed=cfg.data.seed, mesh=mesh, num_batches=cfg.eval_batches
-    )
+    task = make_task(cfg)
+    train_iter, eval_batches = task.pipelines(mesh)
     pieces = steps.init_state(cfg, mesh)
     if cfg.grad_accum_steps == 0:
         probe, _ = steps.jit_steps(dataclasses.replace(cfg, grad_accum_steps=1), mesh, pieces)
-        args = (pieces.state, pieces.rest, steps.abstract_batch(cfg.data, mesh))
+        args = (pieces.state, pieces.rest, steps.abstract_batch(cfg, mesh))
         accum = accumulation.auto_accumulation(probe, args, cfg.data, mesh)
         cfg = dataclasses.replace(cfg, grad_accum_steps=accum)
     train, evaluate = steps.jit_steps(cfg, mesh, pieces)
@@ -109,6 +103,7 @@ def setup(cfg: TrainConfig) -> Run:
         optim.make_schedule(cfg.optim),
         train_iter,
         eval_batches,
+        task,
         measured and steps.in_mesh(measured, mesh),
     )
 
@@ -117,17 +112,13 @@ def setup(cfg: TrainConfig) -> Run:
 
 
 def evaluate(run: Run) -> dict[str, float]:
-    """Averages the eval metrics over the validation batches (exact, weighted)."""
+    """The task's averages of the eval metrics over the validation batches (exact sums)."""
     totals: dict[str, float] = {}
     for batch in run.eval_batches:
         sums = jax.device_get(run.eval_step(run.state["params"], run.rest, batch))
         for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
-    out = {k: totals[k] / totals["n_pred"] for k in ("mlm_loss", "mlm_accuracy")}
-    if "n_seq" in totals:
-        out.update({k: totals[k] / totals["n_seq"] for k in ("nsp_loss", "nsp_accuracy")})
-    out["loss"] = out["mlm_loss"] + out.get("nsp_loss", 0.0)
-    return out
+    return run.task.eval_metrics(totals)
 
 
 def _check_finite(run: Run, ckpt: Checkpointer) -> None:

@@ -18,6 +18,7 @@ from ln_jax.analysis import training
 from ln_jax.config import MonitorConfig
 from ln_jax.data import make_pipeline
 from ln_jax.early_warning import EarlyWarning
+from ln_jax.task import make_task
 from tests.test_trainer import read_metrics, tiny_config
 
 pytest_plugins = ("tests.data_fixtures",)
@@ -134,9 +135,10 @@ def test_sublayer_grad_norms_equal_a_separate_grad(data_dir, monitored_run):
     batches, _ = make_pipeline(cfg.data, split="train", seed=cfg.data.seed, mesh=mesh)
     batch = next(batches)
     batches.close()
-    use_nsp = cfg.data.nsp and cfg.model.nsp_head
+    task = make_task(cfg)
+    normalizers = task.normalizers(batch)
     loss = lambda p: steps._forward(
-        pieces.graphdef, p, pieces.rest, batch, steps.dropout_key(cfg, 0), use_nsp
+        pieces.graphdef, p, pieces.rest, batch, steps.dropout_key(cfg, 0), task, normalizers
     )[0]
     with sharding.use_mesh(mesh):
         grads = jax.jit(jax.grad(loss))(pieces.state["params"])

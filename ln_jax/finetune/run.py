@@ -218,7 +218,7 @@ def _make_run(ctx: Context, cell: Cell, seed: int, workdir: str) -> Run:
             "examples; lower batch_sizes."
         )
     tcfg = train_config(ctx.cfg, cell, seed, ctx.pretrained.model, per_epoch)
-    steps.abstract_batch(tcfg.data, ctx.mesh)  # a batch that does not divide: ConfigError
+    steps.abstract_batch(tcfg, ctx.mesh)  # a batch that does not divide: ConfigError
     pieces = steps.model_state(build_classifier(ctx, seed), tcfg, ctx.mesh)
     forward = model_lib.classification_forward(ctx.task.regression)
     train_step = steps.jit_train_step(tcfg, ctx.mesh, pieces, forward=forward)

@@ -1,0 +1,135 @@
+"""BERT pretraining (masked LM + next-sentence prediction) as a `ln_jax.task.Task`.
+
+Everything the trainer knows of BERT pretraining goes through this class: the model, the
+batch's keys, the MLM/NSP loss with its token-weighted denominators, the evaluation sums, the
+data pipelines and the monitor's measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ln_jax import monitor, sharding
+from ln_jax.bert import BertForPreTraining, pretraining_loss
+from ln_jax.validate import ConfigError
+
+Array = jax.Array
+Batch = dict[str, Array]
+
+
+class BertPretraining:
+    """The task of `configs/bert_preln.py` and `configs/bert_postln.py`.
+
+    Batch keys ([batch, length] / [batch, P] / [batch] int32, weights float32): input_ids,
+    segment_ids, attention_mask, masked_positions, masked_ids, masked_weights, nsp_label.
+    """
+
+    name = "bert_pretraining"
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.use_nsp = bool(cfg.data.nsp and cfg.model.nsp_head)
+
+    def build(self, rngs: Any) -> BertForPreTraining:
+        return BertForPreTraining(self.cfg.model, rngs=rngs)
+
+    def abstract_batch(self, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+        d = self.cfg.data
+        b, t, p = d.global_batch_size, d.max_seq_length, d.max_predictions_per_seq
+        sh = sharding.batch_sharding(mesh)
+        spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+        return {
+            "input_ids": spec((b, t)),
+            "segment_ids": spec((b, t)),
+            "attention_mask": spec((b, t)),
+            "masked_positions": spec((b, p)),
+            "masked_ids": spec((b, p)),
+            "masked_weights": spec((b, p), jnp.float32),
+            "nsp_label": spec((b,)),
+        }
+
+    def normalizers(self, batch: Batch) -> dict[str, Array]:
+        """The MLM loss divides by the batch's masked-token weight, NSP by its sequences."""
+        weight = jnp.maximum(batch["masked_weights"].astype(jnp.float32).sum(), 1.0)
+        return {"mlm_weight": weight, "num_sequences": batch["input_ids"].shape[0]}
+
+    def loss(
+        self,
+        model: BertForPreTraining,
+        batch: Batch,
+        key: Array | None,
+        normalizers: Mapping[str, Array],
+        record: bool = False,
+    ) -> tuple[Array, dict[str, Array], dict]:
+        outputs = self._outputs(model, batch, key, record)
+        loss, metrics = pretraining_loss(
+            outputs, batch, self.use_nsp, normalizers["mlm_weight"], normalizers["num_sequences"]
+        )
+        return loss, metrics, outputs
+
+    def eval_sums(self, model: BertForPreTraining, batch: Batch) -> dict[str, Array]:
+        _, metrics = pretraining_loss(self._outputs(model, batch, None, False), batch, self.use_nsp)
+        n_pred = jnp.maximum(batch["masked_weights"].sum(), 1.0)
+        n_seq = batch["input_ids"].shape[0]
+        sums = {
+            "mlm_loss": metrics["mlm_loss"] * n_pred,
+            "mlm_accuracy": metrics["mlm_accuracy"] * n_pred,
+            "n_pred": n_pred,
+        }
+        if self.use_nsp:
+            sums.update(
+                nsp_loss=metrics["nsp_loss"] * n_seq,
+                nsp_accuracy=metrics["nsp_accuracy"] * n_seq,
+                n_seq=n_seq * 1.0,
+            )
+        return sums
+
+    def eval_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
+        out = {k: totals[k] / totals["n_pred"] for k in ("mlm_loss", "mlm_accuracy")}
+        if "n_seq" in totals:
+            out.update({k: totals[k] / totals["n_seq"] for k in ("nsp_loss", "nsp_accuracy")})
+        out["loss"] = out["mlm_loss"] + out.get("nsp_loss", 0.0)
+        return out
+
+    def pipelines(self, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
+        from ln_jax.data import make_pipeline
+
+        cfg = self.cfg
+        train_iter, tokenizer = make_pipeline(
+            cfg.data, split="train", seed=cfg.data.seed, mesh=mesh
+        )
+        if tokenizer.vocab_size != cfg.model.vocab_size:
+            train_iter.close()
+            raise ConfigError(
+                f"the tokenizer has {tokenizer.vocab_size} pieces but model.vocab_size="
+                f"{cfg.model.vocab_size}; set them equal (data.vocab_size sets both)."
+            )
+        eval_batches, _ = make_pipeline(
+            cfg.data, split="eval", seed=cfg.data.seed, mesh=mesh, num_batches=cfg.eval_batches
+        )
+        return train_iter, eval_batches
+
+    def forward_measures(self, model: BertForPreTraining, outputs: dict, batch: Batch) -> dict:
+        from flax import nnx
+
+        rec = outputs["intermediates"]
+        hidden = rec.get("final_norm_out", rec["ffn/output"][-1])  # what the heads read
+        params = nnx.state(model, nnx.Param)
+        return monitor.forward_stats(rec, hidden, params, batch["attention_mask"], model.cfg)
+
+    def parameter_measures(self, grads: Any, updates: Any, params: Any) -> dict:
+        return monitor.parameter_stats(grads, updates, params, self.cfg.model)
+
+    def _outputs(self, model, batch: Batch, key: Array | None, record: bool) -> dict:
+        return model(
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["attention_mask"],
+            batch["masked_positions"],
+            dropout_key=key,
+            record=record,
+        )

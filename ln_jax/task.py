@@ -1,0 +1,134 @@
+"""The task boundary: what the one trainer needs to know of a model family and its objective.
+
+`ln_jax.steps`, `ln_jax.trainer`, `ln_jax.compile_check`, accumulation and the benchmarks work
+through a `Task` and import no model family. `TrainConfig.task` names it: a name of `TASKS`
+(BERT pretraining is "bert_pretraining") or any importable "module:attribute", a Task class
+(or factory) that `make_task` calls with the TrainConfig. So a family defined outside ln_jax (a
+test file, a user's package) trains on the same trainer, steps, accumulation, checkpoints and
+monitor with no change to ln_jax:
+
+    class MyTask:                      # satisfies `Task`; see ln_jax/bert_pretraining.py
+        name = "my_task"
+        def __init__(self, cfg): self.cfg = cfg
+        def build(self, rngs): ...
+        ...
+    python train.py --config=my_config.py --config.task=my_package.tasks:MyTask
+
+A batch is a dict of global arrays whose leading axis is the example axis (split over the data
+and fsdp devices, and into micro-batches under accumulation).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+Array = jax.Array
+Batch = dict[str, Array]
+
+# name -> "module:attribute" of the tasks ln_jax ships (imported on first use)
+TASKS: dict[str, str] = {"bert_pretraining": "ln_jax.bert_pretraining:BertPretraining"}
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A model family and its training objective, for one TrainConfig.
+
+    Attributes:
+      name: the task's name (in logs, errors and the compiled-initialiser cache key).
+      cfg: the TrainConfig it was made for.
+    """
+
+    name: str
+    cfg: Any
+
+    def build(self, rngs: Any) -> Any:
+        """The model of `cfg` as an nnx.Module, parameters from `rngs` (called under
+        `jax.eval_shape` for abstract shapes and inside the mesh for sharded creation).
+        Equal configs must build equal structures."""
+
+    def abstract_batch(self, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shapes, dtypes and shardings (`sharding.batch_sharding(mesh)`) of one global
+        training batch."""
+
+    def normalizers(self, batch: Batch) -> dict[str, Array]:
+        """The whole batch's loss denominators (token weights, sequence counts): under
+        gradient accumulation every micro-batch divides by these, so the micro-batch losses
+        add up to the whole batch's loss exactly."""
+
+    def loss(
+        self,
+        model: Any,
+        batch: Batch,
+        key: Array | None,
+        normalizers: Mapping[str, Array],
+        record: bool = False,
+    ) -> tuple[Array, dict[str, Array], Any]:
+        """(loss, metrics, outputs) of one (micro-)batch: metrics are scalars (a "loss"
+        among them) normalised by `normalizers`; `outputs` is what `forward_measures` reads
+        (with `record`: the intermediates it needs). `key` is the step's dropout key (None =
+        deterministic)."""
+
+    def eval_sums(self, model: Any, batch: Batch) -> dict[str, Array]:
+        """Summed metrics of one evaluation batch and their counts (exact averages)."""
+
+    def eval_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
+        """The evaluation's averages (a "loss" among them) from the sums of every batch."""
+
+    def pipelines(self, mesh: Any) -> tuple[Iterator[Batch], Iterable[Batch]]:
+        """(training iterator with get_state/set_state/close, evaluation batches)."""
+
+    def forward_measures(self, model: Any, outputs: Any, batch: Batch) -> dict[str, Array]:
+        """Per-layer activation measures of a training forward pass (`ln_jax.monitor`); {}
+        if the family measures none. Called on measured steps only."""
+
+    def parameter_measures(self, grads: Any, updates: Any, params: Any) -> dict[str, Array]:
+        """Per-layer gradient / update measures of a step (trees like the parameters); {} if
+        none."""
+
+
+def make_task(cfg: Any) -> Task:
+    """The Task of `cfg.task` made for `cfg` (a TrainConfig).
+
+    Raises:
+      ValueError: naming the known tasks, what could not be imported, or what a non-Task
+        lacks.
+    """
+    task = factory(cfg.task)(cfg)
+    missing = [name for name in _REQUIRED if not hasattr(task, name)]
+    if missing:
+        raise ValueError(f"task {cfg.task!r} is not a Task: it lacks {', '.join(missing)}.")
+    return task
+
+
+def factory(name: str) -> Callable[[Any], Task]:
+    """The class (or factory) that `name` (a `TASKS` name or "module:attribute") names."""
+    target = TASKS.get(name, name)
+    module_name, sep, attribute = target.partition(":")
+    if not sep:
+        raise ValueError(
+            f"unknown task {name!r}: give one of {', '.join(TASKS)} or 'module:attribute' of "
+            "a Task class (ln_jax/task.py)."
+        )
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"task {name!r}: cannot import {target!r} ({err}).") from None
+
+
+_REQUIRED = (
+    "name",
+    "cfg",
+    "build",
+    "abstract_batch",
+    "normalizers",
+    "loss",
+    "eval_sums",
+    "eval_metrics",
+    "pipelines",
+    "forward_measures",
+    "parameter_measures",
+)
