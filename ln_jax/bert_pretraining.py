@@ -7,7 +7,7 @@ data pipelines and the monitor's measurements.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -71,7 +71,8 @@ class BertPretraining:
         )
         return loss, metrics, outputs
 
-    def eval_sums(self, model: BertForPreTraining, batch: Batch) -> dict[str, Array]:
+    def eval_batch(self, model: BertForPreTraining, batch: Batch) -> dict[str, Array]:
+        """The batch's summed losses and accuracies with their counts."""
         _, metrics = pretraining_loss(self._outputs(model, batch, None, False), batch, self.use_nsp)
         n_pred = jnp.maximum(batch["masked_weights"].sum(), 1.0)
         n_seq = batch["input_ids"].shape[0]
@@ -88,7 +89,9 @@ class BertPretraining:
             )
         return sums
 
-    def eval_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
+    def eval_metrics(self, outputs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """Exact averages over every batch: sums over counts."""
+        totals = {k: sum(float(o[k]) for o in outputs) for k in outputs[0]}
         out = {k: totals[k] / totals["n_pred"] for k in ("mlm_loss", "mlm_accuracy")}
         if "n_seq" in totals:
             out.update({k: totals[k] / totals["n_seq"] for k in ("nsp_loss", "nsp_accuracy")})

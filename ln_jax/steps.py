@@ -9,7 +9,7 @@ its loss come from the config's task (`ln_jax.task`): nothing here names one.
   pieces = abstract_state(cfg, mesh)    # the same tree as ShapeDtypeStructs, same shardings
   train, evaluate = jit_steps(cfg, mesh, pieces)   # jitted with those shardings, state donated
 
-`train(state, rest, batch) -> (state, metrics)` and `evaluate(params, rest, batch) -> sums`
+`train(state, rest, batch) -> (state, metrics)` and `evaluate(params, rest, batch) -> output`
 take the global batch of `abstract_batch` (every array split over data x fsdp); call or lower
 them inside `sharding.use_mesh(mesh)` (`in_mesh` wraps a step so), where the model's activation
 sharding constraints apply.
@@ -286,11 +286,11 @@ def make_train_step(
 
 
 def make_eval_step(graphdef, cfg: TrainConfig) -> Callable:
-    """(params, rest, batch) -> the task's summed metrics of one batch (for exact averages)."""
+    """(params, rest, batch) -> the task's evaluation output of one batch (`Task.eval_batch`)."""
     task = make_task(cfg)
 
     def eval_fn(params, rest, batch: Batch):
-        return task.eval_sums(nnx.merge(graphdef, params, rest), batch)
+        return task.eval_batch(nnx.merge(graphdef, params, rest), batch)
 
     return eval_fn
 

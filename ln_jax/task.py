@@ -21,10 +21,11 @@ and fsdp devices, and into micro-batches under accumulation).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+import numpy as np
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -72,11 +73,13 @@ class Task(Protocol):
         (with `record`: the intermediates it needs). `key` is the step's dropout key (None =
         deterministic)."""
 
-    def eval_sums(self, model: Any, batch: Batch) -> dict[str, Array]:
-        """Summed metrics of one evaluation batch and their counts (exact averages)."""
+    def eval_batch(self, model: Any, batch: Batch) -> dict[str, Array]:
+        """What one evaluation batch contributes (jitted; fetched to the host): e.g. summed
+        losses and their counts, or the batch's predictions."""
 
-    def eval_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
-        """The evaluation's averages (a "loss" among them) from the sums of every batch."""
+    def eval_metrics(self, outputs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+        """The evaluation's metrics (a "loss" among them) from every batch's `eval_batch`
+        output, in order: sums reduce to exact averages, predictions to any score."""
 
     def pipelines(self, mesh: Any) -> tuple[Iterator[Batch], Iterable[Batch]]:
         """(training iterator with get_state/set_state/close, evaluation batches)."""
@@ -126,7 +129,7 @@ _REQUIRED = (
     "abstract_batch",
     "normalizers",
     "loss",
-    "eval_sums",
+    "eval_batch",
     "eval_metrics",
     "pipelines",
     "forward_measures",

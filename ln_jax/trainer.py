@@ -112,13 +112,10 @@ def setup(cfg: TrainConfig) -> Run:
 
 
 def evaluate(run: Run) -> dict[str, float]:
-    """The task's averages of the eval metrics over the validation batches (exact sums)."""
-    totals: dict[str, float] = {}
-    for batch in run.eval_batches:
-        sums = jax.device_get(run.eval_step(run.state["params"], run.rest, batch))
-        for k, v in sums.items():
-            totals[k] = totals.get(k, 0.0) + float(v)
-    return run.task.eval_metrics(totals)
+    """The task's metrics over the validation batches (`Task.eval_metrics`)."""
+    params = run.state["params"]
+    outputs = [jax.device_get(run.eval_step(params, run.rest, b)) for b in run.eval_batches]
+    return run.task.eval_metrics(outputs)
 
 
 def _check_finite(run: Run, ckpt: Checkpointer) -> None:

@@ -96,6 +96,7 @@ def test_a_family_defined_in_a_test_file_trains_measures_and_evaluates(toy_runs)
     assert train[-1]["mse"] < 0.7 * train[0]["mse"], train  # it learns (0.172 -> 0.095)
     evals = [r for r in recs if r["split"] == "eval"]
     assert [r["step"] for r in evals] == [4, 8] and evals[1]["mse"] < evals[0]["mse"]
+    assert evals[1]["correlation"] > evals[0]["correlation"] > 0  # reduced by the task itself
     measured = [r for r in recs if r["split"] == "monitor"]
     assert {r["step"] for r in measured} >= {1, 2, 4, 8}
     for r in measured:  # its own measures, named per layer by the generic monitor

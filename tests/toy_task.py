@@ -105,16 +105,17 @@ class ToyRegression:
         loss = sse / normalizers["weight"]
         return loss, {"loss": loss, "mse": loss}, records
 
-    def eval_sums(self, model: ToyNet, batch: dict) -> dict[str, jax.Array]:
+    def eval_batch(self, model: ToyNet, batch: dict) -> dict[str, jax.Array]:
+        """The batch's predictions, targets and weights (reduced on the host)."""
         pred, _ = model(batch["x"])
-        return {
-            "sse": (batch["weight"] * jnp.square(pred - batch["y"])).sum(),
-            "weight": batch["weight"].sum(),
-        }
+        return {"pred": pred, "y": batch["y"], "weight": batch["weight"]}
 
-    def eval_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
-        mse = totals["sse"] / totals["weight"]
-        return {"loss": mse, "mse": mse}
+    def eval_metrics(self, outputs: list) -> dict[str, float]:
+        """Weighted MSE and the weighted correlation of predictions and targets."""
+        pred, y, w = (np.concatenate([o[k] for o in outputs]) for k in ("pred", "y", "weight"))
+        mse = float((w * np.square(pred - y)).sum() / w.sum())
+        corr = float(np.corrcoef(pred[w > 0], y[w > 0])[0, 1])
+        return {"loss": mse, "mse": mse, "correlation": corr}
 
     def pipelines(self, mesh: Any) -> tuple[ToyData, list]:
         evaluation = ToyData(self.cfg, mesh, seed=10_000 + self.cfg.data.seed)
