@@ -62,7 +62,7 @@ def _finetune(values: dict) -> int:
 
 def run() -> None:
     from ln_jax import console
-    from ln_jax.config import config_from_command_line
+    from ln_jax.config_front import config_from_command_line
 
     parsed = {}
 

@@ -62,7 +62,7 @@ def main(argv: list[str], values: dict) -> int:
 
 def _train(values: dict) -> int:
     from ln_jax import console, run_identity
-    from ln_jax.config import build_config
+    from ln_jax.config_front import build_config
     from ln_jax.trainer import train_and_evaluate
 
     _init_distributed()  # before the config: its "auto" fields ask JAX for the platform
@@ -114,7 +114,7 @@ def _scalars(record: dict) -> str:
 
 def command_config(argv: list[str]) -> tuple[dict, list[str]]:
     """(the nested config, the other arguments) of a train.py command line."""
-    from ln_jax.config import config_from_command_line
+    from ln_jax.config_front import config_from_command_line
 
     values, line = config_from_command_line(argv)
     return values, line.rest

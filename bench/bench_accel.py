@@ -76,8 +76,8 @@ import numpy as np  # noqa: E402
 
 from bench import measure  # noqa: E402
 from ln_jax import sharding, steps  # noqa: E402
-from ln_jax.config import (  # noqa: E402
-    TrainConfig,
+from ln_jax.config import TrainConfig  # noqa: E402
+from ln_jax.config_front import (  # noqa: E402
     build_config,
     config_from_command_line,
     override,

@@ -35,7 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.size = "base"  # tiny | mini | base | large: sets the four shape fields below
     # LayerNorm placement: post | pre | admin | deepnorm | deepnorm_alpha | deepnorm_beta |
     # sandwich | rezero | olmo2 | lns | dyt, a per-layer list ("post*3,pre*9") or mixln; see the
-    # table in ln_jax/config.py
+    # table in ln_jax/placements.py
     c.model.placement = "pre"
     c.model.norm = "layernorm"  # the encoder's normaliser: layernorm | rmsnorm
     # placement admin: "profile" (omega from a forward pass before step 0, kept in

@@ -13,7 +13,7 @@ _EXPORTS = {
     "BertEncoder": "ln_jax.bert",
     "BertForPreTraining": "ln_jax.bert",
     "create_model": "ln_jax.bert",
-    "PLACEMENTS": "ln_jax.config",
+    "PLACEMENTS": "ln_jax.placements",
     "SIZES": "ln_jax.config",
     "ModelConfig": "ln_jax.config",
     "model_config": "ln_jax.config",

@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ln_jax.config import ModelConfig, PlacementRule
+from ln_jax.config import ModelConfig
 from ln_jax.init import admin_closed_form, deepnorm_alpha, deepnorm_beta
 from ln_jax.layers import DyT, FeedForward, LayerNorm, RMSNorm, SelfAttention, dropout, split_key
+from ln_jax.placements import PlacementRule
 from ln_jax.sharding import constrain
 
 Array = jax.Array

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 
 from ln_jax import accumulation, sharding, steps
-from ln_jax.config import TrainConfig, build_config, config_from_command_line
+from ln_jax.config import TrainConfig
+from ln_jax.config_front import build_config, config_from_command_line
 from ln_jax.validate import UserError
 
 GIB = 1024**3

@@ -1,184 +1,42 @@
-"""Typed model configuration: the placement table, the named sizes, validation.
+"""Typed configuration: the model, mesh, checkpoint, monitor and run configs, the named sizes,
+validation and the platform's "auto" choices.
 
-The trainer's ml_collections config is turned into a frozen `ModelConfig` once; each module then
-receives only the fields it needs.
+The trainer's ml_collections config is turned into a frozen `TrainConfig` once (by
+`ln_jax.config_front.build_config`); each module then receives only the fields it needs. The
+placement table is `ln_jax.placements`.
 """
 
 from __future__ import annotations
 
-import ast
-import copy
 import dataclasses
-import importlib.util
-import os
-import pathlib
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
 
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.optim import OptimConfig
+from ln_jax.placements import PLACEMENTS, PlacementRule, parse_placement
 from ln_jax.task import factory as task_factory
-from ln_jax.validate import ConfigError, check_choice, closest, reject_unknown_keys
+from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
 
 __all__ = [
-    "PLACEMENTS",
     "SIZES",
     "CheckpointConfig",
-    "CommandLine",
     "ConfigError",
     "MeshConfig",
     "ModelConfig",
     "MonitorConfig",
-    "PlacementRule",
     "TrainConfig",
-    "build_config",
     "check_choice",
-    "load_config",
     "model_config",
-    "override",
-    "parse_command_line",
-    "parse_placement",
     "reject_unknown_keys",
-    "resolve_config_path",
 ]
-
-
-@dataclasses.dataclass(frozen=True)
-class PlacementRule:
-    """Where a residual sub-layer normalises, as data.
-
-    A sub-layer computes, in this order (skipping what the rule switches off):
-      h = Norm(x) if pre_norm else x;  h = h / sqrt(l) if pre_norm_scale == "inv_sqrt_depth"
-      f = F(h);  f = Norm(f) if branch_norm;  f = alpha * f if branch_gate
-      s = skip_scale * x  (1, a learned per-channel omega, or a constant alpha)
-      y = s + f;  y = Norm(y) if post_norm
-    and the encoder applies a final Norm after the last layer if `final_norm`.
-
-    Attributes:
-      pre_norm: normalise the branch input (Pre-LN).
-      post_norm: normalise after the residual add (Post-LN).
-      branch_norm: normalise the branch output before the add (sandwich / Peri-LN).
-      final_norm: the encoder ends with a Norm (needed when the residual stream is unnormalised).
-      skip: "identity", "omega" (Admin: learned per-channel vector) or "alpha" (DeepNorm constant).
-      branch_gate: scale the branch by a learned scalar initialised at 0 (ReZero).
-      pre_norm_scale: "none", or "inv_sqrt_depth": the pre-norm output of layer l (1-based)
-        is multiplied by 1/sqrt(l) (LayerNorm Scaling).
-      norm_kind: "model" (every Norm is the model's `norm`) or "dyt": every Norm of the rule
-        and the final one is DyT, gamma * tanh(alpha x) + beta (no statistics).
-      init_scale: "none", or "deepnorm_beta": the branch's value, attention-output and FFN
-        kernels are multiplied by beta = (8N)^(-1/4) at initialisation (DeepNet; N layers).
-    """
-
-    pre_norm: bool = False
-    post_norm: bool = False
-    branch_norm: bool = False
-    final_norm: bool = False
-    skip: str = "identity"
-    branch_gate: bool = False
-    pre_norm_scale: str = "none"
-    norm_kind: str = "model"
-    init_scale: str = "none"
-
-    def __post_init__(self) -> None:
-        check_choice("pre_norm_scale", self.pre_norm_scale, PRE_NORM_SCALES)
-        check_choice("norm_kind", self.norm_kind, NORM_KINDS)
-        check_choice("init_scale", self.init_scale, INIT_SCALES)
-        if self.pre_norm_scale != "none" and not self.pre_norm:
-            raise ValueError("PlacementRule: pre_norm_scale scales the pre-norm; set pre_norm.")
-
-
-PRE_NORM_SCALES = ("none", "inv_sqrt_depth")
-NORM_KINDS = ("model", "dyt")
-INIT_SCALES = ("none", "deepnorm_beta")
-
-# The one table of placements. "post" is exactly Xiong et al.'s Post-LN, LN(x + F(x)); a norm on
-# the branch output is "sandwich", never "post".
-PLACEMENTS: dict[str, PlacementRule] = {
-    "post": PlacementRule(post_norm=True),
-    "pre": PlacementRule(pre_norm=True, final_norm=True),
-    # Liu et al. 2020 (Admin): LN(x * omega + F(x)), omega profiled or closed form.
-    "admin": PlacementRule(post_norm=True, skip="omega"),
-    # Wang et al. 2022 (DeepNet): LN(alpha x + F(x)), alpha = (2N)^(1/4); beta-scaled init.
-    "deepnorm": PlacementRule(post_norm=True, skip="alpha", init_scale="deepnorm_beta"),
-    # DeepNorm's two changes apart: the alpha skip alone (plain init), and Post-LN with only
-    # the beta init scaling (which of them keeps DeepNorm out of the collapse).
-    "deepnorm_alpha": PlacementRule(post_norm=True, skip="alpha"),
-    "deepnorm_beta": PlacementRule(post_norm=True, init_scale="deepnorm_beta"),
-    # Peri-LN: x + LN(F(LN(x))), then a final LN.
-    "sandwich": PlacementRule(pre_norm=True, branch_norm=True, final_norm=True),
-    # Bachlechner et al. 2020 (ReZero): x + alpha F(x), alpha learned from 0, no norm at all.
-    "rezero": PlacementRule(branch_gate=True),
-    # OLMo 2's reordered norm: x + LN(F(x)), no input norm, then a final LN.
-    "olmo2": PlacementRule(branch_norm=True, final_norm=True),
-    # LayerNorm Scaling (Curse of Depth 2025): x + F(LN(x) / sqrt(l)) in layer l (1-based).
-    "lns": PlacementRule(pre_norm=True, final_norm=True, pre_norm_scale="inv_sqrt_depth"),
-    # Zhu et al. 2025 (DyT): Pre-LN with every norm gamma * tanh(alpha x) + beta, alpha from 0.5.
-    "dyt": PlacementRule(pre_norm=True, final_norm=True, norm_kind="dyt"),
-}
-
-# nGPT (Loshchilov et al. 2025) is not a row: its residual step Norm(h + a * (Norm(F(h)) - h)) would
-# fit the table, but the rest of it does not: every weight matrix is renormalised to the unit
-# sphere after each optimizer update (a projection in the train step), and the sub-layers change
-# inside (s_qk on normalised q and k with softmax scale sqrt(d_k), s_u and s_v in the FFN, s_z on
-# the logits, normalised embeddings). A row with only the residual step would be misnamed.
-NOT_ROWS = {
-    "ngpt": "nGPT is not available: besides its residual step Norm(h + a*(Norm(F(h)) - h)) it "
-    "renormalises every weight matrix after each optimizer update and rescales q/k, the FFN and "
-    "the logits inside the sub-layers, which the placement table cannot express (README, "
-    "'The library'). Closest rows: 'olmo2' (normalised branch output) or 'pre'."
-}
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 INITS = ("bert", "bert_scaled", "xavier", "admin")
 NORMS = ("layernorm", "rmsnorm")
 ADMIN_OMEGAS = ("profile", "closed_form")
-
-
-def parse_placement(placement: str | tuple[str, ...], num_layers: int) -> tuple[str, ...]:
-    """The placement name of each layer, from one name or a per-layer list.
-
-    Args:
-      placement: a name from `PLACEMENTS`, a tuple of names (one per layer), or a string of
-        comma-separated items `name` or `name*count`, e.g. "post*3,pre*9" (Mix-LN). "mixln" is
-        Mix-LN's rule: Post-LN for the first quarter of the layers (rounded down), Pre-LN after.
-      num_layers: layers of the encoder; a list must name exactly that many.
-
-    Returns:
-      A tuple of `num_layers` names from `PLACEMENTS`.
-    """
-    if placement == "mixln":
-        quarter = num_layers // 4
-        return ("post",) * quarter + ("pre",) * (num_layers - quarter)
-    items = placement if isinstance(placement, tuple) else tuple(placement.split(","))
-    names: list[str] = []
-    for item in items:
-        name, _, count = item.strip().partition("*")
-        if name in NOT_ROWS:
-            raise ValueError(f"model.placement={name!r}: {NOT_ROWS[name]}")
-        check_choice("placement", name, (*PLACEMENTS, "mixln"))
-        if name == "mixln":  # a rule for the whole stack, not one layer's placement
-            raise ValueError(
-                f"model.placement={placement!r}: 'mixln' names the whole stack's rule and "
-                "cannot be an item of a per-layer list; give it alone, or list the layers "
-                "(e.g. 'post*3,pre*9')."
-            )
-        if count and not (count.strip().isdigit() and int(count) > 0):
-            raise ValueError(
-                f"placement item {item.strip()!r}: the count after '*' must be a positive "
-                f"integer (e.g. 'post*3,pre*9')."
-            )
-        names.extend([name] * (int(count) if count else 1))
-    if len(names) == 1:
-        return tuple(names) * num_layers
-    if len(names) != num_layers:
-        raise ValueError(
-            f"model.placement={placement!r} names {len(names)} layers but model.num_layers="
-            f"{num_layers}; give one name, or one per layer (e.g. 'post*3,pre*9')."
-        )
-    return tuple(names)
 
 
 ATTENTION_IMPLS = ("xla", "cudnn")
@@ -647,197 +505,3 @@ class TrainConfig:
             data=data,
             **typed,
         )
-
-
-# --------------------------------------------------------------------------- the config front
-#
-# Every command line (train.py, ln_jax.experiments, ln_jax.analysis, ln_jax.compile_check) and
-# the tests read configs through these functions, so a field that works in one works in all:
-#   --config=FILE[:variant]            a .py file whose get_config(variant) returns the config
-#   --config.SECTION.FIELD=VALUE       an override of a field the config declares
-
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-CONFIG_PREFIX = "--config."
-
-
-@dataclasses.dataclass(frozen=True)
-class CommandLine:
-    """A command line split into the config's arguments and the command's own.
-
-    Attributes:
-      spec: the `--config=FILE[:variant]` given, or the command's default.
-      overrides: dotted field -> raw text, from `--config.SECTION.FIELD=VALUE` in order.
-      rest: every other argument, for the command's own flag parser.
-    """
-
-    spec: str | None
-    overrides: dict[str, str]
-    rest: list[str]
-
-
-def parse_command_line(argv: Sequence[str], default_spec: str | None = None) -> CommandLine:
-    """Takes `--config=...` / `--config ...` and `--config.A.B=V` / `--config.A.B V` out of argv."""
-    spec, overrides, rest = default_spec, {}, []
-    args = list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg == "--config" or arg.startswith("--config="):
-            spec = _flag_value(arg, args, "--config")
-        elif arg.startswith(CONFIG_PREFIX):
-            key = arg[len(CONFIG_PREFIX) :].partition("=")[0]
-            overrides[key] = _flag_value(arg, args, CONFIG_PREFIX + key)
-        else:
-            rest.append(arg)
-    return CommandLine(spec, overrides, rest)
-
-
-def _flag_value(arg: str, following: list[str], name: str) -> str:
-    if "=" in arg:
-        return arg.split("=", 1)[1]
-    if not following or following[0].startswith("--"):
-        raise ConfigError(f"{name} needs a value: {name}=VALUE.")
-    return following.pop(0)
-
-
-def resolve_config_path(path: str) -> pathlib.Path:
-    """A config file's path: as given (absolute, or relative to the working directory), else
-    relative to the ln_jax checkout, so `configs/bert_preln.py` works from any directory."""
-    given = pathlib.Path(path).expanduser()
-    for candidate in (given, REPO_ROOT / given):
-        if candidate.is_file():
-            return candidate.resolve()
-    places = dict.fromkeys([os.getcwd(), str(REPO_ROOT)])  # once each, in order
-    raise ConfigError(
-        f"--config={path!r}: no such file (looked in {' and '.join(places)}); give a "
-        "config file such as configs/bert_preln.py:tiny."
-    )
-
-
-def load_config(spec: str) -> dict[str, Any]:
-    """`FILE[:variant]` -> the nested dict of FILE's `get_config(variant)`.
-
-    Raises:
-      ConfigError: a missing file, a file without `get_config`, or an unknown variant.
-    """
-    path_text, _, variant = spec.partition(":")
-    path = resolve_config_path(path_text)
-    root = str(path.parent.parent)  # configs/*.py import their siblings as `configs.common`
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    module_spec = importlib.util.spec_from_file_location(f"_ln_jax_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError(f"--config={spec!r}: {path} defines no get_config(variant).")
-    try:
-        config = module.get_config(variant or None)
-    except ValueError as err:
-        raise ConfigError(f"--config={spec!r}: {err}") from None
-    return _plain(config)
-
-
-def _plain(config: Any) -> dict[str, Any]:
-    """A deep, plain-dict copy of a ConfigDict or mapping."""
-    values = config.to_dict() if hasattr(config, "to_dict") else config
-    return {
-        k: _plain(v) if isinstance(v, Mapping) or hasattr(v, "to_dict") else copy.deepcopy(v)
-        for k, v in values.items()
-    }
-
-
-def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of `config` (nested mapping or ConfigDict) with dotted `overrides` set.
-
-    Only fields the config declares can be set (configs/common.py declares every field of the
-    typed configs). A value given as text (from a command line) is parsed to the type of the
-    field's current value: "1e-3" for a float, "true"/"False" for a bool, "None" for an
-    optional field; text for a field whose default is None is read as a Python literal when it
-    is one ("12", "(1, 2)") and kept as text otherwise.
-
-    Raises:
-      ConfigError: naming an unknown field and the closest declared one, a section set as a
-        value, or a value that does not parse as the field's type.
-    """
-    out = _plain(config)
-    for dotted, value in overrides.items():
-        node, path = out, dotted.split(".")
-        for depth, key in enumerate(path):
-            if not isinstance(node, dict) or key not in node:
-                raise ConfigError(_unknown_field(path[:depth], key, node))
-            if depth < len(path) - 1:
-                node = node[key]
-        leaf = path[-1]
-        if isinstance(node[leaf], dict):
-            first = next(iter(node[leaf]), "FIELD")
-            raise ConfigError(
-                f"config.{dotted} is a section, not a field; set its fields, e.g. "
-                f"--config.{dotted}.{first}=VALUE."
-            )
-        node[leaf] = parse_value(dotted, value, node[leaf])
-    return out
-
-
-def _unknown_field(parents: list[str], key: str, node: Any) -> str:
-    where = ".".join(parents)
-    if not isinstance(node, dict):
-        return f"config.{where} is a field, not a section: it has no field {key!r}."
-    near = closest(key, node)
-    full = lambda name: ".".join([*parents, name])
-    hint = f" Did you mean {full(near)!r}?" if near else ""
-    return (
-        f"unknown config field {full(key)!r}.{hint} The fields of "
-        f"{where or 'the config'} are: {', '.join(node)} (see configs/common.py)."
-    )
-
-
-def parse_value(field: str, value: Any, current: Any) -> Any:
-    """`value` (text from a command line, or a Python value) as the type of `current`."""
-    if not isinstance(value, str) or isinstance(current, str):
-        return value
-    if value.strip() == "None":
-        return None
-    if isinstance(current, bool):
-        flag = {"true": True, "1": True, "false": False, "0": False}.get(value.strip().lower())
-        if flag is None:
-            raise ConfigError(f"config.{field}={value!r}: give True or False.")
-        return flag
-    kind = type(current) if isinstance(current, int | float) else None
-    if kind is not None:
-        try:
-            return kind(value) if kind is float else int(value, 10)
-        except ValueError:
-            raise ConfigError(f"config.{field}={value!r}: give a {kind.__name__}.") from None
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return value  # text such as a placement name or a path
-
-
-def build_config(values: Mapping[str, Any]) -> TrainConfig:
-    """The typed, validated `TrainConfig` of a nested config mapping.
-
-    Raises:
-      ConfigError: any invalid field or combination, with the typed configs' message.
-    """
-    try:
-        return TrainConfig.from_mapping(_plain(values))
-    except (ValueError, TypeError) as err:
-        raise ConfigError(str(err)) from None
-
-
-def config_from_command_line(
-    argv: Sequence[str], default_spec: str | None = None, defaults: Mapping[str, Any] = ()
-) -> tuple[dict[str, Any], CommandLine]:
-    """The nested config of a command line: FILE[:variant], then `defaults`, then overrides.
-
-    Returns:
-      (the nested config mapping, the parsed command line).
-
-    Raises:
-      ConfigError: no `--config` and no default, or any error of `load_config`/`override`.
-    """
-    line = parse_command_line(argv, default_spec)
-    if line.spec is None:
-        raise ConfigError("give a config: --config=FILE[:variant], e.g. configs/bert_preln.py.")
-    values = override(load_config(line.spec), dict(defaults))
-    return override(values, line.overrides), line

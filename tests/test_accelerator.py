@@ -96,7 +96,7 @@ def test_auto_fields_resolve_by_platform_into_the_config(monkeypatch, on, extra,
     """dtype / attention_impl / dropout_rng "auto" become the platform's choice when the config
     is built, so config.json (the run's identity) holds the resolved values."""
     from ln_jax import config, run_identity
-    from ln_jax.config import build_config, load_config, override
+    from ln_jax.config_front import build_config, load_config, override
 
     monkeypatch.setattr(config, "platform", lambda: on)
     values = override(load_config("configs/bert_preln.py:tiny"), extra)

@@ -14,8 +14,10 @@ import pytest
 import train
 from configs import common
 from ln_jax import config as config_lib
+from ln_jax import config_front
 from ln_jax.analysis import cli as analysis_cli
-from ln_jax.config import ConfigError, build_config, override
+from ln_jax.config import ConfigError
+from ln_jax.config_front import build_config, override
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = {
@@ -112,7 +114,7 @@ def test_override_names_the_bad_field(overrides, message):
 
 
 def test_parse_command_line_takes_only_the_config_arguments():
-    line = config_lib.parse_command_line(
+    line = config_front.parse_command_line(
         ["--out=x", "--config", "a.py:tiny", "--config.seed=3", "--config.model.norm", "rmsnorm"]
     )
     assert line.spec == "a.py:tiny"
@@ -122,12 +124,12 @@ def test_parse_command_line_takes_only_the_config_arguments():
 
 def test_a_config_resolves_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    values = config_lib.load_config("configs/bert_postln.py:mini")
+    values = config_front.load_config("configs/bert_postln.py:mini")
     assert values["model"]["placement"] == "post" and values["model"]["size"] == "mini"
     with pytest.raises(ConfigError, match="no such file"):
-        config_lib.load_config("configs/nope.py")
+        config_front.load_config("configs/nope.py")
     with pytest.raises(ConfigError, match="unknown config variant 'huge'"):
-        config_lib.load_config("configs/bert_preln.py:huge")
+        config_front.load_config("configs/bert_preln.py:huge")
 
 
 ARGV = [

@@ -21,7 +21,8 @@ from configs import glue as glue_configs
 from ln_jax import run_identity, sharding, steps, trainer
 from ln_jax.bert import BertForPreTraining
 from ln_jax.checkpoint import Checkpointer, CheckpointError
-from ln_jax.config import CheckpointConfig, TrainConfig, override
+from ln_jax.config import CheckpointConfig, TrainConfig
+from ln_jax.config_front import override
 from ln_jax.data import glue
 from ln_jax.data.sources import DatasetNotPreparedError
 from ln_jax.finetune import config as ft_config

@@ -14,9 +14,9 @@ from flax import nnx
 
 import ln_jax
 from ln_jax import admin
-from ln_jax.config import PlacementRule
 from ln_jax.init import bert_std
 from ln_jax.layers import DyT, RMSNorm
+from ln_jax.placements import PlacementRule
 from tests import reference
 from tests.test_models import ODD, batch, flat_params, randomize
 

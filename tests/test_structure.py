@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ln_jax.config import PLACEMENTS
+from ln_jax.placements import PLACEMENTS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ln_jax"
 
@@ -78,7 +78,7 @@ def test_the_trainer_names_no_placement():
 
 def test_every_placement_row_has_a_colour_of_its_own():
     """Plots over all placements (analysis, studies) must not draw two rows alike."""
-    from ln_jax.config import PLACEMENTS
+    from ln_jax.placements import PLACEMENTS
     from ln_jax.results import arm_colour
 
     colours = [arm_colour(p, i) for i, p in enumerate(PLACEMENTS)]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ln_jax import trainer
-from ln_jax.config import build_config, load_config, override
+from ln_jax.config_front import build_config, load_config, override
 from ln_jax.task import TASKS, make_task
 
 TOY = "tests.toy_task:ToyRegression"

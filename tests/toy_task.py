@@ -14,8 +14,8 @@ from flax import nnx
 
 from ln_jax import sharding
 from ln_jax.blocks import ResidualSublayer
-from ln_jax.config import PLACEMENTS
 from ln_jax.layers import Dense, FeedForward
+from ln_jax.placements import PLACEMENTS
 
 EVAL_BATCHES = 2
 

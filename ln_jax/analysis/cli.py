@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("command", choices=sorted(DEFAULTS), help="the measurement")
     # --config=FILE[:variant] and --config.SECTION.FIELD=VALUE are taken out of the command
-    # line before this parser (ln_jax.config.parse_command_line), as in every ln_jax command.
+    # line before this parser (ln_jax.config_front.parse_command_line), as in every ln_jax command.
     p.add_argument("--out", required=True, help="folder for <command>.json and <command>.png")
     p.add_argument("--placements", help="arms, comma-separated (default per command)")
     p.add_argument("--num_layers", help="depths, comma-separated (default per command)")
@@ -151,7 +151,7 @@ def command_config(argv: Sequence[str]) -> tuple[Any, list[str]]:
     """(the typed config, the remaining arguments) of an analysis command line: `--config`
     (default `DEFAULT_CONFIG`), the analysis defaults, then the `--config.*` overrides."""
     from ln_jax.analysis.settings import DEFAULT_CONFIG, analysis_defaults
-    from ln_jax.config import build_config, config_from_command_line
+    from ln_jax.config_front import build_config, config_from_command_line
 
     values, line = config_from_command_line(argv, DEFAULT_CONFIG, analysis_defaults())
     return build_config(values), line.rest

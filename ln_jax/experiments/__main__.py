@@ -249,7 +249,7 @@ def _downstream(base: dict, out: str) -> int:
 def command_config(argv: list[str]) -> tuple[dict, list[str]]:
     """(the nested base config, the other arguments) of a study's command line; the default
     config is `configs/study.py:<study>`."""
-    from ln_jax.config import config_from_command_line
+    from ln_jax.config_front import config_from_command_line
 
     study = _command(["", *argv])
     default = f"configs/study.py:{study if study in COMMANDS else 'depth'}"

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ln_jax import paths
-from ln_jax.config import override
+from ln_jax.config_front import override
 from ln_jax.finetune import build_finetune_config, finetune
 from ln_jax.metrics import METRICS_FILE, read_records
 from ln_jax.results import write_json

@@ -62,8 +62,8 @@ class RunSpec:
 
 def run_config(base: Mapping[str, Any], spec: RunSpec) -> Any:
     """The typed `TrainConfig` of one run: `base` with the run's name and overrides set
-    (through `ln_jax.config.override`, the one override function of every command line)."""
-    from ln_jax.config import build_config, override
+    (through `ln_jax.config_front.override`, the one override function of every command line)."""
+    from ln_jax.config_front import build_config, override
 
     return build_config(override(base, {"name": spec.name, **spec.overrides}))
 

@@ -137,7 +137,7 @@ class FinetuneConfig:
 
 def build_finetune_config(values: Mapping[str, Any]) -> FinetuneConfig:
     """`FinetuneConfig.from_mapping` with every invalid value a ConfigError (exit 2)."""
-    from ln_jax.config import override
+    from ln_jax.config_front import override
 
     try:
         return FinetuneConfig.from_mapping(override(values, {}))

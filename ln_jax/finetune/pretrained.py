@@ -27,7 +27,8 @@ from flax import nnx
 
 from ln_jax import paths, run_identity, steps
 from ln_jax.checkpoint import Checkpointer
-from ln_jax.config import CheckpointConfig, ModelConfig, build_config
+from ln_jax.config import CheckpointConfig, ModelConfig
+from ln_jax.config_front import build_config
 from ln_jax.finetune.config import HF_PREFIX, FinetuneConfig
 from ln_jax.validate import ConfigError
 

@@ -1,0 +1,225 @@
+"""The config front of every command line: `--config=FILE[:variant]` and
+`--config.SECTION.FIELD=VALUE` overrides, read the same way by train.py, finetune.py,
+`python -m ln_jax.experiments`, `python -m ln_jax.analysis` and `python -m
+ln_jax.compile_check`, so a field that works in one works in all.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import importlib.util
+import os
+import pathlib
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ln_jax.config import TrainConfig
+from ln_jax.validate import ConfigError, closest
+
+__all__ = [
+    "CommandLine",
+    "build_config",
+    "config_from_command_line",
+    "load_config",
+    "override",
+    "parse_command_line",
+    "parse_value",
+    "resolve_config_path",
+]
+
+
+# --------------------------------------------------------------------------- the config front
+#
+# Every command line (train.py, ln_jax.experiments, ln_jax.analysis, ln_jax.compile_check) and
+# the tests read configs through these functions, so a field that works in one works in all:
+#   --config=FILE[:variant]            a .py file whose get_config(variant) returns the config
+#   --config.SECTION.FIELD=VALUE       an override of a field the config declares
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG_PREFIX = "--config."
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandLine:
+    """A command line split into the config's arguments and the command's own.
+
+    Attributes:
+      spec: the `--config=FILE[:variant]` given, or the command's default.
+      overrides: dotted field -> raw text, from `--config.SECTION.FIELD=VALUE` in order.
+      rest: every other argument, for the command's own flag parser.
+    """
+
+    spec: str | None
+    overrides: dict[str, str]
+    rest: list[str]
+
+
+def parse_command_line(argv: Sequence[str], default_spec: str | None = None) -> CommandLine:
+    """Takes `--config=...` / `--config ...` and `--config.A.B=V` / `--config.A.B V` out of argv."""
+    spec, overrides, rest = default_spec, {}, []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--config" or arg.startswith("--config="):
+            spec = _flag_value(arg, args, "--config")
+        elif arg.startswith(CONFIG_PREFIX):
+            key = arg[len(CONFIG_PREFIX) :].partition("=")[0]
+            overrides[key] = _flag_value(arg, args, CONFIG_PREFIX + key)
+        else:
+            rest.append(arg)
+    return CommandLine(spec, overrides, rest)
+
+
+def _flag_value(arg: str, following: list[str], name: str) -> str:
+    if "=" in arg:
+        return arg.split("=", 1)[1]
+    if not following or following[0].startswith("--"):
+        raise ConfigError(f"{name} needs a value: {name}=VALUE.")
+    return following.pop(0)
+
+
+def resolve_config_path(path: str) -> pathlib.Path:
+    """A config file's path: as given (absolute, or relative to the working directory), else
+    relative to the ln_jax checkout, so `configs/bert_preln.py` works from any directory."""
+    given = pathlib.Path(path).expanduser()
+    for candidate in (given, REPO_ROOT / given):
+        if candidate.is_file():
+            return candidate.resolve()
+    places = dict.fromkeys([os.getcwd(), str(REPO_ROOT)])  # once each, in order
+    raise ConfigError(
+        f"--config={path!r}: no such file (looked in {' and '.join(places)}); give a "
+        "config file such as configs/bert_preln.py:tiny."
+    )
+
+
+def load_config(spec: str) -> dict[str, Any]:
+    """`FILE[:variant]` -> the nested dict of FILE's `get_config(variant)`.
+
+    Raises:
+      ConfigError: a missing file, a file without `get_config`, or an unknown variant.
+    """
+    path_text, _, variant = spec.partition(":")
+    path = resolve_config_path(path_text)
+    root = str(path.parent.parent)  # configs/*.py import their siblings as `configs.common`
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    module_spec = importlib.util.spec_from_file_location(f"_ln_jax_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"--config={spec!r}: {path} defines no get_config(variant).")
+    try:
+        config = module.get_config(variant or None)
+    except ValueError as err:
+        raise ConfigError(f"--config={spec!r}: {err}") from None
+    return _plain(config)
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    """A deep, plain-dict copy of a ConfigDict or mapping."""
+    values = config.to_dict() if hasattr(config, "to_dict") else config
+    return {
+        k: _plain(v) if isinstance(v, Mapping) or hasattr(v, "to_dict") else copy.deepcopy(v)
+        for k, v in values.items()
+    }
+
+
+def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `config` (nested mapping or ConfigDict) with dotted `overrides` set.
+
+    Only fields the config declares can be set (configs/common.py declares every field of the
+    typed configs). A value given as text (from a command line) is parsed to the type of the
+    field's current value: "1e-3" for a float, "true"/"False" for a bool, "None" for an
+    optional field; text for a field whose default is None is read as a Python literal when it
+    is one ("12", "(1, 2)") and kept as text otherwise.
+
+    Raises:
+      ConfigError: naming an unknown field and the closest declared one, a section set as a
+        value, or a value that does not parse as the field's type.
+    """
+    out = _plain(config)
+    for dotted, value in overrides.items():
+        node, path = out, dotted.split(".")
+        for depth, key in enumerate(path):
+            if not isinstance(node, dict) or key not in node:
+                raise ConfigError(_unknown_field(path[:depth], key, node))
+            if depth < len(path) - 1:
+                node = node[key]
+        leaf = path[-1]
+        if isinstance(node[leaf], dict):
+            first = next(iter(node[leaf]), "FIELD")
+            raise ConfigError(
+                f"config.{dotted} is a section, not a field; set its fields, e.g. "
+                f"--config.{dotted}.{first}=VALUE."
+            )
+        node[leaf] = parse_value(dotted, value, node[leaf])
+    return out
+
+
+def _unknown_field(parents: list[str], key: str, node: Any) -> str:
+    where = ".".join(parents)
+    if not isinstance(node, dict):
+        return f"config.{where} is a field, not a section: it has no field {key!r}."
+    near = closest(key, node)
+    full = lambda name: ".".join([*parents, name])
+    hint = f" Did you mean {full(near)!r}?" if near else ""
+    return (
+        f"unknown config field {full(key)!r}.{hint} The fields of "
+        f"{where or 'the config'} are: {', '.join(node)} (see configs/common.py)."
+    )
+
+
+def parse_value(field: str, value: Any, current: Any) -> Any:
+    """`value` (text from a command line, or a Python value) as the type of `current`."""
+    if not isinstance(value, str) or isinstance(current, str):
+        return value
+    if value.strip() == "None":
+        return None
+    if isinstance(current, bool):
+        flag = {"true": True, "1": True, "false": False, "0": False}.get(value.strip().lower())
+        if flag is None:
+            raise ConfigError(f"config.{field}={value!r}: give True or False.")
+        return flag
+    kind = type(current) if isinstance(current, int | float) else None
+    if kind is not None:
+        try:
+            return kind(value) if kind is float else int(value, 10)
+        except ValueError:
+            raise ConfigError(f"config.{field}={value!r}: give a {kind.__name__}.") from None
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value  # text such as a placement name or a path
+
+
+def build_config(values: Mapping[str, Any]) -> TrainConfig:
+    """The typed, validated `TrainConfig` of a nested config mapping.
+
+    Raises:
+      ConfigError: any invalid field or combination, with the typed configs' message.
+    """
+    try:
+        return TrainConfig.from_mapping(_plain(values))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def config_from_command_line(
+    argv: Sequence[str], default_spec: str | None = None, defaults: Mapping[str, Any] = ()
+) -> tuple[dict[str, Any], CommandLine]:
+    """The nested config of a command line: FILE[:variant], then `defaults`, then overrides.
+
+    Returns:
+      (the nested config mapping, the parsed command line).
+
+    Raises:
+      ConfigError: no `--config` and no default, or any error of `load_config`/`override`.
+    """
+    line = parse_command_line(argv, default_spec)
+    if line.spec is None:
+        raise ConfigError("give a config: --config=FILE[:variant], e.g. configs/bert_preln.py.")
+    values = override(load_config(line.spec), dict(defaults))
+    return override(values, line.overrides), line
