@@ -34,7 +34,7 @@ def default_workdir(cfg) -> str:
 def main(argv: list[str], values: dict) -> int:
     del argv
     from ln_jax import console
-    from ln_jax.finetune.run import NonFiniteFinetuneError
+    from ln_jax.models.bert.finetune.run import NonFiniteFinetuneError
 
     return console.run_command(
         lambda: _finetune(values), _TRACEBACK.value, (NonFiniteFinetuneError,)
@@ -42,9 +42,10 @@ def main(argv: list[str], values: dict) -> int:
 
 
 def _finetune(values: dict) -> int:
-    from ln_jax import console, run_identity
-    from ln_jax.finetune import build_finetune_config, finetune, format_summary
-    from ln_jax.finetune.run import Preempted
+    from ln_jax import console
+    from ln_jax.models.bert.finetune import build_finetune_config, finetune, format_summary
+    from ln_jax.models.bert.finetune.run import Preempted
+    from ln_jax.train import run_identity
 
     cfg = build_finetune_config(values)
     workdir = _WORKDIR.value or default_workdir(cfg)

@@ -55,15 +55,16 @@ def _init_distributed() -> None:
 def main(argv: list[str], values: dict) -> int:
     del argv
     from ln_jax import console
-    from ln_jax.trainer import NonFiniteError
+    from ln_jax.train.trainer import NonFiniteError
 
     return console.run_command(lambda: _train(values), _TRACEBACK.value, (NonFiniteError,))
 
 
 def _train(values: dict) -> int:
-    from ln_jax import console, run_identity
+    from ln_jax import console
     from ln_jax.config_front import build_config
-    from ln_jax.trainer import train_and_evaluate
+    from ln_jax.train import run_identity
+    from ln_jax.train.trainer import train_and_evaluate
 
     _init_distributed()  # before the config: its "auto" fields ask JAX for the platform
     cfg = build_config(values)

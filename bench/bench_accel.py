@@ -14,13 +14,13 @@
   taskset -c 0 python bench/bench_accel.py --size=mini --batch=32 --dtype=f32 --feed=both \\
       --steps=30 --warmup=3 --out=/tmp/accel_cpu.json
 
-What runs: `configs/bert_preln.py:SIZE` (or `--config=FILE[:variant]`) through the config
-front of train.py (`--config.SECTION.FIELD=VALUE` overrides work here too), the state from
-`ln_jax.steps.init_state` and the step from `ln_jax.steps.jit_steps` on the mesh of the config
-(`--mesh`, default every device on the data axis), lowered and compiled once, so XLA's cost
-analysis comes from the very executable that is timed. Every step blocks on its output (state
-and metrics); a trainer does not, so host work that a run hides behind the device step shows
-here in full.
+What runs: `configs/bert_preln.py:SIZE` (or `--config=FILE[:variant]`) through the config front of
+train.py (`--config.SECTION.FIELD=VALUE` overrides work here too), the state from
+`ln_jax.train.steps.init_state` and the step from `ln_jax.train.steps.jit_steps` on the mesh of the
+config (`--mesh`, default every device on the data axis), lowered and compiled once, so XLA's cost
+analysis comes from the very executable that is timed. Every step blocks on its output (state and
+metrics); a trainer does not, so host work that a run hides behind the device step shows here in
+full.
 
 Feeds (`--feed`):
 * fixed: one synthetic batch (`bench.measure.make_batch`) put on the devices once.
@@ -75,7 +75,6 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import measure  # noqa: E402
-from ln_jax import sharding, steps  # noqa: E402
 from ln_jax.config import TrainConfig  # noqa: E402
 from ln_jax.config_front import (  # noqa: E402
     build_config,
@@ -83,6 +82,7 @@ from ln_jax.config_front import (  # noqa: E402
     override,
     parse_command_line,
 )
+from ln_jax.train import sharding, steps  # noqa: E402
 
 DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 FEEDS = ("fixed", "loader", "both")

@@ -43,8 +43,8 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ln_jax import sharding  # noqa: E402
 from ln_jax.data import DataConfig, loader, pairs, pretraining, sources, tokenizer  # noqa: E402
+from ln_jax.train import sharding  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -118,8 +118,8 @@ def _bert_step(vocab_size: int, size: str):
     import optax
     from flax import nnx
 
-    from ln_jax.bert import create_model
     from ln_jax.config import model_config
+    from ln_jax.models.bert.model import create_model
 
     model = create_model(model_config(size, vocab_size=vocab_size), seed=0)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)

@@ -1,9 +1,9 @@
-"""What the training-time measurements (`ln_jax.monitor`, issue 19) cost over a run.
+"""What the training-time measurements (`ln_jax.train.monitor`, issue 19) cost over a run.
 
   taskset -c 0 python bench/bench_monitor.py --size=mini --batch=16 --seq=128 --every=10 \\
       --pairs=40                                                    # about 3 minutes on CPU
 
-Not a test. The trainer's two compiled steps (`ln_jax.steps.jit_train_step`, without and with
+Not a test. The trainer's two compiled steps (`ln_jax.train.steps.jit_train_step`, without and with
 `measure`) on a one-device mesh, BERT-`--size` from configs/bert_preln.py, a synthetic batch,
 called alternately in one process (plain, measured, plain, measured, ...): adjacent calls see
 the same machine load, so the per-pair ratio measured/plain is steady where the times are not
@@ -58,8 +58,8 @@ def train_config(args: argparse.Namespace) -> Any:
 
 def build_steps(args: argparse.Namespace) -> dict[str, Any]:
     """{"plain": one plain step, "measured": one measured step + host work}, both compiled."""
-    from ln_jax import monitor, sharding, steps
-    from ln_jax.early_warning import EarlyWarning
+    from ln_jax.train import monitor, sharding, steps
+    from ln_jax.train.early_warning import EarlyWarning
 
     cfg = train_config(args)
     mesh = sharding.single_device_mesh()

@@ -10,7 +10,7 @@ Run pinned to one core (two-thread timings on the 2-core CI machine are bimodal)
 Not a test. Three implementations of the same BERT pretraining step run in ONE process,
 alternating (A B C A B C ...), so that machine noise hits them alike:
 
-* `ln_jax`: the real trainer step (`ln_jax.steps.init_state` + `jit_steps`) on a one-device
+* `ln_jax`: the real trainer step (`ln_jax.train.steps.init_state` + `jit_steps`) on a one-device
   mesh, from `configs/bert_preln.py` with the sizes overridden.
 * `hf_torch`: `transformers.BertForPreTraining`, PyTorch eager (its default SDPA attention),
   `model.train()`, `loss.backward()`, gradient clipping, `AdamW.step()`, `zero_grad()`.
@@ -177,7 +177,7 @@ def layernorm_autodiff() -> Iterator[None]:
     XLA:CPU then duplicates the autodiff'd LayerNorm backward of every later layer into the
     fusions of each earlier one on Pre-LN's residual stream (quadratic in depth).
     """
-    from ln_jax import layers
+    from ln_jax.nn import layers
 
     with layers.autodiff_normalization():
         yield
@@ -190,13 +190,13 @@ def build_ln_jax(
     placement: str = "pre",
     autodiff_ln: bool = False,
 ) -> dict[str, Any]:
-    """ln_jax's real train step (`ln_jax.steps`: init_state + jit_steps) on a one-device mesh.
+    """ln_jax's real train step (`ln_jax.train.steps`: init_state + jit_steps) on a one-device mesh.
 
     The step is traced and compiled here (first call), so that an experimental patch
     (`autodiff_ln`) applies to it and to nothing else.
     """
-    from ln_jax import sharding, steps
     from ln_jax.compile_check import compile_report
+    from ln_jax.train import sharding, steps
 
     cfg = ln_jax_config(args, s, placement)
     mesh = sharding.single_device_mesh()

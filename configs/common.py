@@ -17,7 +17,8 @@ def base_config() -> ml_collections.ConfigDict:
     """BERT-base pretraining (Devlin et al. phase 1) with every field the trainer reads."""
     c = ml_collections.ConfigDict()
     c.name = "bert"  # run name; the default workdir is workdirs/<name>
-    # model family and objective (ln_jax/task.py): bert_pretraining, or "module:Class" of a Task
+    # model family and objective (ln_jax/train/task.py): bert_pretraining, or "module:Class"
+    # of a Task
     c.task = "bert_pretraining"
     c.seed = 0  # parameter initialisation and dropout
     c.total_steps = 1_000_000  # optimizer updates (BERT: 1M at batch 256)
@@ -35,7 +36,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.size = "base"  # tiny | mini | base | large: sets the four shape fields below
     # LayerNorm placement: post | pre | admin | deepnorm | deepnorm_alpha | deepnorm_beta |
     # sandwich | rezero | olmo2 | lns | dyt, a per-layer list ("post*3,pre*9") or mixln; see the
-    # table in ln_jax/placements.py
+    # table in ln_jax/nn/placements.py
     c.model.placement = "pre"
     c.model.norm = "layernorm"  # the encoder's normaliser: layernorm | rmsnorm
     # placement admin: "profile" (omega from a forward pass before step 0, kept in
@@ -74,7 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim = ml_collections.ConfigDict()
     c.optim.optimizer = "adamw"  # adam | adamw | radam | sgd
     c.optim.peak_lr = 1e-4  # the schedule's maximum
-    c.optim.schedule = "warmup_linear_decay"  # see ln_jax.optim.make_schedule
+    c.optim.schedule = "warmup_linear_decay"  # see ln_jax.train.optim.make_schedule
     c.optim.warmup_steps = 10_000  # linear warm-up length (0 = none)
     c.optim.total_steps = placeholder(int)  # None = total_steps
     c.optim.end_lr = 0.0  # learning rate at the end of a linear decay
@@ -129,7 +130,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint.async_save = True  # save in the background while training continues
     c.checkpoint.fallback = False  # a corrupt latest checkpoint: try the previous ones
 
-    # per-layer measurements during training (ln_jax/monitor.py) and early warnings
+    # per-layer measurements during training (ln_jax/train/monitor.py) and early warnings
     c.monitor = ml_collections.ConfigDict()
     c.monitor.every = placeholder(int)  # measure every N steps; None = log_every; 0 = off
     c.monitor.window = 20  # earlier logged values the spike rules compare with

@@ -10,24 +10,39 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "BertEncoder": "ln_jax.bert",
-    "BertForPreTraining": "ln_jax.bert",
-    "create_model": "ln_jax.bert",
-    "PLACEMENTS": "ln_jax.placements",
+    "BertEncoder": "ln_jax.models.bert.model",
+    "BertForPreTraining": "ln_jax.models.bert.model",
+    "create_model": "ln_jax.models.bert.model",
+    "PLACEMENTS": "ln_jax.nn.placements",
     "SIZES": "ln_jax.config",
     "ModelConfig": "ln_jax.config",
     "model_config": "ln_jax.config",
+}
+# Modules the README names as `from ln_jax import X` / `ln_jax.X.f` before they moved into
+# nn/, train/ and models/bert/ (issue 31): importable from the package as before.
+_MODULES = {
+    "admin": "ln_jax.nn.admin",
+    "bert": "ln_jax.models.bert.model",
+    "blocks": "ln_jax.nn.blocks",
+    "convert": "ln_jax.models.bert.convert",
+    "layers": "ln_jax.nn.layers",
+    "sharding": "ln_jax.train.sharding",
+    "steps": "ln_jax.train.steps",
+    "trainer": "ln_jax.train.trainer",
 }
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
         raise AttributeError(f"module 'ln_jax' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted([*globals(), *_EXPORTS, *_MODULES])

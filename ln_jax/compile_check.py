@@ -4,7 +4,7 @@
   python -m ln_jax.compile_check --config=configs/bert_preln.py --config.model.size=large \\
       --mesh=4,2,1 --device_memory_gib=80
 
-The train step (the trainer's own, from `ln_jax.steps`: the same state shardings, jit and
+The train step (the trainer's own, from `ln_jax.train.steps`: the same state shardings, jit and
 donation as a run) is lowered and compiled from ShapeDtypeStructs carrying NamedShardings: no
 parameter, optimizer state or batch is ever materialised, and no data pipeline is built, so a
 BERT-large check runs on a laptop. The estimate is XLA's `memory_analysis()` of the compiled
@@ -35,9 +35,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ln_jax import accumulation, sharding, steps
 from ln_jax.config import TrainConfig
 from ln_jax.config_front import build_config, config_from_command_line
+from ln_jax.train import accumulation, sharding, steps
 from ln_jax.validate import UserError
 
 GIB = 1024**3
@@ -62,7 +62,7 @@ def resolve_mesh(mesh: Any, cfg: TrainConfig) -> jax.sharding.Mesh:
     """A Mesh from a Mesh, a (data, fsdp, tensor) tuple, or None (= the config's mesh).
 
     Raises:
-      ValueError: from `ln_jax.sharding` when the mesh does not match the device count.
+      ValueError: from `ln_jax.train.sharding` when the mesh does not match the device count.
     """
     if isinstance(mesh, jax.sharding.Mesh):
         return mesh
@@ -72,8 +72,8 @@ def resolve_mesh(mesh: Any, cfg: TrainConfig) -> jax.sharding.Mesh:
 
 
 def lower_train_step(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> tuple[Any, dict[str, Any]]:
-    """Lowers the trainer's own train step (`ln_jax.steps`) for `mesh` from the abstract state;
-    returns (lowered, {"pieces": the abstract TrainState, "batch": the abstract batch}).
+    """Lowers the trainer's own train step (`ln_jax.train.steps`) for `mesh` from the abstract
+    state; returns (lowered, {"pieces": the abstract TrainState, "batch": the abstract batch}).
 
     Lowered inside `sharding.use_mesh(mesh)`, so that the model's activation sharding
     constraints apply (outside a mesh context they are no-ops).
@@ -139,8 +139,8 @@ def compile_report(
         CPU (same memory and FLOP figures, half the compile time), the defaults elsewhere.
       device_memory_gib: the target's memory per device. Only used when
         `cfg.grad_accum_steps` is 0 ("auto"): the accumulation is then chosen as the trainer
-        would choose it on such a device (`ln_jax.accumulation.choose_accumulation`); without a
-        budget, auto is reported at one micro-batch.
+        would choose it on such a device (`ln_jax.train.accumulation.choose_accumulation`);
+        without a budget, auto is reported at one micro-batch.
 
     Returns:
       A dict of per-device bytes ("params_bytes", "opt_state_bytes", "batch_bytes",

@@ -3,7 +3,7 @@ validation and the platform's "auto" choices.
 
 The trainer's ml_collections config is turned into a frozen `TrainConfig` once (by
 `ln_jax.config_front.build_config`); each module then receives only the fields it needs. The
-placement table is `ln_jax.placements`.
+placement table is `ln_jax.nn.placements`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import jax.numpy as jnp
 
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
-from ln_jax.optim import OptimConfig
-from ln_jax.placements import PLACEMENTS, PlacementRule, parse_placement
-from ln_jax.task import factory as task_factory
+from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
+from ln_jax.train.optim import OptimConfig
+from ln_jax.train.task import factory as task_factory
 from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
 
 __all__ = [
@@ -99,7 +99,7 @@ class ModelConfig:
       norm: the encoder's normaliser, "layernorm" or "rmsnorm" (scale only, statistics in
         float32); the embedding and MLM-head LayerNorms stay BERT's LayerNorms.
       admin_omega: with placement "admin": "profile" (omega from a profiling forward pass, which
-        the trainer runs before step 0; see `ln_jax.admin`) or "closed_form" (every omega set to
+        the trainer runs before step 0; see `ln_jax.nn.admin`) or "closed_form" (every omega set to
         sqrt((N+1)/ln(N+1) - 1) at construction, N the number of residual sub-layers).
       qk_norm: normalise queries and keys per head, over head_dim, before the dot product
         (the encoder's `norm`, with a learned scale [kv] shared by the heads); any placement.
@@ -366,8 +366,8 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MonitorConfig:
-    """Training-time measurements per layer (`ln_jax.monitor`) and the early-warning rule
-    (`ln_jax.early_warning`).
+    """Training-time measurements per layer (`ln_jax.train.monitor`) and the early-warning rule
+    (`ln_jax.train.early_warning`).
 
     Attributes:
       every: measure every N steps (and at steps 1 and the last); None = at the logging
@@ -404,7 +404,7 @@ class TrainConfig:
 
     Attributes:
       name: config name and variant (e.g. "bert_preln_mini"); names the default workdir.
-      task: the model family and objective (`ln_jax.task`): "bert_pretraining", or a
+      task: the model family and objective (`ln_jax.train.task`): "bert_pretraining", or a
         "module:attribute" Task class defined outside ln_jax.
       seed: seed of the parameters and of dropout (the data has its own, data.seed).
       total_steps: optimizer updates.

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ln_jax import paths
-from ln_jax.metrics import METRICS_FILE, read_records
+from ln_jax.train.metrics import METRICS_FILE, read_records
 
 # ------------------------------------------------------------------------------------ JSON
 
@@ -84,7 +84,7 @@ def write_json(
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
     """The records of WORKDIR/metrics.jsonl, sorted by (step, split); [] if there is none.
 
-    The trainer keeps each step once (`ln_jax.metrics.MetricsWriter`); in workdirs written
+    The trainer keeps each step once (`ln_jax.train.metrics.MetricsWriter`); in workdirs written
     before it did, of records with the same (split, step) the last one written is kept.
     """
     path = paths.as_path(workdir) / METRICS_FILE  # a local folder or a URL

@@ -135,7 +135,7 @@ def _sigterm_at(step: int) -> None:
     """Makes the trainer's run SIGTERM this process after `step` (as a preemption would)."""
     import signal
 
-    from ln_jax import trainer
+    from ln_jax.train import trainer
 
     original = trainer.train_and_evaluate
 

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 import ln_jax
-from ln_jax import bert, layers, steps
 from ln_jax.config import TrainConfig
+from ln_jax.models.bert import model as bert
+from ln_jax.nn import layers
+from ln_jax.train import steps
 from tests.test_models import ODD, batch
 
 pytest_plugins = ("tests.data_fixtures",)
@@ -95,8 +97,9 @@ NO_ATTENTION_DROPOUT = {"model.attention_dropout": 0.0}
 def test_auto_fields_resolve_by_platform_into_the_config(monkeypatch, on, extra, expected):
     """dtype / attention_impl / dropout_rng "auto" become the platform's choice when the config
     is built, so config.json (the run's identity) holds the resolved values."""
-    from ln_jax import config, run_identity
+    from ln_jax import config
     from ln_jax.config_front import build_config, load_config, override
+    from ln_jax.train import run_identity
 
     monkeypatch.setattr(config, "platform", lambda: on)
     values = override(load_config("configs/bert_preln.py:tiny"), extra)
@@ -143,7 +146,7 @@ def test_the_decoder_backward_multiplies_in_the_compute_dtype():
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the error off a GPU")
 def test_cudnn_off_a_gpu_is_an_error_before_any_compile(data_dir, tmp_path):
-    from ln_jax import trainer
+    from ln_jax.train import trainer
     from ln_jax.validate import ConfigError
     from tests.test_trainer import tiny_config
 

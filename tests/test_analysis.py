@@ -19,12 +19,14 @@ import pytest
 from flax import nnx
 
 import ln_jax
-from ln_jax import admin, analysis, optim
+from ln_jax import analysis
 from ln_jax.analysis import cli, gradients, models, plots
 from ln_jax.analysis.settings import Arm, Settings, analysis_config, arm_model
-from ln_jax.blocks import layer_state
-from ln_jax.checkpoint import Checkpointer
 from ln_jax.config import CheckpointConfig
+from ln_jax.nn import admin
+from ln_jax.nn.blocks import layer_state
+from ln_jax.train import optim
+from ln_jax.train.checkpoint import Checkpointer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "bert_preln.py") + ":tiny"

@@ -3,8 +3,8 @@
 import jax.numpy as jnp
 import numpy as np
 
-from ln_jax.checkpoint import Checkpointer
 from ln_jax.config import CheckpointConfig
+from ln_jax.train.checkpoint import Checkpointer
 
 
 def test_relative_directory_saves_and_restores(tmp_path, monkeypatch):

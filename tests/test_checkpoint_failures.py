@@ -21,8 +21,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ln_jax.checkpoint import Checkpointer, CheckpointError
 from ln_jax.config import CheckpointConfig
+from ln_jax.train.checkpoint import Checkpointer, CheckpointError
 from tests.xla_env import xla_flags
 
 WORKER = Path(__file__).with_name("checkpoint_failure_worker.py")

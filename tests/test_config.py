@@ -66,7 +66,7 @@ def test_the_section_classes_are_the_real_types():
 
 
 def test_no_import_cycle_between_the_typed_configs():
-    for name in ("ln_jax.optim", "ln_jax.data.config"):
+    for name in ("ln_jax.train.optim", "ln_jax.data.config"):
         source = Path(importlib.import_module(name).__file__).read_text()
         assert "from ln_jax.config import" not in source and "import ln_jax.config" not in source
 

@@ -1,4 +1,5 @@
-"""HuggingFace interop: `ln_jax.convert` against `transformers.BertForPreTraining` (torch, CPU).
+"""HuggingFace interop: `ln_jax.models.bert.convert` against `transformers.BertForPreTraining`
+(torch, CPU).
 
 Odd sizes (vocab 97, width 36, 3 heads of 12, FFN 52, 40 positions) make transposes and head
 splits that are wrong fail loudly. HF initialises biases to 0 and LayerNorms to (1, 0), which
@@ -17,7 +18,8 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 import ln_jax
-from ln_jax import convert, sharding
+from ln_jax.models.bert import convert
+from ln_jax.train import sharding
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -15,10 +15,10 @@ import pytest
 from matplotlib.colors import to_hex
 
 from configs import study as study_config
-from ln_jax import run_identity
 from ln_jax.config_front import override
 from ln_jax.experiments import grids, plateau, report, runner, study, targets
 from ln_jax.experiments.runner import RunSpec
+from ln_jax.train import run_identity
 
 pytest_plugins = ("tests.data_fixtures",)
 

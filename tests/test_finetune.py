@@ -18,17 +18,17 @@ from flax import nnx
 
 from configs import bert_preln
 from configs import glue as glue_configs
-from ln_jax import run_identity, sharding, steps, trainer
-from ln_jax.bert import BertForPreTraining
-from ln_jax.checkpoint import Checkpointer, CheckpointError
 from ln_jax.config import CheckpointConfig, TrainConfig
 from ln_jax.config_front import override
 from ln_jax.data import glue
 from ln_jax.data.sources import DatasetNotPreparedError
-from ln_jax.finetune import config as ft_config
-from ln_jax.finetune import pretrained as pretrained_lib
-from ln_jax.finetune import run as ft_run
-from ln_jax.finetune.tasks import TASKS, predictions, spearman, task_scores
+from ln_jax.models.bert.finetune import config as ft_config
+from ln_jax.models.bert.finetune import pretrained as pretrained_lib
+from ln_jax.models.bert.finetune import run as ft_run
+from ln_jax.models.bert.finetune.tasks import TASKS, predictions, spearman, task_scores
+from ln_jax.models.bert.model import BertForPreTraining
+from ln_jax.train import run_identity, sharding, steps, trainer
+from ln_jax.train.checkpoint import Checkpointer, CheckpointError
 from ln_jax.validate import ConfigError
 
 pytest_plugins = ("tests.data_fixtures",)

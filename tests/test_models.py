@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import ln_jax
-from ln_jax.blocks import layer_state
+from ln_jax.nn.blocks import layer_state
 from tests import reference
 
 # Odd sizes so that a transposed or mis-split axis cannot go unnoticed.
@@ -245,7 +245,7 @@ def test_named_sizes():
 @pytest.mark.parametrize("which", ["layernorm", "rmsnorm"])
 def test_closed_form_norm_backward_matches_autodiff(which):
     """layers.normalize / rms_normalize: hand-written VJPs equal autodiff of their forward."""
-    from ln_jax import layers
+    from ln_jax.nn import layers
 
     eps = 1e-12 if which == "layernorm" else 1e-6
     fn = layers.normalize if which == "layernorm" else layers.rms_normalize
@@ -282,7 +282,7 @@ def test_closed_form_norm_backward_matches_autodiff(which):
 def test_hessian_through_closed_form_norms_equals_autodiff():
     """jax.hessian (forward over reverse) differentiates the closed-form backward itself; it
     equals the Hessian of the plain formula (`autodiff_normalization`) through a whole model."""
-    from ln_jax import layers
+    from ln_jax.nn import layers
 
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement="pre")
     model = ln_jax.create_model(cfg, seed=0)

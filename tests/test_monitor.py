@@ -1,4 +1,4 @@
-"""Training-time measurements (ln_jax.monitor), early warnings and their plots.
+"""Training-time measurements (ln_jax.train.monitor), early warnings and their plots.
 
 One monitored 6-step run (the 6-step tiny train config of tests/test_trainer.py, monitoring on)
 is shared by the tests of the records, the warnings, the kept checkpoint and the plots.
@@ -13,12 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ln_jax import monitor, sharding, steps, trainer
 from ln_jax.analysis import training
 from ln_jax.config import MonitorConfig
 from ln_jax.data import make_pipeline
-from ln_jax.early_warning import EarlyWarning
-from ln_jax.task import make_task
+from ln_jax.train import monitor, sharding, steps, trainer
+from ln_jax.train.early_warning import EarlyWarning
+from ln_jax.train.task import make_task
 from tests.test_trainer import read_metrics, tiny_config
 
 pytest_plugins = ("tests.data_fixtures",)

@@ -1,4 +1,4 @@
-"""Tests for ln_jax.optim: schedules against their formulas, masking, clipping, configs."""
+"""Tests for ln_jax.train.optim: schedules against their formulas, masking, clipping, configs."""
 
 import math
 
@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
-from ln_jax.optim import (
+from ln_jax.train.optim import (
     OptimConfig,
     decay_mask,
     global_norm,

@@ -13,10 +13,10 @@ import pytest
 from flax import nnx
 
 import ln_jax
-from ln_jax import admin
-from ln_jax.init import bert_std
-from ln_jax.layers import DyT, RMSNorm
-from ln_jax.placements import PlacementRule
+from ln_jax.nn import admin
+from ln_jax.nn.init import bert_std
+from ln_jax.nn.layers import DyT, RMSNorm
+from ln_jax.nn.placements import PlacementRule
 from tests import reference
 from tests.test_models import ODD, batch, flat_params, randomize
 
@@ -230,7 +230,7 @@ def read_omegas(path):
 
 
 def test_trainer_profiles_once_and_reuses_on_resume(data_dir, tmp_path, monkeypatch):
-    from ln_jax import trainer
+    from ln_jax.train import trainer
     from tests.test_trainer import tiny_config
 
     cfg = tiny_config(
@@ -276,7 +276,7 @@ def test_trainer_profiles_once_and_reuses_on_resume(data_dir, tmp_path, monkeypa
 def test_every_placement_trains_on_8_devices(data_dir, tmp_path, overrides):
     """A few steps of the real trainer on the 2x2x2 mesh: finite losses, and every parameter
     (ReZero's alpha and DLCL's weights included) has moved from its initial value."""
-    from ln_jax import steps, trainer
+    from ln_jax.train import steps, trainer
     from tests.test_trainer import tiny_config, train_losses
 
     cfg = tiny_config(data_dir, total_steps=4, eval_every=0, **{"optim.peak_lr": 1e-3, **overrides})
@@ -300,7 +300,7 @@ def test_every_placement_trains_on_8_devices(data_dir, tmp_path, overrides):
 
 def test_monitor_entropy_sees_the_qk_norm():
     """The monitor recomputes attention from its input: with qk_norm it must normalise q, k."""
-    from ln_jax import monitor
+    from ln_jax.train import monitor
 
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement="pre", qk_norm=True)
     model = randomize(ln_jax.create_model(cfg, seed=2), scale=1.0)

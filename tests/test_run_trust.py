@@ -22,8 +22,9 @@ import orbax.checkpoint as ocp
 import pytest
 from tensorboardX.proto import event_pb2
 
-from ln_jax import console, optim, run_identity, trainer
-from ln_jax.metrics import Progress
+from ln_jax import console
+from ln_jax.train import optim, run_identity, trainer
+from ln_jax.train.metrics import Progress
 from tests.test_checkpoint_failures import _no_space
 from tests.test_trainer import read_metrics, tiny_config
 from tests.xla_env import xla_flags
@@ -275,8 +276,8 @@ def test_5_a_workdir_of_another_run_is_one_line_and_exit_2(data_dir, resumed):
 
 
 def test_5_every_user_error_class_exits_2_with_one_line(capsys):
-    from ln_jax.checkpoint import CheckpointError
     from ln_jax.data.sources import DatasetNotPreparedError
+    from ln_jax.train.checkpoint import CheckpointError
     from ln_jax.validate import ConfigError
 
     errors = [
@@ -315,8 +316,8 @@ def test_10_the_main_job_installs_without_torch():
     assert "[test]" not in main_job, main_job
     # Nothing the main job imports pulls in torch.
     code = (
-        "import sys; sys.path.insert(0, '.'); import train, ln_jax.trainer, ln_jax.experiments, "
-        "ln_jax.analysis, ln_jax.compile_check; print('torch' in sys.modules)"
+        "import sys; sys.path.insert(0, '.'); import train, ln_jax.train.trainer, "
+        "ln_jax.experiments, ln_jax.analysis, ln_jax.compile_check; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr[-2000:]

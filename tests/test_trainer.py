@@ -17,9 +17,9 @@ import pytest
 from flax import nnx
 
 from configs import bert_postln, bert_preln
-from ln_jax import sharding, steps, trainer
 from ln_jax.config import TrainConfig
 from ln_jax.data import make_pipeline
+from ln_jax.train import sharding, steps, trainer
 from tests.xla_env import xla_flags
 
 pytest_plugins = ("tests.data_fixtures",)
@@ -147,7 +147,7 @@ def test_grad_accumulation_matches_one_big_batch(data_dir):
 
 
 def test_choose_accumulation():
-    from ln_jax.accumulation import choose_accumulation
+    from ln_jax.train.accumulation import choose_accumulation
 
     assert choose_accumulation(256, 4, fixed=10, temp=100, budget=1000) == 1
     assert choose_accumulation(256, 4, fixed=10, temp=100, budget=40) == 4
@@ -156,7 +156,7 @@ def test_choose_accumulation():
 
 
 def test_auto_accumulation_fits_the_device(data_dir, monkeypatch):
-    from ln_jax import accumulation
+    from ln_jax.train import accumulation
 
     cfg = tiny_config(data_dir, grad_accum_steps=0)
     assert trainer.setup(cfg).cfg.grad_accum_steps == 1  # tiny fits in 24 GiB at once

@@ -7,7 +7,7 @@ used) and DIR/<name>.png; the same measurements are these functions.
 
   python -m ln_jax.analysis monitor WORKDIR [WORKDIR ...] --out=DIR
 
-draws the measurements logged during training (`ln_jax.monitor`) by layer and step
+draws the measurements logged during training (`ln_jax.train.monitor`) by layer and step
 (`ln_jax.analysis.training`).
 """
 

@@ -20,7 +20,6 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ln_jax import optim
 from ln_jax.analysis.models import (
     AnyModel,
     Batch,
@@ -35,6 +34,7 @@ from ln_jax.analysis.models import (
 )
 from ln_jax.analysis.settings import Arm, Settings, depth_arms, describe, one_depth
 from ln_jax.analysis.stats import seed_mean_std
+from ln_jax.train import optim
 
 # What `layers` measures, beside what the papers measured.
 ENCODER_ONLY_NOTE = (

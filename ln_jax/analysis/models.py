@@ -20,11 +20,11 @@ import numpy as np
 from flax import nnx
 
 from ln_jax.analysis.settings import Arm, Settings, make_arms
-from ln_jax.bert import BertForPreTraining, pretraining_loss
-from ln_jax.blocks import Encoder, Record
 from ln_jax.config import CheckpointConfig, ModelConfig, TrainConfig
 from ln_jax.data.config import DataConfig
-from ln_jax.placement_setup import setup_placements
+from ln_jax.models.bert.model import BertForPreTraining, pretraining_loss
+from ln_jax.nn.blocks import Encoder, Record
+from ln_jax.nn.placement_setup import setup_placements
 
 log = logging.getLogger(__name__)
 Array = jax.Array
@@ -276,8 +276,8 @@ def load_checkpoint(path: str) -> tuple[TrainConfig, BertForPreTraining, int]:
 
     The config comes from the checkpoint itself; the parameters are restored onto one device.
     """
-    from ln_jax import sharding, steps
-    from ln_jax.checkpoint import Checkpointer
+    from ln_jax.train import sharding, steps
+    from ln_jax.train.checkpoint import Checkpointer
 
     directory = checkpoint_dir(path)
     ckpt = Checkpointer(directory, CheckpointConfig(async_save=False))

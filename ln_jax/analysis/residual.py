@@ -39,7 +39,7 @@ from ln_jax.analysis.models import (
 )
 from ln_jax.analysis.settings import Arm, Settings, depth_arms, describe, one_depth
 from ln_jax.analysis.stats import seed_mean_std
-from ln_jax.blocks import layer_module
+from ln_jax.nn.blocks import layer_module
 
 SUBLAYERS = ("attention", "ffn")
 

@@ -22,7 +22,7 @@ from typing import Any
 from ln_jax.config import ModelConfig, TrainConfig, check_choice
 from ln_jax.config_front import build_config, load_config, override
 from ln_jax.data.config import DataConfig
-from ln_jax.placements import PLACEMENTS, parse_placement
+from ln_jax.nn.placements import PLACEMENTS, parse_placement
 
 # The config of every analysis unless --config names another.
 DEFAULT_CONFIG = "configs/bert_preln.py:tiny"

@@ -1,4 +1,4 @@
-"""Figures of the training-time measurements (`ln_jax.monitor`) of one or more runs.
+"""Figures of the training-time measurements (`ln_jax.train.monitor`) of one or more runs.
 
   python -m ln_jax.analysis monitor WORKDIR [WORKDIR ...] --out=DIR [--measures=grad_norm,...]
 
@@ -24,9 +24,9 @@ import matplotlib
 import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 
-from ln_jax.metrics import METRICS_FILE, read_records
-from ln_jax.monitor import LAYER_NAME
 from ln_jax.results import jsonable, new_figure, save_figure, write_json
+from ln_jax.train.metrics import METRICS_FILE, read_records
+from ln_jax.train.monitor import LAYER_NAME
 
 Series = dict[str, Any]  # {"steps": [S], "layers": [L], "values": [L, S] array}
 # Measures spanning decades are drawn on log colour scales.

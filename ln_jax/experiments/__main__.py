@@ -196,7 +196,7 @@ def main(argv: list[str], base: dict) -> int:
         )
         return 2
     out = _OUT.value
-    if command == "downstream":  # fine-tuning along pretraining runs (ln_jax.finetune)
+    if command == "downstream":  # fine-tuning along pretraining runs (ln_jax.models.bert.finetune)
         return _downstream(base, out)
     try:
         specs = _specs(command)

@@ -76,7 +76,7 @@ def optimizer(
 def parse_arm(arm: str) -> tuple[str, str, bool]:
     """(placement row, suffix "" | "_warmup" | "_radam", qk_norm) of an arm name such as
     "admin_radam", "deepnorm_beta_warmup" or "pre+qk"."""
-    from ln_jax.placements import PLACEMENTS
+    from ln_jax.nn.placements import PLACEMENTS
 
     base, qk = (arm[: -len("+qk")], True) if arm.endswith("+qk") else (arm, False)
     suffix = next((s for s in SUFFIXES if base.endswith(s) and base not in PLACEMENTS), "")

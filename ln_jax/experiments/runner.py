@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 RESULT = "result.json"
 # A run whose last train losses sit above its first one has diverged (Xiong et al.'s "fails").
 TAIL = 5
-# The monitor's rank-collapse measure of the encoder output (ln_jax/monitor.py).
+# The monitor's rank-collapse measure of the encoder output (ln_jax/train/monitor.py).
 COLLAPSE = "collapse/output"
 
 
@@ -216,7 +216,7 @@ def check_extendable(cfg: Any, workdir: str) -> None:
     Continuing a linear-decay run to a later end would give it steps no fresh run of the new
     length has, so it is refused rather than mixed into a study.
     """
-    from ln_jax import optim, run_identity
+    from ln_jax.train import optim, run_identity
 
     old = run_identity.read_config(workdir)
     if old is None:
@@ -303,7 +303,7 @@ def run_one(
 ) -> dict:
     """Trains one run (resuming its checkpoint if any) and stores its result; with `extend`, a
     finished run goes on from its last checkpoint to the config's total_steps."""
-    from ln_jax.trainer import NonFiniteError, train_and_evaluate
+    from ln_jax.train.trainer import NonFiniteError, train_and_evaluate
 
     cfg = run_config(base, spec)
     workdir = os.path.join(out, "runs", spec.name)

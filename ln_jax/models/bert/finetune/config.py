@@ -2,7 +2,7 @@
 
 `FinetuneConfig.from_mapping` validates once; `train_config(cell, seed, ...)` turns one cell of
 the lr x batch x epochs grid and one seed into the `TrainConfig` that the one train step of
-`ln_jax.steps` reads (optimizer, schedule, seed, mesh, NaN policy, dropout PRNG).
+`ln_jax.train.steps` reads (optimizer, schedule, seed, mesh, NaN policy, dropout PRNG).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from ln_jax.config import CheckpointConfig, MeshConfig, ModelConfig, MonitorConfig, TrainConfig
 from ln_jax.data.config import DataConfig
-from ln_jax.finetune.tasks import TASKS
-from ln_jax.optim import OptimConfig
+from ln_jax.models.bert.finetune.tasks import TASKS
+from ln_jax.train.optim import OptimConfig
 from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
 
 HF_PREFIX = "hf:"
@@ -56,7 +56,7 @@ class FinetuneConfig:
 
     Attributes:
       name: run name; the default workdir is workdirs/<name>.
-      task: a key of `ln_jax.finetune.tasks.TASKS`.
+      task: a key of `ln_jax.models.bert.finetune.tasks.TASKS`.
       init_from: a pretraining workdir, or "hf:PATH" (a local HuggingFace BERT directory).
       init_step: the workdir's checkpoint to start from (None = its latest).
       seeds: one run per seed (classifier initialisation, dropout, example order).

@@ -1,13 +1,13 @@
 """The task boundary: what the one trainer needs to know of a model family and its objective.
 
-`ln_jax.steps`, `ln_jax.trainer`, `ln_jax.compile_check`, accumulation and the benchmarks work
-through a `Task` and import no model family. `TrainConfig.task` names it: a name of `TASKS`
-(BERT pretraining is "bert_pretraining") or any importable "module:attribute", a Task class
-(or factory) that `make_task` calls with the TrainConfig. So a family defined outside ln_jax (a
-test file, a user's package) trains on the same trainer, steps, accumulation, checkpoints and
+`ln_jax.train.steps`, `ln_jax.train.trainer`, `ln_jax.compile_check`, accumulation and the
+benchmarks work through a `Task` and import no model family. `TrainConfig.task` names it: a name of
+`TASKS` (BERT pretraining is "bert_pretraining") or any importable "module:attribute", a Task class
+(or factory) that `make_task` calls with the TrainConfig. So a family defined outside ln_jax (a test
+file, a user's package) trains on the same trainer, steps, accumulation, checkpoints and
 monitor with no change to ln_jax:
 
-    class MyTask:                      # satisfies `Task`; see ln_jax/bert_pretraining.py
+    class MyTask:                      # satisfies `Task`; see ln_jax/models/bert/pretraining.py
         name = "my_task"
         def __init__(self, cfg): self.cfg = cfg
         def build(self, rngs): ...
@@ -31,7 +31,7 @@ Array = jax.Array
 Batch = dict[str, Array]
 
 # name -> "module:attribute" of the tasks ln_jax ships (imported on first use)
-TASKS: dict[str, str] = {"bert_pretraining": "ln_jax.bert_pretraining:BertPretraining"}
+TASKS: dict[str, str] = {"bert_pretraining": "ln_jax.models.bert.pretraining:BertPretraining"}
 
 
 @runtime_checkable
@@ -85,7 +85,7 @@ class Task(Protocol):
         """(training iterator with get_state/set_state/close, evaluation batches)."""
 
     def forward_measures(self, model: Any, outputs: Any, batch: Batch) -> dict[str, Array]:
-        """Per-layer activation measures of a training forward pass (`ln_jax.monitor`); {}
+        """Per-layer activation measures of a training forward pass (`ln_jax.train.monitor`); {}
         if the family measures none. Called on measured steps only."""
 
     def parameter_measures(self, grads: Any, updates: Any, params: Any) -> dict[str, Array]:
@@ -114,7 +114,7 @@ def factory(name: str) -> Callable[[Any], Task]:
     if not sep:
         raise ValueError(
             f"unknown task {name!r}: give one of {', '.join(TASKS)} or 'module:attribute' of "
-            "a Task class (ln_jax/task.py)."
+            "a Task class (ln_jax/train/task.py)."
         )
     try:
         return getattr(importlib.import_module(module_name), attribute)

@@ -1,5 +1,5 @@
 """The one table of LayerNorm placements: each placement is a `PlacementRule`, data that
-`ln_jax.blocks.ResidualSublayer` interprets; no other code re-derives where a norm goes.
+`ln_jax.nn.blocks.ResidualSublayer` interprets; no other code re-derives where a norm goes.
 
 `parse_placement` turns a config's placement (one name, a per-layer list, "mixln") into one
 name per layer.

@@ -166,7 +166,7 @@ def record_config(workdir: str, config: Mapping[str, Any]) -> None:
 
 def schedule_change(old: Mapping[str, Any], new: Mapping[str, Any], step: int) -> str:
     """How the learning rate of the steps after `step` moves when the schedule changes."""
-    from ln_jax import optim  # the optimizer stack only when a schedule is compared
+    from ln_jax.train import optim  # the optimizer stack only when a schedule is compared
 
     lr_old = optim.make_schedule(optim.OptimConfig.from_mapping(old["optim"]))
     lr_new = optim.make_schedule(optim.OptimConfig.from_mapping(new["optim"]))

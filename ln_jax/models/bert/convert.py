@@ -6,7 +6,7 @@ downloaded.
 
 Usage::
 
-    from ln_jax import convert
+    from ln_jax.models.bert import convert
 
     # A directory written by `BertForPreTraining.save_pretrained(...)` (config.json plus
     # model.safetensors or pytorch_model.bin), or a single weights file beside a config.json.
@@ -37,9 +37,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from ln_jax import sharding
-from ln_jax.bert import BertEncoder, BertForPreTraining
 from ln_jax.config import ModelConfig
+from ln_jax.models.bert.model import BertEncoder, BertForPreTraining
+from ln_jax.train import sharding
 
 Arrays = dict[str, np.ndarray]
 ParamPath = tuple[Any, ...]
@@ -366,7 +366,7 @@ def load_hf_bert(
       config: a `ModelConfig` (placement "post"), an HF config dict, or None to read
         `config.json` beside the weights (the head count cannot be inferred from shapes).
       mesh: build the model sharded on this mesh (logical `rules`, default
-        `ln_jax.sharding.DEFAULT_RULES`) and place each array in its parameter's sharding.
+        `ln_jax.train.sharding.DEFAULT_RULES`) and place each array in its parameter's sharding.
       scan_layers: stack the layers for `lax.scan`; None keeps the config's setting.
       rules: logical axis rules used with `mesh`.
 
@@ -415,8 +415,8 @@ def _target_model(cls: type, cfg: ModelConfig, mesh: Any, rules: Any) -> Any:
     """The module to fill: abstract without a mesh, else created sharded.
 
     Without a mesh only shapes are traced (no initialisation is computed). Under a mesh the
-    module is created as `ln_jax.bert.create_model` does, so that each array can take its
-    parameter's sharding.
+    module is created as `ln_jax.models.bert.model.create_model` does, so that each array can
+    take its parameter's sharding.
     """
 
     def build() -> nnx.Module:

@@ -1,9 +1,9 @@
 """Pretraining: set-up and the loop (run identity, checkpoints, metrics, SIGTERM/Ctrl-C, NaN).
 
 `train_and_evaluate(cfg, workdir)` is what `train.py` runs and what the tests call. The state
-and the jitted steps come from `ln_jax.steps` (the same ones the ahead-of-time check, the
+and the jitted steps come from `ln_jax.train.steps` (the same ones the ahead-of-time check, the
 benchmarks and the analyses use); a placement's set-up (Admin's profiling) from
-`ln_jax.placement_setup`.
+`ln_jax.nn.placement_setup`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from typing import Any
 import jax
 from flax import nnx
 
-from ln_jax import accumulation, monitor, optim, paths, run_identity, sharding, steps
-from ln_jax.checkpoint import Checkpointer, CheckpointError
+from ln_jax import paths
 from ln_jax.config import TrainConfig
-from ln_jax.early_warning import EarlyWarning
-from ln_jax.metrics import METRICS_FILE, MetricsWriter, Progress, read_records
-from ln_jax.placement_setup import setup_placements
-from ln_jax.preemption import Preemption
-from ln_jax.task import Task, make_task
+from ln_jax.nn.placement_setup import setup_placements
+from ln_jax.train import accumulation, monitor, optim, run_identity, sharding, steps
+from ln_jax.train.checkpoint import Checkpointer, CheckpointError
+from ln_jax.train.early_warning import EarlyWarning
+from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, Progress, read_records
+from ln_jax.train.preemption import Preemption
+from ln_jax.train.task import Task, make_task
 from ln_jax.validate import ConfigError
 
 __all__ = [
@@ -79,7 +80,7 @@ def _check_device(cfg: TrainConfig) -> None:
 
 def setup(cfg: TrainConfig) -> Run:
     """Builds the mesh, the data pipelines, the sharded state and the jitted steps of `cfg`;
-    with `grad_accum_steps=0` the accumulation is chosen here (`ln_jax.accumulation`)."""
+    with `grad_accum_steps=0` the accumulation is chosen here (`ln_jax.train.accumulation`)."""
     _check_device(cfg)
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     task = make_task(cfg)
@@ -162,7 +163,7 @@ def _peek(iterator: Any) -> Callable[[], Batch]:
 
 
 def _setup_placements(run: Run, workdir: str) -> None:
-    """The placements' set-up hooks on the fresh parameters (`ln_jax.placement_setup`), with
+    """The placements' set-up hooks on the fresh parameters (`ln_jax.nn.placement_setup`), with
     step 0's dropout key; before a restore, which then overwrites what they set."""
     model = nnx.merge(run.graphdef, run.state["params"], run.rest)
     key = steps.dropout_key(run.cfg, 0)
@@ -181,7 +182,7 @@ def train_and_evaluate(
     """Trains `cfg` in `workdir`, resuming from its latest checkpoint if there is one.
 
     A workdir holds one run: resuming it with another config raises RunMismatchError, unless
-    every change is safe to continue with and `accept_changes` (`ln_jax.run_identity`).
+    every change is safe to continue with and `accept_changes` (`ln_jax.train.run_identity`).
     `hooks` are called as `hook(step, run)` after every step (measurements, custom logging).
 
     Returns:
@@ -227,7 +228,7 @@ def train_and_evaluate(
 
 
 def _check_identity(config_dict, workdir, ckpt, accept_changes) -> int | None:
-    """Checks `cfg` against the run the workdir holds (`ln_jax.run_identity`); returns the
+    """Checks `cfg` against the run the workdir holds (`ln_jax.train.run_identity`); returns the
     latest checkpointed step (None if none)."""
     latest = ckpt.latest_step()
     old = run_identity.read_config(workdir)

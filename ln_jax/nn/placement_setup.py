@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from ln_jax import admin
+from ln_jax.nn import admin
 
 Hook = Callable[[Any, Callable[[], Mapping[str, Any]], "jax.Array | None", "str | None"], None]
 

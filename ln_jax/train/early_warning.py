@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ln_jax.config import MonitorConfig
-from ln_jax.monitor import LAYER_NAME
+from ln_jax.train.monitor import LAYER_NAME
 
 MIN_HISTORY = 3
 __all__ = ["Alert", "EarlyWarning"]
@@ -68,7 +68,7 @@ class EarlyWarning:
 
     def check(self, step: int, values: dict[str, float]) -> list[Alert]:
         """The warnings of `step`, from its train metrics and monitor measurements
-        (`ln_jax.monitor.named`); then remembers the values."""
+        (`ln_jax.train.monitor.named`); then remembers the values."""
         found = [
             w
             for w in (

@@ -10,11 +10,11 @@ and mean; the best cell by median), and per run `WORKDIR/<cell>/seed<k>/` with `
 after every epoch). Batch `s` of a run is a function of (seed, s) only (each epoch a keyed
 permutation of the training set, the last partial batch dropped) and dropout keys are the
 train step's, so a run resumed from its last epoch's checkpoint logs what an uninterrupted
-one logs. SIGTERM and Ctrl-C (`ln_jax.preemption`) save the step in flight and raise Preempted;
-the rerun resumes from that step.
+one logs. SIGTERM and Ctrl-C (`ln_jax.train.preemption`) save the step in flight and raise
+Preempted; the rerun resumes from that step.
 
-The update is `ln_jax.steps`' one train step: `steps.model_state` builds the classifier's state
-(AdamW's moments in the parameters' shardings), and `steps.jit_train_step(..., forward=...)`
+The update is `ln_jax.train.steps`' one train step: `steps.model_state` builds the classifier's
+state (AdamW's moments in the parameters' shardings), and `steps.jit_train_step(..., forward=...)`
 jits that same step with the classification loss in place of pretraining's: NaN handling,
 clipping, the schedule and the dropout keys are shared, not rewritten.
 """
@@ -33,16 +33,21 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import paths, run_identity, sharding, steps
-from ln_jax.checkpoint import Checkpointer
+from ln_jax import paths
 from ln_jax.data import glue
-from ln_jax.finetune import model as model_lib
-from ln_jax.finetune.config import Cell, FinetuneConfig, train_config
-from ln_jax.finetune.pretrained import Pretrained, check_sequence_length, load_pretrained
-from ln_jax.finetune.tasks import TASKS, Task, predictions, task_scores
-from ln_jax.metrics import METRICS_FILE, MetricsWriter, read_records
-from ln_jax.preemption import Preemption
+from ln_jax.models.bert.finetune import model as model_lib
+from ln_jax.models.bert.finetune.config import Cell, FinetuneConfig, train_config
+from ln_jax.models.bert.finetune.pretrained import (
+    Pretrained,
+    check_sequence_length,
+    load_pretrained,
+)
+from ln_jax.models.bert.finetune.tasks import TASKS, Task, predictions, task_scores
 from ln_jax.results import write_json
+from ln_jax.train import run_identity, sharding, steps
+from ln_jax.train.checkpoint import Checkpointer
+from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, read_records
+from ln_jax.train.preemption import Preemption
 from ln_jax.validate import ConfigError, UserError
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ import numpy as np
 from flax import nnx
 
 from ln_jax import paths
-from ln_jax.bert import BertForPreTraining, create_model
-from ln_jax.init import admin_closed_form
+from ln_jax.models.bert.model import BertForPreTraining, create_model
+from ln_jax.nn.init import admin_closed_form
 
 __all__ = [
     "ADMIN_PROFILE",
@@ -173,7 +173,7 @@ def setup_admin(
     key: jax.Array | None,
     workdir: str | None = None,
 ) -> None:
-    """Admin's set-up hook (see `ln_jax.placement_setup`): profile omega before step 0.
+    """Admin's set-up hook (see `ln_jax.nn.placement_setup`): profile omega before step 0.
 
     With `admin_omega="profile"`, omega is read from WORKDIR/admin_profile.json when a run
     already profiled it, else profiled on `peek_batch()` (one training-mode forward pass per

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ln_jax.config import ModelConfig
-from ln_jax.init import admin_closed_form, deepnorm_alpha, deepnorm_beta
-from ln_jax.layers import DyT, FeedForward, LayerNorm, RMSNorm, SelfAttention, dropout, split_key
-from ln_jax.placements import PlacementRule
-from ln_jax.sharding import constrain
+from ln_jax.nn.init import admin_closed_form, deepnorm_alpha, deepnorm_beta
+from ln_jax.nn.layers import DyT, FeedForward, LayerNorm, RMSNorm, SelfAttention, dropout, split_key
+from ln_jax.nn.placements import PlacementRule
+from ln_jax.train.sharding import constrain
 
 Array = jax.Array
 Record = dict[str, Array]

@@ -1,17 +1,17 @@
 """Downstream fine-tuning (GLUE and the offline pair task) of pretrained ln_jax encoders.
 
-  from ln_jax.finetune import build_finetune_config, finetune
+  from ln_jax.models.bert.finetune import build_finetune_config, finetune
   summary = finetune(build_finetune_config(values), "workdirs/glue_mrpc")
 
 Modules: `config` (the typed config and one run's TrainConfig), `tasks` (task table, metrics),
 `pretrained` (start from a workdir step or hf:PATH), `model` (the [CLS] classifier and its loss,
-the `forward` of the one train step of `ln_jax.steps`), `run` (the grid x seeds, resumable runs,
-summary). Data: `ln_jax.data.glue`.
+the `forward` of the one train step of `ln_jax.train.steps`), `run` (the grid x seeds,
+resumable runs, summary). Data: `ln_jax.data.glue`.
 """
 
-from ln_jax.finetune.config import FinetuneConfig, build_finetune_config
-from ln_jax.finetune.run import finetune, format_summary
-from ln_jax.finetune.tasks import TASKS, task_scores
+from ln_jax.models.bert.finetune.config import FinetuneConfig, build_finetune_config
+from ln_jax.models.bert.finetune.run import finetune, format_summary
+from ln_jax.models.bert.finetune.tasks import TASKS, task_scores
 
 __all__ = [
     "TASKS",

@@ -8,7 +8,7 @@ encoder was trained with:
   placement it can train loads (per-layer lists, Admin with its learned omega, DeepNorm,
   scan_layers, ...); the arrays come from its orbax checkpoint, restored straight into their
   shardings on the fine-tuning mesh; the tokenizer is the run's (its data config);
-* `hf:PATH`: `ln_jax.convert.load_hf_encoder` (Post-LN), the WordPiece vocabulary of
+* `hf:PATH`: `ln_jax.models.bert.convert.load_hf_encoder` (Post-LN), the WordPiece vocabulary of
   `PATH/vocab.txt` (needs the `tokenizers` package).
 
 Every failure the user can fix is a `ConfigError`/`CheckpointError` naming it and the fix.
@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from ln_jax import paths, run_identity, steps
-from ln_jax.checkpoint import Checkpointer
+from ln_jax import paths
 from ln_jax.config import CheckpointConfig, ModelConfig
 from ln_jax.config_front import build_config
-from ln_jax.finetune.config import HF_PREFIX, FinetuneConfig
+from ln_jax.models.bert.finetune.config import HF_PREFIX, FinetuneConfig
+from ln_jax.train import run_identity, steps
+from ln_jax.train.checkpoint import Checkpointer
 from ln_jax.validate import ConfigError
 
 
@@ -149,7 +150,7 @@ class WordPieceTokenizer:
 
 
 def _from_hf(path_text: str, mesh) -> Pretrained:
-    from ln_jax import convert
+    from ln_jax.models.bert import convert
 
     path = Path(path_text).expanduser()
     where = f"init_from=hf:{path_text}"

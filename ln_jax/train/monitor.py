@@ -34,8 +34,8 @@ import numpy as np
 from flax import nnx
 
 from ln_jax.config import ModelConfig
-from ln_jax.init import deepnorm_alpha
-from ln_jax.layers import normalize, rms_normalize
+from ln_jax.nn.init import deepnorm_alpha
+from ln_jax.nn.layers import normalize, rms_normalize
 
 Array = jax.Array
 SUBLAYERS = ("attention", "ffn")

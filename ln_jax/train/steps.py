@@ -3,7 +3,7 @@
 The trainer, the ahead-of-time check (`compile_check`), automatic accumulation
 (`accumulation`), the benchmarks and the analyses all build their state and steps here, so an
 estimate or a measurement can never drift from what a run really does. The model family and
-its loss come from the config's task (`ln_jax.task`): nothing here names one.
+its loss come from the config's task (`ln_jax.train.task`): nothing here names one.
 
   pieces = init_state(cfg, mesh)        # parameters and optimizer state, created in shards
   pieces = abstract_state(cfg, mesh)    # the same tree as ShapeDtypeStructs, same shardings
@@ -14,8 +14,9 @@ take the global batch of `abstract_batch` (every array split over data x fsdp); 
 them inside `sharding.use_mesh(mesh)` (`in_mesh` wraps a step so), where the model's activation
 sharding constraints apply.
 
-Fine-tuning (`ln_jax.finetune`) trains with this same step: `model_state(classifier, cfg, mesh)`
-gives its state and `jit_train_step(..., forward=loss)` swaps in the classification loss.
+Fine-tuning (`ln_jax.models.bert.finetune`) trains with this same step:
+`model_state(classifier, cfg, mesh)` gives its state and `jit_train_step(..., forward=loss)`
+swaps in the classification loss.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import optim, sharding
 from ln_jax.config import RNG_IMPLS, TrainConfig
-from ln_jax.task import Task, make_task
+from ln_jax.train import optim, sharding
+from ln_jax.train.task import Task, make_task
 from ln_jax.validate import ConfigError
 
 Batch = dict[str, jax.Array]
@@ -246,12 +247,12 @@ def make_train_step(
     parameters; `nonfinite_step` records that step (with "skip", the first skipped one).
 
     With `measure` the same update also returns metrics["monitor"], the per-layer measurements
-    of `ln_jax.monitor` (a second compiled program that the trainer calls on logging steps
+    of `ln_jax.train.monitor` (a second compiled program that the trainer calls on logging steps
     only; the update itself is the same).
 
     `forward`: another task's loss, `(graphdef, params, rest, batch, key) -> (loss, metrics)`
-    (fine-tuning's classifier, `ln_jax.finetune`): the update, NaN handling and dropout keys
-    stay this step's.
+    (fine-tuning's classifier, `ln_jax.models.bert.finetune`): the update, NaN handling and
+    dropout keys stay this step's.
     """
 
     task = make_task(cfg)

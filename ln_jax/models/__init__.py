@@ -1,0 +1,1 @@
+"""Model families (one sub-package each) and their tasks."""

@@ -1,0 +1,3 @@
+"""The one trainer: task boundary, train state and steps, loop, checkpoints, optimizers, sharding,
+monitor, run identity.
+"""
