@@ -75,6 +75,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import measure  # noqa: E402
+from ln_jax import sharding  # noqa: E402
 from ln_jax.config import TrainConfig  # noqa: E402
 from ln_jax.config_front import (  # noqa: E402
     build_config,
@@ -82,7 +83,7 @@ from ln_jax.config_front import (  # noqa: E402
     override,
     parse_command_line,
 )
-from ln_jax.train import sharding, steps  # noqa: E402
+from ln_jax.train import steps  # noqa: E402
 
 DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 FEEDS = ("fixed", "loader", "both")

@@ -43,8 +43,8 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ln_jax import sharding  # noqa: E402
 from ln_jax.data import DataConfig, loader, pairs, pretraining, sources, tokenizer  # noqa: E402
-from ln_jax.train import sharding  # noqa: E402
 
 
 @dataclasses.dataclass

@@ -58,7 +58,8 @@ def train_config(args: argparse.Namespace) -> Any:
 
 def build_steps(args: argparse.Namespace) -> dict[str, Any]:
     """{"plain": one plain step, "measured": one measured step + host work}, both compiled."""
-    from ln_jax.train import monitor, sharding, steps
+    from ln_jax import sharding
+    from ln_jax.train import monitor, steps
     from ln_jax.train.early_warning import EarlyWarning
 
     cfg = train_config(args)

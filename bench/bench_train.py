@@ -195,8 +195,9 @@ def build_ln_jax(
     The step is traced and compiled here (first call), so that an experimental patch
     (`autodiff_ln`) applies to it and to nothing else.
     """
+    from ln_jax import sharding
     from ln_jax.compile_check import compile_report
-    from ln_jax.train import sharding, steps
+    from ln_jax.train import steps
 
     cfg = ln_jax_config(args, s, placement)
     mesh = sharding.single_device_mesh()

@@ -17,7 +17,7 @@ def base_config() -> ml_collections.ConfigDict:
     """BERT-base pretraining (Devlin et al. phase 1) with every field the trainer reads."""
     c = ml_collections.ConfigDict()
     c.name = "bert"  # run name; the default workdir is workdirs/<name>
-    # model family and objective (ln_jax/train/task.py): bert_pretraining, or "module:Class"
+    # model family and objective (ln_jax/task.py): bert_pretraining, or "module:Class"
     # of a Task
     c.task = "bert_pretraining"
     c.seed = 0  # parameter initialisation and dropout

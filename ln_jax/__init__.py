@@ -26,7 +26,7 @@ _MODULES = {
     "blocks": "ln_jax.nn.blocks",
     "convert": "ln_jax.models.bert.convert",
     "layers": "ln_jax.nn.layers",
-    "sharding": "ln_jax.train.sharding",
+    "sharding": "ln_jax.sharding",
     "steps": "ln_jax.train.steps",
     "trainer": "ln_jax.train.trainer",
 }

@@ -35,9 +35,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ln_jax import sharding
 from ln_jax.config import TrainConfig
 from ln_jax.config_front import build_config, config_from_command_line
-from ln_jax.train import accumulation, sharding, steps
+from ln_jax.train import accumulation, steps
 from ln_jax.validate import UserError
 
 GIB = 1024**3
@@ -62,7 +63,7 @@ def resolve_mesh(mesh: Any, cfg: TrainConfig) -> jax.sharding.Mesh:
     """A Mesh from a Mesh, a (data, fsdp, tensor) tuple, or None (= the config's mesh).
 
     Raises:
-      ValueError: from `ln_jax.train.sharding` when the mesh does not match the device count.
+      ValueError: from `ln_jax.sharding` when the mesh does not match the device count.
     """
     if isinstance(mesh, jax.sharding.Mesh):
         return mesh

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
+from ln_jax.task import factory as task_factory
 from ln_jax.train.optim import OptimConfig
-from ln_jax.train.task import factory as task_factory
 from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
 
 __all__ = [
@@ -404,7 +404,7 @@ class TrainConfig:
 
     Attributes:
       name: config name and variant (e.g. "bert_preln_mini"); names the default workdir.
-      task: the model family and objective (`ln_jax.train.task`): "bert_pretraining", or a
+      task: the model family and objective (`ln_jax.task`): "bert_pretraining", or a
         "module:attribute" Task class defined outside ln_jax.
       seed: seed of the parameters and of dropout (the data has its own, data.seed).
       total_steps: optimizer updates.

@@ -8,9 +8,9 @@ import jax
 import pytest
 
 from configs import bert_preln
-from ln_jax import compile_check
+from ln_jax import compile_check, sharding
 from ln_jax.config import TrainConfig
-from ln_jax.train import sharding, steps
+from ln_jax.train import steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -18,8 +18,8 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 import ln_jax
+from ln_jax import sharding
 from ln_jax.models.bert import convert
-from ln_jax.train import sharding
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

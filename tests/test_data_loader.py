@@ -12,11 +12,11 @@ import types
 import numpy as np
 import pytest
 
+from ln_jax import sharding
 from ln_jax.data import DataConfig, host_iterator, loader, parse_dataset
 from ln_jax.data import pairs as pairs_lib
 from ln_jax.data import pretraining as pt
 from ln_jax.data.stream import HostBatches
-from ln_jax.train import sharding
 
 pytest_plugins = ("tests.data_fixtures",)  # fixtures: data_dir, make_config, text_maker
 

@@ -18,6 +18,7 @@ from flax import nnx
 
 from configs import bert_preln
 from configs import glue as glue_configs
+from ln_jax import sharding
 from ln_jax.config import CheckpointConfig, TrainConfig
 from ln_jax.config_front import override
 from ln_jax.data import glue
@@ -27,7 +28,7 @@ from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune import run as ft_run
 from ln_jax.models.bert.finetune.tasks import TASKS, predictions, spearman, task_scores
 from ln_jax.models.bert.model import BertForPreTraining
-from ln_jax.train import run_identity, sharding, steps, trainer
+from ln_jax.train import run_identity, steps, trainer
 from ln_jax.train.checkpoint import Checkpointer, CheckpointError
 from ln_jax.validate import ConfigError
 

@@ -46,7 +46,7 @@ import pytest
 from flax import nnx
 
 import ln_jax
-from ln_jax.train import sharding
+from ln_jax import sharding
 
 CFG = ln_jax.ModelConfig(
     size="custom",

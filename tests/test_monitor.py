@@ -13,12 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ln_jax import sharding
 from ln_jax.analysis import training
 from ln_jax.config import MonitorConfig
 from ln_jax.data import make_pipeline
-from ln_jax.train import monitor, sharding, steps, trainer
+from ln_jax.task import make_task
+from ln_jax.train import monitor, steps, trainer
 from ln_jax.train.early_warning import EarlyWarning
-from ln_jax.train.task import make_task
 from tests.test_trainer import read_metrics, tiny_config
 
 pytest_plugins = ("tests.data_fixtures",)

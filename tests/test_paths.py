@@ -31,10 +31,10 @@ from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from orbax.checkpoint._src.path import gcs_utils
 
-from ln_jax import console, paths
+from ln_jax import console, paths, sharding
 from ln_jax.data import loader, sources
 from ln_jax.data import tokenizer as tk
-from ln_jax.train import run_identity, sharding, trainer
+from ln_jax.train import run_identity, trainer
 from tests.test_trainer import read_metrics, tiny_config
 
 pytest_plugins = ("tests.data_fixtures",)

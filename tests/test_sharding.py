@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import ln_jax
-from ln_jax.train import sharding
+from ln_jax import sharding
 
 CFG = ln_jax.ModelConfig(
     size="custom",

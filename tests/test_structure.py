@@ -70,7 +70,7 @@ NOT_YET = {"ln_jax.nn.admin": {"ln_jax.models.bert.model"}}
 
 def test_the_generic_modules_import_no_model_family():
     """The trainer, its steps, the ahead-of-time check and the layers work through the task
-    boundary (ln_jax/train/task.py) and import no model family."""
+    boundary (ln_jax/task.py) and import no model family."""
     graph = import_graph()
     for module, targets in graph.items():
         if module.startswith(GENERIC):

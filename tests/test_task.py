@@ -1,4 +1,4 @@
-"""The task boundary (ln_jax/train/task.py): a model family defined only in a test file
+"""The task boundary (ln_jax/task.py): a model family defined only in a test file
 (tests/toy_task.py) trains, accumulates, measures, evaluates and checkpoints on ln_jax's one
 trainer through the public protocol, with no change to ln_jax."""
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from ln_jax.config_front import build_config, load_config, override
+from ln_jax.task import TASKS, make_task
 from ln_jax.train import trainer
-from ln_jax.train.task import TASKS, make_task
 
 TOY = "tests.toy_task:ToyRegression"
 
@@ -57,7 +57,8 @@ def records(workdir) -> list[dict]:
 
 
 def final_params(workdir) -> list[np.ndarray]:
-    from ln_jax.train import sharding, steps
+    from ln_jax import sharding
+    from ln_jax.train import steps
     from ln_jax.train.checkpoint import Checkpointer
 
     cfg = toy_config()

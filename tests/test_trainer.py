@@ -17,9 +17,10 @@ import pytest
 from flax import nnx
 
 from configs import bert_postln, bert_preln
+from ln_jax import sharding
 from ln_jax.config import TrainConfig
 from ln_jax.data import make_pipeline
-from ln_jax.train import sharding, steps, trainer
+from ln_jax.train import steps, trainer
 from tests.xla_env import xla_flags
 
 pytest_plugins = ("tests.data_fixtures",)

@@ -1,6 +1,6 @@
 """A model family defined outside ln_jax: a two-sub-layer Pre-LN regressor with its own
 weighted squared-error loss, data, evaluation and measurements, reached only through the
-public task protocol (`ln_jax.train.task`) as `--config.task=tests.toy_task:ToyRegression`."""
+public task protocol (`ln_jax.task`) as `--config.task=tests.toy_task:ToyRegression`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ln_jax import sharding
 from ln_jax.nn.blocks import ResidualSublayer
 from ln_jax.nn.layers import Dense, FeedForward
 from ln_jax.nn.placements import PLACEMENTS
-from ln_jax.train import sharding
 
 EVAL_BATCHES = 2
 

@@ -276,7 +276,8 @@ def load_checkpoint(path: str) -> tuple[TrainConfig, BertForPreTraining, int]:
 
     The config comes from the checkpoint itself; the parameters are restored onto one device.
     """
-    from ln_jax.train import sharding, steps
+    from ln_jax import sharding
+    from ln_jax.train import steps
     from ln_jax.train.checkpoint import Checkpointer
 
     directory = checkpoint_dir(path)

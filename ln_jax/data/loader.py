@@ -28,6 +28,7 @@ import grain
 import jax
 import numpy as np
 
+from ln_jax import sharding as sharding_lib
 from ln_jax.data import pairs as pairs_lib
 from ln_jax.data import pretraining
 from ln_jax.data import sources as sources_lib
@@ -40,7 +41,6 @@ from ln_jax.data.host_iterator import (  # noqa: F401  (re-exported: loader's pu
 )
 from ln_jax.data.stream import ExampleStream, HostBatches
 from ln_jax.data.tokenizer import Tokenizer, get_tokenizer
-from ln_jax.train import sharding as sharding_lib
 from ln_jax.validate import ConfigError, UserError
 
 SPLITS = ("train", "eval")
@@ -59,7 +59,7 @@ def check_global_batch(global_batch_size: int, divisor: int, process_count: int)
 
     Args:
       global_batch_size: B.
-      divisor: `ln_jax.train.sharding.batch_divisor(mesh)` (data x fsdp devices).
+      divisor: `ln_jax.sharding.batch_divisor(mesh)` (data x fsdp devices).
       process_count: number of JAX processes.
     """
     for what, n in (("batch_divisor(mesh) (data x fsdp devices)", divisor),

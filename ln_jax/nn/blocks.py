@@ -16,7 +16,7 @@ from ln_jax.config import ModelConfig
 from ln_jax.nn.init import admin_closed_form, deepnorm_alpha, deepnorm_beta
 from ln_jax.nn.layers import DyT, FeedForward, LayerNorm, RMSNorm, SelfAttention, dropout, split_key
 from ln_jax.nn.placements import PlacementRule
-from ln_jax.train.sharding import constrain
+from ln_jax.sharding import constrain
 
 Array = jax.Array
 Record = dict[str, Array]

@@ -1,6 +1,6 @@
 """Building blocks: dense layers, LayerNorm, embeddings, self-attention, feed-forward.
 
-Every parameter is float32 and carries logical axis names (see `ln_jax.train.sharding`); computation
+Every parameter is float32 and carries logical axis names (see `ln_jax.sharding`); computation
 casts parameters to the configured compute dtype, while LayerNorm statistics and the attention
 softmax stay in float32. Dropout takes an explicit PRNG key (None = deterministic), so a training
 step's randomness is a pure function of its key.
@@ -18,7 +18,7 @@ from flax import nnx
 
 from ln_jax.config import ModelConfig
 from ln_jax.nn.init import dense_init
-from ln_jax.train.sharding import constrain
+from ln_jax.sharding import constrain
 
 Array = jax.Array
 

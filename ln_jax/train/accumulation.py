@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from ln_jax.train import sharding
+from ln_jax import sharding
 
 log = logging.getLogger(__name__)
 GiB = 2**30

@@ -3,7 +3,7 @@
 The trainer, the ahead-of-time check (`compile_check`), automatic accumulation
 (`accumulation`), the benchmarks and the analyses all build their state and steps here, so an
 estimate or a measurement can never drift from what a run really does. The model family and
-its loss come from the config's task (`ln_jax.train.task`): nothing here names one.
+its loss come from the config's task (`ln_jax.task`): nothing here names one.
 
   pieces = init_state(cfg, mesh)        # parameters and optimizer state, created in shards
   pieces = abstract_state(cfg, mesh)    # the same tree as ShapeDtypeStructs, same shardings
@@ -32,9 +32,10 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ln_jax import sharding
 from ln_jax.config import RNG_IMPLS, TrainConfig
-from ln_jax.train import optim, sharding
-from ln_jax.train.task import Task, make_task
+from ln_jax.task import Task, make_task
+from ln_jax.train import optim
 from ln_jax.validate import ConfigError
 
 Batch = dict[str, jax.Array]

@@ -17,15 +17,15 @@ from typing import Any
 import jax
 from flax import nnx
 
-from ln_jax import paths
+from ln_jax import paths, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.nn.placement_setup import setup_placements
-from ln_jax.train import accumulation, monitor, optim, run_identity, sharding, steps
+from ln_jax.task import Task, make_task
+from ln_jax.train import accumulation, monitor, optim, run_identity, steps
 from ln_jax.train.checkpoint import Checkpointer, CheckpointError
 from ln_jax.train.early_warning import EarlyWarning
 from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, Progress, read_records
 from ln_jax.train.preemption import Preemption
-from ln_jax.train.task import Task, make_task
 from ln_jax.validate import ConfigError
 
 __all__ = [

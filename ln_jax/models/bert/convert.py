@@ -37,9 +37,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from ln_jax import sharding
 from ln_jax.config import ModelConfig
 from ln_jax.models.bert.model import BertEncoder, BertForPreTraining
-from ln_jax.train import sharding
 
 Arrays = dict[str, np.ndarray]
 ParamPath = tuple[Any, ...]
@@ -366,7 +366,7 @@ def load_hf_bert(
       config: a `ModelConfig` (placement "post"), an HF config dict, or None to read
         `config.json` beside the weights (the head count cannot be inferred from shapes).
       mesh: build the model sharded on this mesh (logical `rules`, default
-        `ln_jax.train.sharding.DEFAULT_RULES`) and place each array in its parameter's sharding.
+        `ln_jax.sharding.DEFAULT_RULES`) and place each array in its parameter's sharding.
       scan_layers: stack the layers for `lax.scan`; None keeps the config's setting.
       rules: logical axis rules used with `mesh`.
 

@@ -11,7 +11,7 @@ from ln_jax.config import ModelConfig
 from ln_jax.nn.blocks import ACT, Encoder, Record
 from ln_jax.nn.init import embed_init
 from ln_jax.nn.layers import Dense, LayerNorm, activation, custom_backwards, dropout, split_key
-from ln_jax.train.sharding import constrain
+from ln_jax.sharding import constrain
 
 Array = jax.Array
 # The logit of a padded vocabulary row: exp() of it is 0 after any softmax's max-subtraction,
@@ -281,7 +281,7 @@ def create_model(
     cfg: ModelConfig, *, seed: int = 0, mesh: jax.sharding.Mesh | None = None, rules=None
 ) -> BertForPreTraining:
     """Builds the model; under `mesh` every parameter is created directly in its shards."""
-    from ln_jax.train import sharding
+    from ln_jax import sharding
 
     def make(rngs: nnx.Rngs) -> BertForPreTraining:
         return BertForPreTraining(cfg, rngs=rngs)

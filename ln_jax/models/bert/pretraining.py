@@ -1,4 +1,4 @@
-"""BERT pretraining (masked LM + next-sentence prediction) as a `ln_jax.train.task.Task`.
+"""BERT pretraining (masked LM + next-sentence prediction) as a `ln_jax.task.Task`.
 
 Everything the trainer knows of BERT pretraining goes through this class: the model, the
 batch's keys, the MLM/NSP loss with its token-weighted denominators, the evaluation sums, the
@@ -13,8 +13,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ln_jax import sharding
 from ln_jax.models.bert.model import BertForPreTraining, pretraining_loss
-from ln_jax.train import monitor, sharding
+from ln_jax.train import monitor
 from ln_jax.validate import ConfigError
 
 Array = jax.Array

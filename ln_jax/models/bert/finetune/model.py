@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from ln_jax import sharding
 from ln_jax.config import ModelConfig
 from ln_jax.models.bert.model import BertEncoder
 from ln_jax.nn.layers import Dense, dropout, split_key
-from ln_jax.train import sharding
 
 Array = jax.Array
 

@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import paths
+from ln_jax import paths, sharding
 from ln_jax.data import glue
 from ln_jax.models.bert.finetune import model as model_lib
 from ln_jax.models.bert.finetune.config import Cell, FinetuneConfig, train_config
@@ -44,7 +44,7 @@ from ln_jax.models.bert.finetune.pretrained import (
 )
 from ln_jax.models.bert.finetune.tasks import TASKS, Task, predictions, task_scores
 from ln_jax.results import write_json
-from ln_jax.train import run_identity, sharding, steps
+from ln_jax.train import run_identity, steps
 from ln_jax.train.checkpoint import Checkpointer
 from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, read_records
 from ln_jax.train.preemption import Preemption

@@ -114,7 +114,7 @@ def factory(name: str) -> Callable[[Any], Task]:
     if not sep:
         raise ValueError(
             f"unknown task {name!r}: give one of {', '.join(TASKS)} or 'module:attribute' of "
-            "a Task class (ln_jax/train/task.py)."
+            "a Task class (ln_jax/task.py)."
         )
     try:
         return getattr(importlib.import_module(module_name), attribute)
