@@ -6,7 +6,7 @@ model per seed), or one trained checkpoint. Two settings exist:
 * "bert": the BERT model of `config.model` on real corpus batches (or random tokens), with the
   placement and depth of each arm. The analysis defaults use Xavier initialisation at CPU width
   (d = 128): with BERT's fixed sigma = 0.02 the residual branches start nearly silent at small
-  width and the papers' effects vanish (see the README).
+  width and the papers' effects vanish (see docs/analysis.md).
 * "theory": Xiong et al.'s (2020, section 3.3) setting: single-head attention with
   W^Q = W^K = 0, d x d FFN matrices, ReLU, Xavier weights, zero biases, Gaussian input vectors
   x ~ N(0, I_d) fed straight into the encoder stack (no embeddings), softmax loss over a fixed

@@ -95,8 +95,8 @@ PLACEMENTS: dict[str, PlacementRule] = {
 NOT_ROWS = {
     "ngpt": "nGPT is not available: besides its residual step Norm(h + a*(Norm(F(h)) - h)) it "
     "renormalises every weight matrix after each optimizer update and rescales q/k, the FFN and "
-    "the logits inside the sub-layers, which the placement table cannot express (README, "
-    "'The library'). Closest rows: 'olmo2' (normalised branch output) or 'pre'."
+    "the logits inside the sub-layers, which the placement table cannot express (docs/library.md). "
+    "Closest rows: 'olmo2' (normalised branch output) or 'pre'."
 }
 
 
