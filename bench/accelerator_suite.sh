@@ -9,18 +9,21 @@
 #   GPU (default): BERT-base, batch 256 x 128, bf16, dropout 0.1 everywhere:
 #     1. the GPU tests (tests/test_accelerator.py: cuDNN dropout read off the kernel, ...)
 #     2. the step benchmark, arms side by side in one process (bench_accel.py --arm):
-#        default (the config's "auto" choices: bf16, XLA attention with its dropout,
-#        threefry), rbg (dropout_rng=rbg), cudnn_nodrop (attention dropout 0: "auto" takes
-#        cuDNN's fused attention), main (default at the main job's vocabulary, 8000: the step
-#        the main job is compared with); a profile of `default` summarised by kernel class
-#        (profile_summary.py) and the optimised HLO (hlo/) to match its fusion names
+#        default (the config's "auto" choices), pallas (attention_impl=pallas: the fused
+#        attention whose dropout is keyed by the step, ln_jax/nn/flash.py), hash
+#        (dropout_rng=hash: fused counter-hash dropout bits), pallas_hash (both), cudnn_nodrop
+#        (attention dropout 0: "auto" takes cuDNN's fused attention), main (default at the
+#        main job's vocabulary, 8000: the step the main job is compared with); a profile of
+#        $PROFILE_ARM (default pallas_hash) summarised by kernel class (profile_summary.py)
+#        and the optimised HLO (hlo/) to match its fusion names
 #     3. the PyTorch anchor: HuggingFace BertForPreTraining, eager and torch.compile, MLM at
 #        all positions and at the masked ones (bench_torch_anchor.py)
 #     4. the main job: train.py, configs/bert_preln.py for 300 steps on the embedded corpus
 #        (prepared in a fresh TFDS dir), loader, monitor and checkpoint at their defaults
 #     5. cuDNN dropout facts (cudnn_dropout_facts.py), then the table (suite_report.py)
 #   --cpu: the same steps at tiny shapes on the CPU (CI runs this so the suite never rots);
-#     no GPU tests, cuDNN facts, rbg or cudnn_nodrop arm, HLO dump or torch.compile.
+#     no GPU tests, cuDNN facts, cudnn_nodrop arm, HLO dump or torch.compile (the pallas
+#     arms run Pallas's interpreter).
 #
 # It installs nothing from a network: it uses the python3 on PATH (or $PYTHON) and its
 # packages, plus the wheels in --wheels DIR if given (pip --no-index into a temporary folder).
@@ -114,16 +117,19 @@ else
   MAIN=(--config=configs/bert_preln.py:tiny --config.total_steps=6 --config.log_every=2
         --config.eval_every=0 --config.eval_batches=1 --config.checkpoint_every=0)
 fi
-ARMS=(--arm=default)  # the config as a user runs it ("auto": XLA attention, its dropout)
-[ "$MODE" = gpu ] && ARMS+=(--arm=rbg:dropout_rng=rbg)
+ARMS=(--arm=default)  # the config as a user runs it (its "auto" choices)
+ARMS+=(--arm=pallas:model.attention_impl=pallas)  # fused attention, dropout keyed by the step
+ARMS+=(--arm=hash:dropout_rng=hash)  # hidden dropout bits from a fused counter hash
+ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 [ "$MODE" = gpu ] && ARMS+=(--arm=cudnn_nodrop:model.attention_dropout=0.0)  # -> cuDNN
 ARMS+=(--arm=main:data.vocab_size=8000)  # default at the main job's vocabulary
+PROFILE_ARM=${PROFILE_ARM:-pallas_hash}
 BENCH_ENV=()
 # The optimised HLO, to match the profile's fusion names (input_transpose_fusion_25, ...).
 [ "$MODE" = gpu ] && BENCH_ENV=(env "XLA_FLAGS=${XLA_FLAGS:-} --xla_dump_to=$OUT/hlo \
   --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*step_fn.*")
 step bench 300 "${BENCH_ENV[@]}" "$PY" bench/bench_accel.py "${SHAPE[@]}" "${ARMS[@]}" \
-  --profile_arm=default --profile_dir="$OUT/trace" --profile_steps=3 --out="$OUT/arms.json"
+  --profile_arm="$PROFILE_ARM" --profile_dir="$OUT/trace" --profile_steps=3 --out="$OUT/arms.json"
 step profile 60 "$PY" bench/profile_summary.py "$OUT/trace" --steps=3 --out="$OUT/profile.json"
 step torch 200 "$PY" bench/bench_torch_anchor.py "${TORCH[@]}" --out="$OUT/torch.json"
 rm -rf "$OUT/main_job"

@@ -476,8 +476,16 @@ def run_arms(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=len(args.arms)) as pool:
         futures = {n: pool.submit(_compile_arm, args, argv, o) for n, o in args.arms.items()}
-        built = {name: future.result() for name, future in futures.items()}
+        built, failed = {}, {}
+        for name, future in futures.items():
+            try:
+                built[name] = future.result()
+            except Exception as err:  # one arm that cannot build must not lose the others
+                failed[name] = f"{type(err).__name__}: {str(err)[:2000]}"
+                print(f"arm {name} failed to build: {failed[name][:400]}", file=sys.stderr)
     print(f"{len(built)} arms built and compiled in {time.perf_counter() - start:.1f} s")
+    if not built:
+        raise SystemExit(f"no arm could be built: {failed}")
     feeds = {}
     for name, (cfg, mesh, pieces, compiled, _) in built.items():
         feeds[name] = Feeds(compiled, pieces, fixed_batch(shape_of(cfg), mesh), None)
@@ -493,9 +501,10 @@ def run_arms(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     base = next(iter(arms.values()))["feeds"]["fixed"]["median_s"]
     for r in arms.values():
         r["speedup_over_first"] = base / r["feeds"]["fixed"]["median_s"]
-    if args.profile_dir and args.profile_arm:
+    if args.profile_dir and args.profile_arm in steps:
         profile({args.profile_arm: steps[args.profile_arm]}, args.profile_dir, args.profile_steps)
-    return {"arms": arms, "steps": args.steps, "warmup": args.warmup}
+    out = {"arms": arms, "failed": failed, "steps": args.steps, "warmup": args.warmup}
+    return {**out, "profile_arm": args.profile_arm}
 
 
 def print_arms(result: dict[str, Any]) -> None:

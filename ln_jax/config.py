@@ -39,8 +39,14 @@ NORMS = ("layernorm", "rmsnorm")
 ADMIN_OMEGAS = ("profile", "closed_form")
 
 
-ATTENTION_IMPLS = ("xla", "cudnn")
-RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}  # -> JAX's
+ATTENTION_IMPLS = ("xla", "cudnn", "pallas")
+# -> JAX's impl name ("hash": ln_jax.nn.random.HASH_PRNG, resolved by `prng_impl` there)
+RNG_IMPLS = {
+    "threefry": "threefry2x32",
+    "rbg": "rbg",
+    "unsafe_rbg": "unsafe_rbg",
+    "hash": "ln_jax_hash",
+}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 AUTO = "auto"  # a field resolved by the platform when the typed config is built
 
@@ -128,7 +134,9 @@ class ModelConfig:
         the padded rows are never looked up and their logits are masked (-1e9), so losses
         and predictions are those of the unpadded model. HF import/export use vocab_size rows.
       attention_impl: "xla", "cudnn" (cuDNN's fused attention: an NVIDIA GPU, bf16/fp16, no
-        attention dropout) or "auto" (resolved when the config is built: "cudnn" on a GPU
+        attention dropout), "pallas" (`ln_jax.nn.flash`: a fused attention whose dropout is
+        keyed by the step's key; Triton on NVIDIA GPUs, Pallas's interpreter on CPU (slow,
+        for tests), not on TPUs) or "auto" (resolved when the config is built: "cudnn" on a GPU
         where it can run the config, else "xla"; see `auto_attention`). Both take the padding
         as sequence lengths of a right-padded mask. cuDNN's own attention dropout is refused:
         measured on an H200 (jax 0.11.2), it draws the same masks at every step.
@@ -415,6 +423,8 @@ class TrainConfig:
       dropout_rng: PRNG of the dropout masks: "threefry" (JAX's default: the same bits on every
         backend and sharding), "rbg" or "unsafe_rbg" (the accelerator's bit generator: far
         cheaper for BERT-base's ~1.2e9 dropout bits per step; bits depend on the backend), or
+        "hash" (threefry keys, bits from a counter hash of the element index that XLA fuses
+        into the op using the mask: no bit array in memory; `ln_jax.nn.random`), or
         "auto" (resolved when the config is built: rbg on a TPU, threefry elsewhere).
       nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
         last good checkpoint is kept) or "skip" (drop that update and go on).

@@ -381,3 +381,18 @@ def mirror_shardings(tree: Any, params: Any, mesh: jax.sharding.Mesh) -> Any:
         return replicated
 
     return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+def per_shard(
+    fn: Callable, in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None]
+) -> Callable:
+    """`fn` applied to each device's shard of its arguments (`jax.shard_map` over the context
+    mesh, each argument and the output split by its logical names); `fn` itself outside a
+    mesh. For kernels XLA cannot partition (Pallas calls), whose work is independent along
+    the sharded axes."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty:
+        return fn
+    in_specs = tuple(nn.logical_to_mesh_axes(tuple(n)) for n in in_names)
+    out_spec = nn.logical_to_mesh_axes(tuple(out_names))
+    return jax.shard_map(fn, in_specs=in_specs, out_specs=out_spec, check_vma=False)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ln_jax
-from ln_jax.config import TrainConfig
+from ln_jax.config import RNG_IMPLS, TrainConfig
 from ln_jax.models.bert import model as bert
 from ln_jax.nn import layers
 from ln_jax.train import steps
@@ -156,6 +156,29 @@ def test_cudnn_off_a_gpu_is_an_error_before_any_compile(data_dir, tmp_path):
         trainer.setup(cfg)
 
 
+@pytest.mark.skipif(not HAS_GPU, reason="the Triton kernel needs an NVIDIA GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_pallas_kernel_on_gpu_computes_the_reference_under_dropout(causal):
+    """Compiled by Triton, bf16, BERT-base head shapes, dropout 0.1, padding: the same output
+    and gradients as `reference_attention` (same masks, XLA ops, float32 softmax)."""
+    from ln_jax.nn import flash
+
+    q, k, v = _qkv(3, jnp.bfloat16, b=2, t=256, n=4, h=64)
+    g = _qkv(4, jnp.bfloat16, b=2, t=256, n=4, h=64)[0]
+    valid = jnp.asarray(_right_padded([256, 57], t=256)) > 0
+    opts = dict(causal=causal, dropout_rate=0.1, dropout_key=jax.random.key(11))
+
+    def run(fn):
+        out, vjp = jax.vjp(lambda *a: fn(*a, valid, **opts), q, k, v)
+        return [np.asarray(x, np.float32) for x in (out, *vjp(g))]
+
+    got = run(flash.flash_attention)
+    ref = run(flash.reference_attention)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, ref, strict=False):
+        scale = np.abs(y).max()
+        assert np.abs(x - y).max() <= 3e-2 * scale, (name, np.abs(x - y).max(), scale)
+
+
 @pytest.mark.skipif(not HAS_GPU, reason="cuDNN attention needs an NVIDIA GPU")
 def test_cudnn_attention_with_padding_equals_xla_on_gpu():
     q, k, v = _qkv(1, jnp.bfloat16, b=2, t=128, n=4, h=64)
@@ -251,7 +274,7 @@ def test_bf16_loss_tracks_float32_loss():
 
 def test_dropout_rng_choice_sets_the_key_implementation():
     cfg = TrainConfig()
-    for name, impl in (("threefry", "threefry2x32"), ("rbg", "rbg"), ("unsafe_rbg", "unsafe_rbg")):
+    for name, impl in RNG_IMPLS.items():
         key = steps.dropout_key(dataclasses.replace(cfg, dropout_rng=name), 3)
         assert str(jax.random.key_impl(key)) == impl
     a = steps.dropout_key(dataclasses.replace(cfg, dropout_rng="rbg"), 3)

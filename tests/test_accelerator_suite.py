@@ -30,7 +30,9 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, 
     assert all(": rc=0 " in line for line in status), status
 
     arms = json.loads((out / "arms.json").read_text())["arms"]
-    assert list(arms) == ["default", "main"]
+    assert list(arms) == ["default", "pallas", "hash", "pallas_hash", "main"]
+    assert arms["pallas"]["config"]["attention_impl"] == "pallas"
+    assert arms["hash"]["config"]["dropout_rng"] == "hash"
     assert arms["default"]["config"]["dropout_rng"] == "threefry"  # "auto" on a CPU
     assert arms["default"]["config"]["attention_impl"] == "xla"
     assert arms["main"]["shape"]["vocab"] == 8000 and arms["default"]["shape"]["vocab"] == 30522
@@ -57,4 +59,6 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, 
     assert ratio["value"] == pytest.approx(main_s / arms["main"]["feeds"]["fixed"]["median_s"])
     assert ratio["met"] == (ratio["value"] <= 1.05)
     assert "main_job_over_fixed" in (out / "summary.md").read_text()
+    recipe = {n: r["feeds"]["fixed"]["median_s"] for n, r in arms.items() if n != "main"}
+    assert summary["targets"]["fastest_recipe_arm"] == min(recipe, key=recipe.get)
     assert "| ln_jax default (xla, threefry, V=30522) |" in run.stdout

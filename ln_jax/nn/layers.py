@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ln_jax.config import ModelConfig
+from ln_jax.nn import flash
 from ln_jax.nn.init import dense_init
 from ln_jax.sharding import constrain
 
@@ -261,8 +262,9 @@ class SelfAttention(nnx.Module):
     ) -> Array:
         """x [batch, length, embed], mask [batch, length] (1 = token, right-padded: tokens
         first) -> [batch, length, embed]. Padded keys are masked through sequence lengths, the
-        same way for the "xla" and "cudnn" implementations. Attention dropout (keyed by
-        `dropout_key`) runs on the XLA path; the config keeps it off cuDNN's (see
+        same way for the "xla" and "cudnn" implementations ("pallas" takes the mask itself).
+        Attention dropout (keyed by `dropout_key`) runs on the XLA and Pallas paths (other
+        masks: `ln_jax.nn.flash`); the config keeps it off cuDNN's (see
         `ModelConfig.cudnn_problem`)."""
         names = ("act_batch", "act_length", "act_heads", "act_kv")
         q = constrain(self.query(x), names)
@@ -270,6 +272,12 @@ class SelfAttention(nnx.Module):
         if self.query_norm is not None:
             q, k = self.query_norm(q), self.key_norm(k)
         v = constrain(self.value(x), names)
+        if self.impl == "pallas":
+            valid = None if mask is None else mask > 0
+            ctx = flash.flash_attention(
+                q, k, v, valid, dropout_rate=self.dropout_rate, dropout_key=dropout_key
+            )
+            return self.out(constrain(ctx, names))
         lengths = sequence_lengths(mask)
         if dropout_key is not None and self.dropout_rate > 0.0:
             bool_mask = key_mask(lengths, x.shape[1])

@@ -33,7 +33,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ln_jax import sharding
-from ln_jax.config import RNG_IMPLS, TrainConfig
+from ln_jax.config import TrainConfig
+from ln_jax.nn.random import prng_impl
 from ln_jax.task import Task, make_task
 from ln_jax.train import optim
 from ln_jax.validate import ConfigError
@@ -234,7 +235,7 @@ def _grads(graphdef, params, rest, batch, key, cfg, task, measure=False, forward
 
 def dropout_key(cfg: TrainConfig, step: Any) -> jax.Array:
     """The dropout key of update `step` (0-based; traced or not), of `cfg.dropout_rng`."""
-    base = jax.random.key(cfg.seed, impl=RNG_IMPLS[cfg.dropout_rng])
+    base = jax.random.key(cfg.seed, impl=prng_impl(cfg.dropout_rng))
     return jax.random.fold_in(base, step)
 
 

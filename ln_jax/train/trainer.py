@@ -76,6 +76,11 @@ def _check_device(cfg: TrainConfig) -> None:
             f"model.attention_impl='cudnn' needs an NVIDIA GPU, but JAX runs on {backend}; "
             "use --config.model.attention_impl=xla here."
         )
+    if cfg.model.attention_impl == "pallas" and backend == "tpu":
+        raise ConfigError(
+            "model.attention_impl='pallas' is a Triton kernel for NVIDIA GPUs (Pallas's "
+            "interpreter on CPU); a TPU needs --config.model.attention_impl=xla."
+        )
 
 
 def setup(cfg: TrainConfig) -> Run:

@@ -1,0 +1,384 @@
+"""Fused softmax attention with dropout keyed by the step's PRNG key (Pallas, Triton on GPUs).
+
+`flash_attention(q, k, v, ...)` computes softmax(q k^T / sqrt(H) + mask) with inverted dropout
+on the probabilities, times v, without materialising the [B, N, T, S] probabilities in memory:
+the forward keeps a running max and sum per query row (the online softmax), and the backward
+recomputes the probabilities from q, k and the saved log-sum-exp.
+
+Dropout that can be reproduced: the mask is a function of the step's key alone. The key draws
+one 32-bit seed per (batch, head, query row) with `jax.random.bits` (threefry on GPUs; a
+[B, N, T] array, 1.5 MB at BERT-base batch 256), and the kernel expands each row's seed over
+the key positions with a counter hash (`keep_mask`): entry (row, s) is kept when
+`lowbias32(seed_row + s * golden) >> 8 >= rate * 2**24` (`ln_jax.nn.random`). The seeds are
+drawn for the global batch, so the masks do not depend on the mesh. The backward recomputes the same
+mask, a resumed run redraws the same masks, and `reference_attention` computes the same
+function with plain XLA ops (the tests compare the kernel with it).
+
+Layout: q [B, T, N, H], k/v [B, S, N, H], as the projections produce them, so no transpose
+runs around the kernel. Lengths and head sizes are padded up to the kernel's blocks (powers of
+two) inside the call. On CPU the kernel runs in Pallas's interpreter (for tests: slow); on
+NVIDIA GPUs it compiles with Triton. TPUs need a Mosaic kernel, which this is not (the config
+refuses `attention_impl="pallas"` there).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from ln_jax.nn.random import keep_mask
+from ln_jax.sharding import per_shard
+
+Array = jax.Array
+
+_NEG = -1e30  # logit of a masked key (finite: a row with no valid key stays finite)
+MAX_BLOCK = 128
+
+
+def row_seeds(key: Array, batch: int, heads: int, length: int) -> Array:
+    """The step key -> [batch, heads, length] int32 seeds, one per query row."""
+    bits = jax.random.bits(key, (batch, heads, length), jnp.uint32)
+    return jax.lax.bitcast_convert_type(bits, jnp.int32)
+
+
+def reference_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    key_valid: Array | None = None,
+    *,
+    causal: bool = False,
+    dropout_rate: float = 0.0,
+    dropout_key: Array | None = None,
+) -> Array:
+    """The function `flash_attention` computes, in plain XLA ops (probabilities materialised).
+
+    q [B, T, N, H], k/v [B, S, N, H], key_valid [B, S] bool -> [B, T, N, H] in q's dtype."""
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.where(_valid(key_valid, causal, b, t, s), logits * h**-0.5, _NEG)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if dropout_key is not None and dropout_rate > 0.0:
+        seeds = row_seeds(dropout_key, b, n, t)[..., None]
+        keep = keep_mask(seeds, jnp.arange(s, dtype=jnp.int32)[None, :], dropout_rate)
+        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    return jnp.einsum("bnts,bsnh->btnh", probs.astype(v.dtype), v).astype(q.dtype)
+
+
+def _valid(key_valid: Array | None, causal: bool, b: int, t: int, s: int) -> Array:
+    """[B, 1, T, S] (or broadcastable) bool: which (query, key) pairs attend."""
+    valid = jnp.ones((b, 1, 1, s), bool) if key_valid is None else key_valid[:, None, None, :]
+    if causal:
+        valid = valid & (jnp.arange(t)[:, None] >= jnp.arange(s)[None, :])
+    return valid
+
+
+def supported_reason(head_dim: int) -> str | None:
+    """Why the kernel cannot take this shape, or None."""
+    if head_dim > 256:
+        return f"head_dim {head_dim} > 256 (one head must fit the kernel's block)"
+    return None
+
+
+def flash_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    key_valid: Array | None = None,
+    *,
+    causal: bool = False,
+    dropout_rate: float = 0.0,
+    dropout_key: Array | None = None,
+    interpret: bool | None = None,
+) -> Array:
+    """Fused attention. q [B, T, N, H], k/v [B, S, N, H] (any float dtype; bf16 on GPUs),
+    key_valid [B, S] bool (None = all keys), causal: query t sees keys <= t (T == S).
+    Dropout on the probabilities is keyed by `dropout_key` (None or rate 0: no dropout).
+    interpret: run Pallas's interpreter (default: on CPU).
+
+    Inside a mesh context the kernel runs on each device's shard (batch over the batch axes,
+    heads over the tensor axis; lengths whole), as `ln_jax.sharding.per_shard` maps it."""
+    b, t, n, _ = q.shape
+    s = k.shape[1]
+    drop = dropout_key is not None and dropout_rate > 0.0
+    seeds = row_seeds(dropout_key, b, n, t) if drop else jnp.zeros((b, n, t), jnp.int32)
+    valid = jnp.ones((b, s), bool) if key_valid is None else key_valid
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    local = functools.partial(
+        _local_attention,
+        causal=causal,
+        rate=float(dropout_rate) if drop else 0.0,
+        interpret=bool(interpret),
+    )
+    qkv = ("act_batch", None, "act_heads", None)
+    names = (qkv, qkv, qkv, ("act_batch", None), ("act_batch", "act_heads", None))
+    return per_shard(local, names, qkv)(q, k, v, valid, seeds)
+
+
+def _local_attention(q, k, v, valid, seeds, *, causal, rate, interpret):
+    """The kernel on one shard: pads lengths and head size to its blocks, then crops."""
+    _, t, _, h = q.shape
+    s = k.shape[1]
+    bq, bk, hp = _block(t), _block(s), max(16, pl.next_power_of_2(h))
+    tp, sp = _round_up(t, bq), _round_up(s, bk)
+    qp, kp, vp = _pad(q, tp, hp), _pad(k, sp, hp), _pad(v, sp, hp)
+    valid = jnp.pad(valid.astype(jnp.int32), ((0, 0), (0, sp - s)))
+    seeds = jnp.pad(seeds, ((0, 0), (0, 0), (0, tp - t)))
+    static = _Static(
+        scale=h**-0.5, causal=causal, rate=rate, block_q=bq, block_k=bk, interpret=interpret
+    )
+    return _flash(qp, kp, vp, valid, seeds, static)[:, :t, :, :h]
+
+
+def _block(length: int) -> int:
+    return min(MAX_BLOCK, max(16, pl.next_power_of_2(length)))
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _pad(x: Array, length: int, head: int) -> Array:
+    return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, head - x.shape[3])))
+
+
+class _Static(tuple):
+    """The kernel's static settings (hashable, for custom_vjp's nondiff argument)."""
+
+    _fields = ("scale", "causal", "rate", "block_q", "block_k", "interpret")
+
+    def __new__(cls, **kw):
+        return super().__new__(cls, tuple(kw[f] for f in cls._fields))
+
+    def __getattr__(self, name):
+        return self[self._fields.index(name)]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash(q, k, v, valid, seeds, st):
+    return _forward(q, k, v, valid, seeds, st)[0]
+
+
+def _flash_fwd(q, k, v, valid, seeds, st):
+    out, lse = _forward(q, k, v, valid, seeds, st)
+    return out, (q, k, v, valid, seeds, out, lse)
+
+
+def _flash_bwd(st, res, d_out):
+    q, k, v, valid, seeds, out, lse = res
+    delta = jnp.einsum("btnh,btnh->bnt", d_out.astype(jnp.float32), out.astype(jnp.float32))
+    dq = _backward_dq(q, k, v, valid, seeds, d_out, lse, delta, st)
+    dk, dv = _backward_dkdv(q, k, v, valid, seeds, d_out, lse, delta, st)
+    return dq, dk, dv, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _compiler_params(interpret: bool):
+    if interpret:
+        return None
+    return plgpu.CompilerParams(num_warps=4, num_stages=2)
+
+
+def _scores(q, k, valid_k, q_pos, k_pos, st):
+    """q [bq, H], k [bk, H] -> float32 logits [bq, bk] with invalid pairs at _NEG."""
+    logits = plgpu.dot(q, k, trans_b=True) * st.scale
+    ok = valid_k[None, :] != 0
+    if st.causal:
+        ok = ok & (q_pos[:, None] >= k_pos[None, :])
+    return jnp.where(ok, logits, _NEG)
+
+
+def _dropped(p, seeds, k_pos, st):
+    """p [bq, bk] -> (p with dropout applied and rescaled, keep mask or None)."""
+    if st.rate == 0.0:
+        return p, None
+    keep = keep_mask(seeds[:, None], k_pos[None, :], st.rate)
+    return jnp.where(keep, p * (1.0 / (1.0 - st.rate)), 0.0), keep
+
+
+def _forward(q, k, v, valid, seeds, st):
+    """q [B, T, N, H] ... -> out [B, T, N, H], lse [B, N, T] float32."""
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    bq, bk = st.block_q, st.block_k
+
+    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, o_ref, lse_ref):
+        iq = pl.program_id(2)
+        q_blk = q_ref[...]
+        q_pos = iq * bq + jnp.arange(bq, dtype=jnp.int32)
+        row_seed = seeds_ref[...]
+
+        def body(j, carry):
+            acc, m, total = carry
+            ks = pl.ds(j * bk, bk)
+            k_pos = j * bk + jnp.arange(bk, dtype=jnp.int32)
+            logits = _scores(q_blk, k_ref[ks, :], valid_ref[ks], q_pos, k_pos, st)
+            m_new = jnp.maximum(m, logits.max(-1))
+            p = jnp.exp(logits - m_new[:, None])
+            corr = jnp.exp(m - m_new)
+            l_new = corr * total + p.sum(-1)
+            p_d, _ = _dropped(p, row_seed, k_pos, st)
+            acc = corr[:, None] * acc + plgpu.dot(p_d.astype(v_ref.dtype), v_ref[ks, :])
+            return acc, m_new, l_new
+
+        init = (
+            jnp.zeros((bq, h), jnp.float32),
+            jnp.full((bq,), -jnp.inf, jnp.float32),
+            jnp.zeros((bq,), jnp.float32),
+        )
+        acc, m, total = jax.lax.fori_loop(0, _k_blocks(iq, st, s), body, init)
+        o_ref[...] = (acc / total[:, None]).astype(o_ref.dtype)
+        lse_ref[...] = m + jnp.log(total)
+
+    return pl.pallas_call(
+        kernel,
+        grid=(b, n, t // bq),
+        in_specs=[
+            pl.BlockSpec((None, bq, None, h), lambda i, j, r: (i, r, j, 0)),
+            pl.BlockSpec((None, s, None, h), lambda i, j, r: (i, 0, j, 0)),
+            pl.BlockSpec((None, s, None, h), lambda i, j, r: (i, 0, j, 0)),
+            pl.BlockSpec((None, s), lambda i, j, r: (i, 0)),
+            pl.BlockSpec((None, None, bq), lambda i, j, r: (i, j, r)),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, bq, None, h), lambda i, j, r: (i, r, j, 0)),
+            pl.BlockSpec((None, None, bq), lambda i, j, r: (i, j, r)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((b, n, t), jnp.float32),
+        ],
+        interpret=st.interpret,
+        compiler_params=_compiler_params(st.interpret),
+        name="ln_jax_flash_fwd",
+    )(q, k, v, valid, seeds)
+
+
+def _k_blocks(iq, st, s):
+    """How many key blocks query block `iq` visits (all, or up to the diagonal if causal)."""
+    if not st.causal:
+        return s // st.block_k
+    return jax.lax.div((iq + 1) * st.block_q + st.block_k - 1, st.block_k)
+
+
+def _probs(q_blk, k_blk, valid_k, lse, q_pos, k_pos, st):
+    """Recomputed softmax probabilities [bq, bk] from the saved log-sum-exp."""
+    return jnp.exp(_scores(q_blk, k_blk, valid_k, q_pos, k_pos, st) - lse[:, None])
+
+
+def _d_logits(p, keep, do_blk, v_blk, delta, st):
+    """dL/dlogits [bq, bk] (without the scale) = p * (dP - delta), dP through the dropout."""
+    dp = plgpu.dot(do_blk, v_blk, trans_b=True)
+    if keep is not None:
+        dp = jnp.where(keep, dp * (1.0 / (1.0 - st.rate)), 0.0)
+    return p * (dp - delta[:, None])
+
+
+def _backward_dq(q, k, v, valid, seeds, d_out, lse, delta, st):
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    bq, bk = st.block_q, st.block_k
+
+    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, do_ref, lse_ref, delta_ref, dq_ref):
+        iq = pl.program_id(2)
+        q_blk, do_blk = q_ref[...], do_ref[...]
+        lse, dlt, row_seed = lse_ref[...], delta_ref[...], seeds_ref[...]
+        q_pos = iq * bq + jnp.arange(bq, dtype=jnp.int32)
+
+        def body(j, dq):
+            ks = pl.ds(j * bk, bk)
+            k_pos = j * bk + jnp.arange(bk, dtype=jnp.int32)
+            k_blk = k_ref[ks, :]
+            p = _probs(q_blk, k_blk, valid_ref[ks], lse, q_pos, k_pos, st)
+            _, keep = _dropped(p, row_seed, k_pos, st)
+            ds = _d_logits(p, keep, do_blk, v_ref[ks, :], dlt, st)
+            return dq + plgpu.dot(ds.astype(k_blk.dtype), k_blk)
+
+        dq = jax.lax.fori_loop(0, _k_blocks(iq, st, s), body, jnp.zeros((bq, h), jnp.float32))
+        dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
+
+    row = pl.BlockSpec((None, None, bq), lambda i, j, r: (i, j, r))
+    q_spec = pl.BlockSpec((None, bq, None, h), lambda i, j, r: (i, r, j, 0))
+    kv_spec = pl.BlockSpec((None, s, None, h), lambda i, j, r: (i, 0, j, 0))
+    return pl.pallas_call(
+        kernel,
+        grid=(b, n, t // bq),
+        in_specs=[
+            q_spec,
+            kv_spec,
+            kv_spec,
+            pl.BlockSpec((None, s), lambda i, j, r: (i, 0)),
+            row,
+            q_spec,
+            row,
+            row,
+        ],
+        out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=st.interpret,
+        compiler_params=_compiler_params(st.interpret),
+        name="ln_jax_flash_dq",
+    )(q, k, v, valid, seeds, d_out, lse, delta)
+
+
+def _backward_dkdv(q, k, v, valid, seeds, d_out, lse, delta, st):
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    bq, bk = st.block_q, st.block_k
+
+    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, do_ref, lse_ref, delta_ref, dk_ref,
+               dv_ref):  # fmt: skip
+        ik = pl.program_id(2)
+        k_blk, v_blk, valid_k = k_ref[...], v_ref[...], valid_ref[...]
+        k_pos = ik * bk + jnp.arange(bk, dtype=jnp.int32)
+
+        def body(i, carry):
+            dk, dv = carry
+            qs = pl.ds(i * bq, bq)
+            q_pos = i * bq + jnp.arange(bq, dtype=jnp.int32)
+            q_blk, do_blk = q_ref[qs, :], do_ref[qs, :]
+            p = _probs(q_blk, k_blk, valid_k, lse_ref[qs], q_pos, k_pos, st)
+            p_d, keep = _dropped(p, seeds_ref[qs], k_pos, st)
+            dv = dv + plgpu.dot(p_d.astype(do_blk.dtype), do_blk, trans_a=True)
+            ds = _d_logits(p, keep, do_blk, v_blk, delta_ref[qs], st)
+            return dk + plgpu.dot(ds.astype(q_blk.dtype), q_blk, trans_a=True), dv
+
+        first = (ik * bk) // bq if st.causal else 0
+        zeros = jnp.zeros((bk, h), jnp.float32)
+        dk, dv = jax.lax.fori_loop(first, t // bq, body, (zeros, zeros))
+        dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
+        dv_ref[...] = dv.astype(dv_ref.dtype)
+
+    full_row = pl.BlockSpec((None, None, t), lambda i, j, c: (i, j, 0))
+    q_spec = pl.BlockSpec((None, t, None, h), lambda i, j, c: (i, 0, j, 0))
+    kv_spec = pl.BlockSpec((None, bk, None, h), lambda i, j, c: (i, c, j, 0))
+    return pl.pallas_call(
+        kernel,
+        grid=(b, n, s // bk),
+        in_specs=[
+            q_spec,
+            kv_spec,
+            kv_spec,
+            pl.BlockSpec((None, bk), lambda i, j, c: (i, c)),
+            full_row,
+            q_spec,
+            full_row,
+            full_row,
+        ],
+        out_specs=[kv_spec, kv_spec],
+        out_shape=[
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+        ],
+        interpret=st.interpret,
+        compiler_params=_compiler_params(st.interpret),
+        name="ln_jax_flash_dkdv",
+    )(q, k, v, valid, seeds, d_out, lse, delta)
