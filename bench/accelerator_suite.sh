@@ -3,12 +3,16 @@
 # H100/H200, compilation included), writing one results folder and printing one table.
 #
 #   bench/accelerator_suite.sh [--cpu] [--out DIR] [--wheels DIR] [--budget SECONDS]
-#                              [--skip STEP,...]   (steps: gpu_tests bench profile torch
-#                                                   main_job cudnn_facts)
+#                              [--skip STEP,...]   (steps: gpu_tests flash bench profile
+#                                                   torch main_job cudnn_facts)
+#                              [--arms NAME,...]   (the step arms to time; default all)
 #
 #   GPU (default): BERT-base, batch 256 x 128, bf16, dropout 0.1 everywhere:
 #     1. the GPU tests (tests/test_accelerator.py: cuDNN dropout read off the kernel, ...)
-#     2. the step benchmark, arms side by side in one process (bench_accel.py --arm):
+#     2. the fused attention kernel alone (bench_flash.py): its Triton settings against XLA's
+#        and cuDNN's attention; the fastest settings are exported (LN_JAX_FLASH_TUNING) for
+#        the steps that follow
+#     3. the step benchmark, arms side by side in one process (bench_accel.py --arm):
 #        default (the config's "auto" choices), pallas (attention_impl=pallas: the fused
 #        attention whose dropout is keyed by the step, ln_jax/nn/flash.py), hash
 #        (dropout_rng=hash: fused counter-hash dropout bits), pallas_hash (both), cudnn_nodrop
@@ -16,11 +20,11 @@
 #        main job's vocabulary, 8000: the step the main job is compared with); a profile of
 #        $PROFILE_ARM (default pallas_hash) summarised by kernel class (profile_summary.py)
 #        and the optimised HLO (hlo/) to match its fusion names
-#     3. the PyTorch anchor: HuggingFace BertForPreTraining, eager and torch.compile, MLM at
+#     4. the PyTorch anchor: HuggingFace BertForPreTraining, eager and torch.compile, MLM at
 #        all positions and at the masked ones (bench_torch_anchor.py)
-#     4. the main job: train.py, configs/bert_preln.py for 300 steps on the embedded corpus
+#     5. the main job: train.py, configs/bert_preln.py for 300 steps on the embedded corpus
 #        (prepared in a fresh TFDS dir), loader, monitor and checkpoint at their defaults
-#     5. cuDNN dropout facts (cudnn_dropout_facts.py), then the table (suite_report.py)
+#     6. cuDNN dropout facts (cudnn_dropout_facts.py), then the table (suite_report.py)
 #   --cpu: the same steps at tiny shapes on the CPU (CI runs this so the suite never rots);
 #     no GPU tests, cuDNN facts, cudnn_nodrop arm, HLO dump or torch.compile (the pallas
 #     arms run Pallas's interpreter).
@@ -37,6 +41,7 @@ OUT=/tmp/accelerator_suite
 WHEELS=""
 BUDGET=480
 SKIP=""
+ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) MODE=cpu ;;
@@ -48,7 +53,9 @@ while [ $# -gt 0 ]; do
     --budget=*) BUDGET=${1#--budget=} ;;
     --skip) SKIP=$2; shift ;;
     --skip=*) SKIP=${1#--skip=} ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --arms) ONLY=$2; shift ;;
+    --arms=*) ONLY=${1#--arms=} ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "accelerator_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -124,6 +131,21 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 [ "$MODE" = gpu ] && ARMS+=(--arm=cudnn_nodrop:model.attention_dropout=0.0)  # -> cuDNN
 ARMS+=(--arm=main:data.vocab_size=8000)  # default at the main job's vocabulary
 PROFILE_ARM=${PROFILE_ARM:-pallas_hash}
+if [ -n "$ONLY" ]; then  # --arms: keep the named ones, in the order above
+  KEPT=()
+  for a in "${ARMS[@]}"; do
+    n=${a#--arm=}; n=${n%%:*}
+    [[ ",$ONLY," == *",$n,"* ]] && KEPT+=("$a")
+  done
+  ARMS=("${KEPT[@]}")
+fi
+if [ "$MODE" = gpu ]; then
+  step flash 120 "$PY" bench/bench_flash.py --out="$OUT/flash.json" --env_out="$OUT/tuning.env"
+else
+  step flash 120 "$PY" bench/bench_flash.py --batch=2 --heads=2 --steps=2 --warmup=1 \
+    --out="$OUT/flash.json" --env_out="$OUT/tuning.env"
+fi
+[ -f "$OUT/tuning.env" ] && . "$OUT/tuning.env" && echo "kernel settings: $LN_JAX_FLASH_TUNING"
 BENCH_ENV=()
 # The optimised HLO, to match the profile's fusion names (input_transpose_fusion_25, ...).
 [ "$MODE" = gpu ] && BENCH_ENV=(env "XLA_FLAGS=${XLA_FLAGS:-} --xla_dump_to=$OUT/hlo \

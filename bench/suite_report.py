@@ -128,6 +128,13 @@ def render(folder: str) -> tuple[str, dict]:
     facts = load(folder, "cudnn_facts.json")
     if facts:
         lines.append("- cuDNN dropout facts: " + json.dumps(facts))
+    kernel = load(folder, "flash.json")
+    if kernel:
+        parts = ", ".join(f"{n} {ms:.3f}" for n, ms in kernel["ms"].items())
+        lines.append(
+            f"- one attention layer, forward + backward (ms): {parts}; fastest Pallas "
+            f"settings {kernel.get('best_tuning')}"
+        )
     for name, err in ((load(folder, "arms.json") or {}).get("failed") or {}).items():
         lines.append(f"- arm {name} FAILED: {err[:300]}")
     status = os.path.join(folder, "status.txt")

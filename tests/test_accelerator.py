@@ -157,15 +157,15 @@ def test_cudnn_off_a_gpu_is_an_error_before_any_compile(data_dir, tmp_path):
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="the Triton kernel needs an NVIDIA GPU")
-@pytest.mark.parametrize("causal", [False, True])
-def test_the_pallas_kernel_on_gpu_computes_the_reference_under_dropout(causal):
+@pytest.mark.parametrize("causal, t", [(False, 128), (False, 256), (True, 256)])
+def test_the_pallas_kernel_on_gpu_computes_the_reference_under_dropout(causal, t):
     """Compiled by Triton, bf16, BERT-base head shapes, dropout 0.1, padding: the same output
     and gradients as `reference_attention` (same masks, XLA ops, float32 softmax)."""
     from ln_jax.nn import flash
 
-    q, k, v = _qkv(3, jnp.bfloat16, b=2, t=256, n=4, h=64)
-    g = _qkv(4, jnp.bfloat16, b=2, t=256, n=4, h=64)[0]
-    valid = jnp.asarray(_right_padded([256, 57], t=256)) > 0
+    q, k, v = _qkv(3, jnp.bfloat16, b=2, t=t, n=4, h=64)  # t=128: the fused backward
+    g = _qkv(4, jnp.bfloat16, b=2, t=t, n=4, h=64)[0]
+    valid = jnp.asarray(_right_padded([t, 57], t=t)) > 0
     opts = dict(causal=causal, dropout_rate=0.1, dropout_key=jax.random.key(11))
 
     def run(fn):
@@ -358,3 +358,14 @@ def test_a_float32_residual_keeps_the_stream_in_float32_and_nearer_float32():
     assert err["bf16+f32res"] < 0.2 * err["bf16"], err
     dots = _dots(ln_jax.ModelConfig(**ODD, num_layers=2, dtype="bfloat16", residual_float32=True))
     assert dots and all(ops.count("bf16") == 2 for ops, _ in dots), dots
+
+
+def test_the_erf_gelu_backward_equals_autodiff():
+    x = 3 * jax.random.normal(jax.random.key(0), (4096,))
+    ours = jax.grad(lambda x: jnp.sum(jnp.sin(layers.activation("gelu", x))))(x)
+    plain = jax.grad(lambda x: jnp.sum(jnp.sin(jax.nn.gelu(x, approximate=False))))(x)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(plain), atol=1e-6)
+    # The forward saves only x: its jaxpr under vjp holds one erf (the backward's, not two).
+    _, vjp = jax.vjp(lambda x: layers.activation("gelu", x), x)
+    residuals = [r for r in jax.tree.leaves(vjp) if hasattr(r, "shape") and r.shape == x.shape]
+    assert len(residuals) == 1, len(residuals)

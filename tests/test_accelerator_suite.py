@@ -26,7 +26,13 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, 
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     status = (out / "status.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in status] == ["bench", "profile", "torch", "main_job"]
+    assert [line.split(":")[0] for line in status] == [
+        "flash", "bench", "profile", "torch", "main_job"
+    ]  # fmt: skip
+    flash = json.loads((out / "flash.json").read_text())
+    tuned = {n: ms for n, ms in flash["ms"].items() if n.startswith("pallas")}
+    assert flash["best_tuning"] in (out / "tuning.env").read_text()
+    assert set(tuned) == {"pallas_w4", "pallas_w8", "pallas_w8_s3", "pallas_split"}
     assert all(": rc=0 " in line for line in status), status
 
     arms = json.loads((out / "arms.json").read_text())["arms"]

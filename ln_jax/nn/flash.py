@@ -24,6 +24,8 @@ refuses `attention_impl="pallas"` there).
 from __future__ import annotations
 
 import functools
+import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -95,11 +97,13 @@ def flash_attention(
     dropout_rate: float = 0.0,
     dropout_key: Array | None = None,
     interpret: bool | None = None,
+    tuning: Tuning | None = None,
 ) -> Array:
     """Fused attention. q [B, T, N, H], k/v [B, S, N, H] (any float dtype; bf16 on GPUs),
     key_valid [B, S] bool (None = all keys), causal: query t sees keys <= t (T == S).
     Dropout on the probabilities is keyed by `dropout_key` (None or rate 0: no dropout).
-    interpret: run Pallas's interpreter (default: on CPU).
+    interpret: run Pallas's interpreter (default: on CPU). tuning: Triton settings (`Tuning`;
+    default `default_tuning()`).
 
     Inside a mesh context the kernel runs on each device's shard (batch over the batch axes,
     heads over the tensor axis; lengths whole), as `ln_jax.sharding.per_shard` maps it."""
@@ -115,13 +119,14 @@ def flash_attention(
         causal=causal,
         rate=float(dropout_rate) if drop else 0.0,
         interpret=bool(interpret),
+        tuning=tuning or default_tuning(),
     )
     qkv = ("act_batch", None, "act_heads", None)
     names = (qkv, qkv, qkv, ("act_batch", None), ("act_batch", "act_heads", None))
     return per_shard(local, names, qkv)(q, k, v, valid, seeds)
 
 
-def _local_attention(q, k, v, valid, seeds, *, causal, rate, interpret):
+def _local_attention(q, k, v, valid, seeds, *, causal, rate, interpret, tuning):
     """The kernel on one shard: pads lengths and head size to its blocks, then crops."""
     _, t, _, h = q.shape
     s = k.shape[1]
@@ -130,9 +135,7 @@ def _local_attention(q, k, v, valid, seeds, *, causal, rate, interpret):
     qp, kp, vp = _pad(q, tp, hp), _pad(k, sp, hp), _pad(v, sp, hp)
     valid = jnp.pad(valid.astype(jnp.int32), ((0, 0), (0, sp - s)))
     seeds = jnp.pad(seeds, ((0, 0), (0, 0), (0, tp - t)))
-    static = _Static(
-        scale=h**-0.5, causal=causal, rate=rate, block_q=bq, block_k=bk, interpret=interpret
-    )
+    static = _Static(h**-0.5, causal, rate, bq, bk, interpret, tuning)
     return _flash(qp, kp, vp, valid, seeds, static)[:, :t, :, :h]
 
 
@@ -148,16 +151,47 @@ def _pad(x: Array, length: int, head: int) -> Array:
     return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, head - x.shape[3])))
 
 
-class _Static(tuple):
-    """The kernel's static settings (hashable, for custom_vjp's nondiff argument)."""
+class Tuning(NamedTuple):
+    """Triton launch settings (GPU only): warps per program of the forward and backward
+    kernels, software-pipeline stages, and whether a query/key pair of single blocks (lengths
+    up to 128: BERT) takes one backward kernel for dq, dk and dv (the probabilities recomputed
+    once) instead of two."""
 
-    _fields = ("scale", "causal", "rate", "block_q", "block_k", "interpret")
+    warps_fwd: int = 4
+    warps_bwd: int = 4
+    stages: int = 2
+    fused_backward: bool = True
 
-    def __new__(cls, **kw):
-        return super().__new__(cls, tuple(kw[f] for f in cls._fields))
 
-    def __getattr__(self, name):
-        return self[self._fields.index(name)]
+TUNING_ENV = "LN_JAX_FLASH_TUNING"
+
+
+def default_tuning() -> Tuning:
+    """`Tuning()`, or the settings in $LN_JAX_FLASH_TUNING ("warps_fwd,warps_bwd,stages,fused",
+    e.g. "4,8,2,1"; bench/bench_flash.py prints the fastest), read when a step is traced."""
+    text = os.environ.get(TUNING_ENV, "").strip()
+    if not text:
+        return Tuning()
+    try:
+        wf, wb, st, fused = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(
+            f"{TUNING_ENV}={text!r}: give four integers warps_fwd,warps_bwd,stages,fused "
+            "(e.g. 4,8,2,1), or unset it"
+        ) from None
+    return Tuning(wf, wb, st, bool(fused))
+
+
+class _Static(NamedTuple):
+    """The kernel's static settings (hashable: custom_vjp's nondiff argument)."""
+
+    scale: float
+    causal: bool
+    rate: float
+    block_q: int
+    block_k: int
+    interpret: bool
+    tuning: Tuning
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -173,18 +207,23 @@ def _flash_fwd(q, k, v, valid, seeds, st):
 def _flash_bwd(st, res, d_out):
     q, k, v, valid, seeds, out, lse = res
     delta = jnp.einsum("btnh,btnh->bnt", d_out.astype(jnp.float32), out.astype(jnp.float32))
-    dq = _backward_dq(q, k, v, valid, seeds, d_out, lse, delta, st)
-    dk, dv = _backward_dkdv(q, k, v, valid, seeds, d_out, lse, delta, st)
+    args = (q, k, v, valid, seeds, d_out, lse, delta, st)
+    one_block = q.shape[1] == st.block_q and k.shape[1] == st.block_k
+    if one_block and st.tuning.fused_backward:
+        dq, dk, dv = _backward_fused(*args)
+    else:
+        dq = _backward_dq(*args)
+        dk, dv = _backward_dkdv(*args)
     return dq, dk, dv, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _compiler_params(interpret: bool):
-    if interpret:
+def _compiler_params(st: _Static, warps: int):
+    if st.interpret:
         return None
-    return plgpu.CompilerParams(num_warps=4, num_stages=2)
+    return plgpu.CompilerParams(num_warps=warps, num_stages=st.tuning.stages)
 
 
 def _scores(q, k, valid_k, q_pos, k_pos, st):
@@ -257,7 +296,7 @@ def _forward(q, k, v, valid, seeds, st):
             jax.ShapeDtypeStruct((b, n, t), jnp.float32),
         ],
         interpret=st.interpret,
-        compiler_params=_compiler_params(st.interpret),
+        compiler_params=_compiler_params(st, st.tuning.warps_fwd),
         name="ln_jax_flash_fwd",
     )(q, k, v, valid, seeds)
 
@@ -324,7 +363,7 @@ def _backward_dq(q, k, v, valid, seeds, d_out, lse, delta, st):
         out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=st.interpret,
-        compiler_params=_compiler_params(st.interpret),
+        compiler_params=_compiler_params(st, st.tuning.warps_bwd),
         name="ln_jax_flash_dq",
     )(q, k, v, valid, seeds, d_out, lse, delta)
 
@@ -379,6 +418,52 @@ def _backward_dkdv(q, k, v, valid, seeds, d_out, lse, delta, st):
             jax.ShapeDtypeStruct(v.shape, v.dtype),
         ],
         interpret=st.interpret,
-        compiler_params=_compiler_params(st.interpret),
+        compiler_params=_compiler_params(st, st.tuning.warps_bwd),
         name="ln_jax_flash_dkdv",
+    )(q, k, v, valid, seeds, d_out, lse, delta)
+
+
+def _backward_fused(q, k, v, valid, seeds, d_out, lse, delta, st):
+    """dq, dk, dv of a single query block against a single key block: one program per
+    (batch, head) recomputes the probabilities once for all three."""
+    b, t, n, h = q.shape
+    s = k.shape[1]
+
+    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, do_ref, lse_ref, delta_ref, dq_ref,
+               dk_ref, dv_ref):  # fmt: skip
+        q_blk, k_blk, v_blk, do_blk = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        q_pos = jnp.arange(t, dtype=jnp.int32)
+        k_pos = jnp.arange(s, dtype=jnp.int32)
+        p = _probs(q_blk, k_blk, valid_ref[...], lse_ref[...], q_pos, k_pos, st)
+        p_d, keep = _dropped(p, seeds_ref[...], k_pos, st)
+        dv_ref[...] = plgpu.dot(p_d.astype(do_blk.dtype), do_blk, trans_a=True).astype(dv_ref.dtype)
+        ds = _d_logits(p, keep, do_blk, v_blk, delta_ref[...], st).astype(q_blk.dtype)
+        dq_ref[...] = (plgpu.dot(ds, k_blk) * st.scale).astype(dq_ref.dtype)
+        dk_ref[...] = (plgpu.dot(ds, q_blk, trans_a=True) * st.scale).astype(dk_ref.dtype)
+
+    row = pl.BlockSpec((None, None, t), lambda i, j: (i, j, 0))
+    q_spec = pl.BlockSpec((None, t, None, h), lambda i, j: (i, 0, j, 0))
+    kv_spec = pl.BlockSpec((None, s, None, h), lambda i, j: (i, 0, j, 0))
+    return pl.pallas_call(
+        kernel,
+        grid=(b, n),
+        in_specs=[
+            q_spec,
+            kv_spec,
+            kv_spec,
+            pl.BlockSpec((None, s), lambda i, j: (i, 0)),
+            row,
+            q_spec,
+            row,
+            row,
+        ],
+        out_specs=[q_spec, kv_spec, kv_spec],
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+        ],
+        interpret=st.interpret,
+        compiler_params=_compiler_params(st, st.tuning.warps_bwd),
+        name="ln_jax_flash_bwd",
     )(q, k, v, valid, seeds, d_out, lse, delta)

@@ -40,9 +40,31 @@ def split_key(key: Array | None, n: int) -> list[Array | None]:
 def activation(name: str, x: Array) -> Array:
     if name == "relu":
         return jax.nn.relu(x)
-    if name == "gelu":
-        return jax.nn.gelu(x, approximate=False)  # BERT's erf GELU
+    if name == "gelu":  # BERT's erf GELU
+        return _gelu_erf(x) if custom_backwards() else jax.nn.gelu(x, approximate=False)
     return jax.nn.gelu(x, approximate=True)
+
+
+@jax.custom_vjp
+def _gelu_erf(x: Array) -> Array:
+    """x * Phi(x) with a backward that keeps only x: autodiff of the formula saves two more
+    [batch, length, mlp] arrays in the forward (measured on an H100: a 3-output fusion)."""
+    return jax.nn.gelu(x, approximate=False)
+
+
+def _gelu_erf_fwd(x: Array) -> tuple[Array, Array]:
+    return jax.nn.gelu(x, approximate=False), x
+
+
+def _gelu_erf_bwd(x: Array, g: Array) -> tuple[Array]:
+    """d gelu / dx = Phi(x) + x phi(x), in float32."""
+    xf = x.astype(jnp.float32)
+    cdf = 0.5 * (1.0 + jax.lax.erf(xf * (2.0**-0.5)))
+    pdf = jnp.exp(-0.5 * xf * xf) * (2.0 * jnp.pi) ** -0.5
+    return ((g.astype(jnp.float32) * (cdf + xf * pdf)).astype(x.dtype),)
+
+
+_gelu_erf.defvjp(_gelu_erf_fwd, _gelu_erf_bwd)
 
 
 class Dense(nnx.Module):
