@@ -68,11 +68,11 @@ def auto_dtype(on: str) -> str:
 
 
 def auto_dropout_rng(on: str) -> str:
-    """dropout_rng="auto": the TPU's bit generator ("rbg") on a TPU, the usual advice there;
-    threefry (the same bits on every backend and mesh) elsewhere. On an H200 rbg was no faster
-    for BERT-base (78.9 vs 78.0 ms a step, docs/gpu.md): the dropout's cost there is moving the
-    masks, not drawing the bits."""
-    return "rbg" if on == "tpu" else "threefry"
+    """dropout_rng="auto": the TPU's bit generator ("rbg") on a TPU, the usual advice there
+    (unmeasured here); on a GPU the fused counter hash ("hash": BERT-base step 77.0 -> 74.6 ms
+    with the Pallas attention, 90.6 -> 86.7 ms with XLA's, one H100, docs/gpu.md); threefry (the
+    same bits on every backend and mesh) on a CPU, where the tests and studies run."""
+    return {"tpu": "rbg", "gpu": "hash"}.get(on, "threefry")
 
 
 REMAT_POLICIES = ("none", "full", "dots")
@@ -338,9 +338,26 @@ class ModelConfig:
 
 
 def auto_attention(cfg: ModelConfig, on: str) -> str:
-    """attention_impl="auto": cuDNN's fused attention on a GPU where it can run `cfg`
-    (`ModelConfig.cudnn_problem`: bf16/fp16, head_dim, no attention dropout), else XLA's."""
-    return "cudnn" if on == "gpu" and cfg.cudnn_problem() is None else "xla"
+    """attention_impl="auto" on a GPU: cuDNN's fused attention where it can run `cfg`
+    (`ModelConfig.cudnn_problem`: bf16/fp16, head_dim, no attention dropout); with the
+    recipe's attention dropout, bf16/fp16, the Pallas kernel (`ln_jax.nn.flash`: one H100,
+    BERT-base, one layer forward + backward 1.08 ms against XLA's 2.00, the step 90.6 -> 77.0
+    ms; docs/gpu.md) while this JAX has Pallas's Triton backend; else XLA's. XLA's elsewhere."""
+    if on != "gpu":
+        return "xla"
+    if cfg.cudnn_problem() is None:
+        return "cudnn"
+    half = cfg.dtype in ("bfloat16", "float16")
+    if half and cfg.attention_dropout > 0 and _pallas_gpu_problem(cfg) is None:
+        return "pallas"
+    return "xla"
+
+
+def _pallas_gpu_problem(cfg: ModelConfig) -> str | None:
+    """Why the Pallas kernel cannot run `cfg` on a GPU with this JAX (None if it can)."""
+    from ln_jax.nn import flash
+
+    return flash.supported_reason(cfg.head_dim) or flash.triton_missing()
 
 
 def model_config(size: str = "tiny", **overrides: Any) -> ModelConfig:

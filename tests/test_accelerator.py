@@ -85,13 +85,13 @@ NO_ATTENTION_DROPOUT = {"model.attention_dropout": 0.0}
     "on, extra, expected",
     [
         ("cpu", {}, ("float32", "xla", "threefry")),
-        ("gpu", {}, ("bfloat16", "xla", "threefry")),  # the recipe's attention dropout: XLA
-        ("gpu", NO_ATTENTION_DROPOUT, ("bfloat16", "cudnn", "threefry")),
+        ("gpu", {}, ("bfloat16", "pallas", "hash")),  # the recipe's attention dropout: Pallas
+        ("gpu", NO_ATTENTION_DROPOUT, ("bfloat16", "cudnn", "hash")),
         ("tpu", {}, ("bfloat16", "xla", "rbg")),
-        ("gpu", {**NO_ATTENTION_DROPOUT, "model.dtype": "float32"}, ("float32", "xla", "threefry")),
-        ("gpu", {**NO_ATTENTION_DROPOUT, "model.hidden_size": 1280, "model.num_heads": 4},
-         ("bfloat16", "xla", "threefry")),
-        ("gpu", {"dropout_rng": "rbg"}, ("bfloat16", "xla", "rbg")),
+        ("gpu", {**NO_ATTENTION_DROPOUT, "model.dtype": "float32"}, ("float32", "xla", "hash")),
+        ("gpu", {"model.dtype": "float32"}, ("float32", "xla", "hash")),
+        ("gpu", {"model.hidden_size": 1280, "model.num_heads": 4}, ("bfloat16", "xla", "hash")),
+        ("gpu", {"dropout_rng": "rbg"}, ("bfloat16", "pallas", "rbg")),
     ],
 )  # fmt: skip
 def test_auto_fields_resolve_by_platform_into_the_config(monkeypatch, on, extra, expected):

@@ -80,6 +80,14 @@ def _valid(key_valid: Array | None, causal: bool, b: int, t: int, s: int) -> Arr
     return valid
 
 
+def triton_missing() -> str | None:
+    """Why Pallas's Triton backend is unusable in this JAX (None if usable). JAX 0.11.2 warns
+    that it is deprecated (Mosaic GPU is its successor)."""
+    if not hasattr(plgpu, "CompilerParams") or not hasattr(plgpu, "dot"):
+        return "this JAX's Pallas has no Triton backend (jax.experimental.pallas.triton)"
+    return None
+
+
 def supported_reason(head_dim: int) -> str | None:
     """Why the kernel cannot take this shape, or None."""
     if head_dim > 256:
@@ -153,13 +161,14 @@ def _pad(x: Array, length: int, head: int) -> Array:
 
 class Tuning(NamedTuple):
     """Triton launch settings (GPU only): warps per program of the forward and backward
-    kernels, software-pipeline stages, and whether a query/key pair of single blocks (lengths
-    up to 128: BERT) takes one backward kernel for dq, dk and dv (the probabilities recomputed
-    once) instead of two."""
+    kernels, software-pipeline stages (defaults: the fastest of bench/bench_flash.py's on one
+    H100 at BERT-base shapes: 1.08 ms a layer against 2.12 with 4 warps), and whether a
+    query/key pair of single blocks (lengths up to 128: BERT) takes one backward kernel for dq,
+    dk and dv (the probabilities recomputed once; 1.43 ms with two) instead of two."""
 
-    warps_fwd: int = 4
-    warps_bwd: int = 4
-    stages: int = 2
+    warps_fwd: int = 8
+    warps_bwd: int = 8
+    stages: int = 3
     fused_backward: bool = True
 
 
