@@ -313,3 +313,28 @@ def test_sigterm_saves_and_exits_zero(data_dir, tmp_path):
     assert "checkpoint_manager.py" not in out and "I1" not in out, out[-3000:]
     assert "checkpoint_manager.py" in (tmp_path / "train.log").read_text()
     assert f"SIGTERM: saved step {steps[0]}" in out
+
+
+def test_a_workdir_trained_by_a_live_process_is_refused_and_kept(data_dir, tmp_path):
+    """Two runs on one workdir: the second is refused (naming the holder) and writes nothing;
+    once the holder is gone its stale lock is taken over and released at the end."""
+    import subprocess
+    import sys
+
+    from ln_jax.train.workdir_lock import LOCK_FILE, RunLockedError
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    lock = workdir / LOCK_FILE
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lock.write_text(str(holder.pid))
+        with pytest.raises(RunLockedError, match=f"process {holder.pid}"):
+            trainer.train_and_evaluate(tiny_config(data_dir, total_steps=2), str(workdir))
+        assert sorted(p.name for p in workdir.iterdir()) == [LOCK_FILE]
+        assert lock.read_text() == str(holder.pid)
+    finally:
+        holder.kill()
+        holder.wait()
+    result = trainer.train_and_evaluate(tiny_config(data_dir, total_steps=2), str(workdir))
+    assert result["step"] == 2 and not lock.exists()

@@ -8,7 +8,6 @@ subprocesses, and `collect` gathers the per-run results into `OUT/results.json`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import fnmatch
 import json
@@ -18,13 +17,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ln_jax.results import read_metrics, write_json
-from ln_jax.validate import UserError
+from ln_jax.train.workdir_lock import LOCK_FILE, RunLockedError, run_lock  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -232,66 +231,6 @@ def check_extendable(cfg: Any, workdir: str) -> None:
             "steps would differ from a fresh run of the new length. Use a schedule that does "
             "not (--schedule=constant or warmup_rsqrt), or train the longer runs in a new --out."
         )
-
-
-LOCK_FILE = "train.lock"
-
-
-class RunLockedError(UserError):
-    """Another live process is training the run in this directory."""
-
-
-@contextlib.contextmanager
-def run_lock(workdir: str) -> Iterator[None]:
-    """Holds WORKDIR/train.lock (this process's pid) while a run trains, so that two studies
-    started over the same --out never train one run at once; a lock whose process is gone
-    (killed) is taken over.
-
-    Raises:
-      RunLockedError: a live process holds the lock.
-    """
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, LOCK_FILE)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            holder = _lock_holder(path)
-            if holder is not None:
-                raise RunLockedError(
-                    f"{workdir} is being trained by process {holder} ({path}); wait for it or "
-                    f"stop it. If no process of yours trains it, delete {path}."
-                ) from None
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)  # stale: its process is gone
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        try:
-            yield
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-        return
-    raise RunLockedError(f"could not take {path}; another process keeps recreating it.")
-
-
-def _lock_holder(path: str) -> int | None:
-    """The pid in a lock file if that process is alive (and not this one), else None."""
-    try:
-        with open(path) as f:
-            pid = int(f.read().strip() or 0)
-    except (FileNotFoundError, ValueError):
-        return None
-    if pid <= 0 or pid == os.getpid():
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:  # alive, another user's
-        return pid
-    return pid
 
 
 def run_one(

@@ -8,6 +8,7 @@ benchmarks and the analyses use); a placement's set-up (Admin's profiling) from
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -26,6 +27,7 @@ from ln_jax.train.checkpoint import Checkpointer, CheckpointError
 from ln_jax.train.early_warning import EarlyWarning
 from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, Progress, read_records
 from ln_jax.train.preemption import Preemption
+from ln_jax.train.workdir_lock import run_lock
 from ln_jax.validate import ConfigError
 
 __all__ = [
@@ -197,10 +199,18 @@ def train_and_evaluate(
 
     Raises:
       ln_jax.validate.UserError subclasses (RunMismatchError, WorkdirError, CheckpointError,
-      ConfigError, DatasetNotPreparedError) for what the user must fix; NonFiniteError.
+      ConfigError, DatasetNotPreparedError, RunLockedError: another live process trains this
+      workdir) for what the user must fix; NonFiniteError.
     """
-    config_dict = run_identity.as_dict(cfg)
     run_identity.prepare_workdir(workdir)
+    lock = run_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+    with lock:
+        return _train_and_evaluate(cfg, workdir, hooks, accept_changes)
+
+
+def _train_and_evaluate(cfg, workdir, hooks, accept_changes) -> dict[str, Any]:
+    """`train_and_evaluate` while this process holds the workdir's lock."""
+    config_dict = run_identity.as_dict(cfg)
     is_main = jax.process_index() == 0
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.checkpoint)
     writer = run = None
