@@ -6,9 +6,10 @@
 
 --config=FILE[:task] names the config; every field it declares can be overridden with
 --config.FIELD=VALUE (see configs/glue.py), e.g. --config.seeds="(0,1,2)",
---config.learning_rates="(2e-5,3e-5,5e-5)". Rerunning the same command keeps finished runs and
-resumes a cut-off one from its last checkpoint (every epoch; SIGTERM and Ctrl-C save the step in
-flight and exit 0). User errors print one line and exit 2 (--traceback
+--config.learning_rates="(2e-5,3e-5,5e-5)". Every cell x seed is a run of the one trainer
+(`ln_jax.train.trainer`) in WORKDIR/<cell>/seed<k>/. Rerunning the same command keeps finished
+runs and resumes a cut-off one from its last checkpoint (every epoch; SIGTERM and Ctrl-C save
+the step in flight and exit 0). User errors print one line and exit 2 (--traceback
 shows the traceback); library logs go to WORKDIR/finetune.log.
 """
 
@@ -34,11 +35,9 @@ def default_workdir(cfg) -> str:
 def main(argv: list[str], values: dict) -> int:
     del argv
     from ln_jax import console
-    from ln_jax.models.bert.finetune.run import NonFiniteFinetuneError
+    from ln_jax.train.trainer import NonFiniteError
 
-    return console.run_command(
-        lambda: _finetune(values), _TRACEBACK.value, (NonFiniteFinetuneError,)
-    )
+    return console.run_command(lambda: _finetune(values), _TRACEBACK.value, (NonFiniteError,))
 
 
 def _finetune(values: dict) -> int:

@@ -20,11 +20,13 @@ def base_config() -> ml_collections.ConfigDict:
     # model family and objective (ln_jax/task.py): bert_pretraining, or "module:Class"
     # of a Task
     c.task = "bert_pretraining"
+    c.task_options = {}  # the task's own settings (read by the task only; {} for bert_pretraining)
     c.seed = 0  # parameter initialisation and dropout
     c.total_steps = 1_000_000  # optimizer updates (BERT: 1M at batch 256)
     c.eval_every = 10_000  # evaluate on the validation split every N steps (0 = at the end)
     c.checkpoint_every = 10_000  # save every N steps (0 = only at the end / on SIGTERM)
     c.log_every = 100  # progress line, metrics.jsonl and TensorBoard every N steps
+    c.steps_per_epoch = 0  # N > 0: eval records carry epoch = step // N (0 = no epochs counted)
     c.eval_batches = 50  # validation batches per evaluation (None = one pass)
     c.grad_accum_steps = 0  # micro-batches per update; 0 = auto: the fewest that fit in memory
     # dropout PRNG: threefry (portable bits), rbg, unsafe_rbg, or auto (rbg on a TPU, threefry

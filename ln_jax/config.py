@@ -9,6 +9,7 @@ placement table is `ln_jax.nn.placements`.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
 __all__ = [
     "SIZES",
     "CheckpointConfig",
+    "TaskOptions",
     "ConfigError",
     "MeshConfig",
     "ModelConfig",
@@ -49,6 +51,14 @@ RNG_IMPLS = {
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 AUTO = "auto"  # a field resolved by the platform when the typed config is built
+
+
+class TaskOptions(dict):
+    """A task's own settings (`TrainConfig.task_options`): a plain dict (JSON in config.json)
+    that hashes by value, so that a TrainConfig holding one stays hashable."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True, default=str))
 
 
 def platform() -> str:
@@ -431,9 +441,13 @@ class TrainConfig:
       name: config name and variant (e.g. "bert_preln_mini"); names the default workdir.
       task: the model family and objective (`ln_jax.task`): "bert_pretraining", or a
         "module:attribute" Task class defined outside ln_jax.
+      task_options: the task's own settings, read only by the task (e.g. fine-tuning's GLUE
+        task, pretrained source and classifier dropout); {} for BERT pretraining.
       seed: seed of the parameters and of dropout (the data has its own, data.seed).
       total_steps: optimizer updates.
       eval_every / checkpoint_every / log_every: intervals in steps (0 = only at the end).
+      steps_per_epoch: 0, or the steps of one pass over the training data: then every eval
+        record carries `epoch` = step // steps_per_epoch (fine-tuning evaluates per epoch).
       eval_batches: evaluation batches (None = one pass over the validation split).
       grad_accum_steps: micro-batches per update (the global batch is split into them);
         0 = "auto": the fewest that fit the device's memory by XLA's estimate.
@@ -450,11 +464,13 @@ class TrainConfig:
 
     name: str = "run"
     task: str = "bert_pretraining"
+    task_options: Mapping[str, Any] = dataclasses.field(default_factory=TaskOptions)
     seed: int = 0
     total_steps: int = 100
     eval_every: int = 0
     checkpoint_every: int = 0
     log_every: int = 10
+    steps_per_epoch: int = 0
     eval_batches: int | None = None
     grad_accum_steps: int = 1
     nan_policy: str = "stop"
@@ -474,6 +490,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("nan_policy", self.nan_policy, ("stop", "skip"))
+        object.__setattr__(self, "task_options", TaskOptions(self.task_options or {}))
+        if self.steps_per_epoch < 0:
+            raise ValueError(f"steps_per_epoch={self.steps_per_epoch}: use 0 (none) or more.")
         task_factory(self.task)  # an unknown or unimportable task is an error here
         check_choice("dropout_rng", self.dropout_rng, (*RNG_IMPLS, AUTO))
         if self.dropout_rng == AUTO:

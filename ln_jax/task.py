@@ -16,6 +16,19 @@ monitor with no change to ln_jax:
 
 A batch is a dict of global arrays whose leading axis is the example axis (split over the data
 and fsdp devices, and into micro-batches under accumulation).
+
+Optional methods (a task without them trains as before; see `OPTIONAL`):
+
+    def initialize(self, model) -> bool:
+        # Initial parameters from elsewhere (a pretrained checkpoint), set in place in the
+        # fresh model's shardings; called on a fresh run only (a restore overwrites it), before
+        # step 1. True: it set them, so the placements' data-dependent set-up is skipped.
+    def run_result(self, evals: Sequence[dict]) -> dict[str, float]:
+        # The run's result from all its eval records, written once (split "result") after the
+        # last step, e.g. the best and the last evaluation's scores.
+
+Fine-tuning (`ln_jax.models.bert.finetune.task.GlueClassification`, "glue_classification")
+has both; BERT pretraining and the toy of tests/toy_task.py have neither.
 """
 
 from __future__ import annotations
@@ -31,7 +44,12 @@ Array = jax.Array
 Batch = dict[str, Array]
 
 # name -> "module:attribute" of the tasks ln_jax ships (imported on first use)
-TASKS: dict[str, str] = {"bert_pretraining": "ln_jax.models.bert.pretraining:BertPretraining"}
+TASKS: dict[str, str] = {
+    "bert_pretraining": "ln_jax.models.bert.pretraining:BertPretraining",
+    "glue_classification": "ln_jax.models.bert.finetune.task:GlueClassification",
+}
+# Methods the trainer calls when a task has them (see the module docstring).
+OPTIONAL = ("initialize", "run_result")
 
 
 @runtime_checkable

@@ -1,5 +1,6 @@
-"""Fine-tuning (issue 21): metrics by hand, loading a workdir step and a HF directory, the
-offline task learned through the real TFDS path, exact resume, errors, the config front."""
+"""Fine-tuning (issues 21, 31): metrics by hand, loading a workdir step and a HF directory, the
+offline task learned through the real TFDS path on the one trainer, exact resume, errors, the
+config front."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ from ln_jax.data.sources import DatasetNotPreparedError
 from ln_jax.models.bert.finetune import config as ft_config
 from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune import run as ft_run
+from ln_jax.models.bert.finetune.task import GlueClassification
 from ln_jax.models.bert.finetune.tasks import TASKS, predictions, spearman, task_scores
 from ln_jax.models.bert.model import BertForPreTraining
+from ln_jax.task import Task, make_task
 from ln_jax.train import run_identity, steps, trainer
 from ln_jax.train.checkpoint import Checkpointer, CheckpointError
 from ln_jax.validate import ConfigError
@@ -116,18 +119,20 @@ def _source_encoder_outputs(workdir: str, step: int, ids, segments, mask) -> np.
 
 
 def _classifier_outputs(ctx, ids, segments, mask) -> tuple[np.ndarray, np.ndarray]:
-    """(encoder output [B, T, D], pooled [CLS] [B, D]) of a classifier built from `ctx`."""
-    model = ft_run.build_classifier(ctx, seed=0)
+    """(encoder output [B, T, D], pooled [CLS] [B, D]) of the classifier a run of `ctx` starts
+    from: its task's model, warm-started as the trainer does on a fresh run."""
+    task = make_task(ft_run.run_config(ctx, ctx.cfg.cells[0], seed=0))
+    assert isinstance(task, Task) and isinstance(task, GlueClassification)
+    model = steps.create_model(task, ctx.mesh)
     with sharding.use_mesh(ctx.mesh):
+        assert task.initialize(model)
         hidden = model.bert(ids, segments, mask)[0]
         pooled = jax.numpy.tanh(model.pooler(hidden[:, 0]))
     return np.asarray(hidden), np.asarray(pooled)
 
 
 def _context(cfg) -> ft_run.Context:
-    mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    pre = pretrained_lib.load_pretrained(cfg, mesh)
-    return ft_run.Context(cfg, TASKS[cfg.task], mesh, pre, {}, {}, {})
+    return ft_run.context(cfg)
 
 
 def _inputs(vocab: int, batch: int = 8, length: int = 16):
@@ -223,8 +228,9 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
     class Interrupted(Exception):
         pass
 
-    def cut_in_epoch_2(step, run):
-        if step == run.steps_per_epoch + 2:
+    def cut_in_epoch_2(step, run):  # a crash (no save) after step 11, before it is logged
+        assert isinstance(run, trainer.Run) and isinstance(run.task, GlueClassification)
+        if step == run.cfg.steps_per_epoch + 3:
             raise Interrupted
 
     with pytest.raises(Interrupted):
@@ -238,7 +244,7 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
     # SIGTERM (preemption) mid-epoch: the step in flight is saved, and the rerun goes on from
     # it (not from the epoch's start) to the uninterrupted run's records.
     def sigterm_in_epoch_2(step, run):
-        if step == run.steps_per_epoch + 3:
+        if step == run.cfg.steps_per_epoch + 3:
             os.kill(os.getpid(), signal.SIGTERM)
 
     with pytest.raises(ft_run.Preempted, match="SIGTERM: saved step 11"):
@@ -254,8 +260,10 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
 
 
 def _records(workdir) -> list[dict]:
+    """A run's records without what the wall clock sets (the time, the step rates)."""
     path = Path(workdir, "lr0.001_bs32_ep3", "seed0", "metrics.jsonl")
-    return [{k: v for k, v in json.loads(line).items() if k != "time"} for line in open(path)]
+    clock = ("time", "steps_per_s", "tokens_per_s")
+    return [{k: v for k, v in json.loads(line).items() if k not in clock} for line in open(path)]
 
 
 # --------------------------------------------------------------------------- errors

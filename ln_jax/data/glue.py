@@ -18,15 +18,24 @@
 
 `encode_examples` turns either into BERT inputs: `[CLS] A [SEP] B [SEP]`, segment ids 0/1,
 pairs longer than `max_seq_length` truncated longest-first as in BERT.
+
+Batches (what the fine-tuning task's `pipelines` return):
+  train_iterator(arrays, ...) -> global batch s (0-based) = rows `batch_rows(n, B, seed, s)`:
+      epoch s // (n // B) is a permutation of the examples keyed by (seed, epoch), the last
+      partial batch dropped; read ahead by grain; state {"next_batch": s, ...}
+      (`ln_jax.data.host_iterator.HostBatchIterator`), so a resume is exact on any host count.
+  DevBatches(arrays, ...) -> the whole split in order, the last batch padded with repeated rows
+      marked `valid` = 0.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -187,3 +196,91 @@ def encode_examples(examples: Examples, tokenizer: Any, max_seq_length: int) -> 
     mask = (ids != tokenizer.pad_id).astype(np.int32)
     label = examples.labels.astype(np.float32 if examples.labels.dtype.kind == "f" else np.int32)
     return {"input_ids": ids, "segment_ids": segments, "attention_mask": mask, "label": label}
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def batch_rows(num_examples: int, batch: int, seed: int, step: int) -> np.ndarray:
+    """Rows of global batch `step` (0-based): epoch e = step // steps_per_epoch is a permutation
+    of the examples keyed by (seed, e); the last partial batch of an epoch is dropped."""
+    per_epoch = num_examples // batch
+    epoch, index = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    return order[index * batch : (index + 1) * batch]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainBatches:
+    """Global batch number -> this process's rows of it (the grain map function).
+
+    Attributes:
+      arrays: `encode_examples` of the train split ([N, T] int32 arrays, label [N]).
+      global_batch_size: B.
+      seed: keys every epoch's permutation.
+      rows: the rows of each global batch this process loads (`loader.host_rows`).
+    """
+
+    arrays: Mapping[str, np.ndarray]
+    global_batch_size: int
+    seed: int
+    rows: slice
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        n = len(self.arrays["label"])
+        rows = batch_rows(n, self.global_batch_size, self.seed, step)[self.rows]
+        return {k: v[rows] for k, v in self.arrays.items()}
+
+
+def train_iterator(
+    arrays: Mapping[str, np.ndarray], batch: int, seed: int, mesh: Any, prefetch: int = 0
+) -> Any:
+    """The training batches as global jax.Arrays (`loader.GlobalBatchIterator`): endless,
+    read ahead by a grain thread, with `get_state`/`set_state`/`close`.
+
+    Raises:
+      ConfigError: if `batch` does not split over the data x fsdp devices and the processes.
+    """
+    from ln_jax import sharding
+    from ln_jax.data import loader
+
+    loader.check_global_batch(batch, sharding.batch_divisor(mesh), jax.process_count())
+    block, blocks = loader.mesh_rows(mesh, batch)
+    host = TrainBatches(arrays, batch, seed, loader.host_rows(batch, block, blocks))
+    identity = {
+        "examples": len(arrays["label"]),
+        "max_seq_length": int(arrays["input_ids"].shape[1]),
+        "seed": seed,
+        "batch_size": batch,
+    }
+    iterator = loader.HostBatchIterator(host, identity, threads=1, workers=0)
+    return loader.GlobalBatchIterator(iterator, mesh, batch, prefetch)
+
+
+class DevBatches:
+    """The evaluation split in order, in batches of `batch` (a multiple of the data x fsdp
+    devices); the last batch is padded with repeated rows whose `valid` is 0. Iterable any
+    number of times; each batch is put on the devices when it is reached.
+
+    Batch keys: the arrays' (input_ids, segment_ids, attention_mask [B, T], label [B]) and
+    valid int32 [B].
+    """
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], batch: int, mesh: Any):
+        self.arrays, self.batch, self.mesh = arrays, batch, mesh
+        self.num_examples = len(arrays["label"])
+
+    def __len__(self) -> int:
+        return -(-self.num_examples // self.batch)
+
+    def __iter__(self) -> Iterator[dict[str, jax.Array]]:
+        from ln_jax.data import loader
+
+        block, blocks = loader.mesh_rows(self.mesh, self.batch)
+        mine = loader.host_rows(self.batch, block, blocks)
+        n = self.num_examples
+        for start in range(0, n, self.batch):
+            rows = np.arange(start, start + self.batch)
+            local = {k: v[rows[mine] % n] for k, v in self.arrays.items()}
+            local["valid"] = (rows[mine] < n).astype(np.int32)
+            yield loader.to_global(local, self.mesh, self.batch)

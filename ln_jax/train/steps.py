@@ -14,9 +14,8 @@ take the global batch of `abstract_batch` (every array split over data x fsdp); 
 them inside `sharding.use_mesh(mesh)` (`in_mesh` wraps a step so), where the model's activation
 sharding constraints apply.
 
-Fine-tuning (`ln_jax.models.bert.finetune`) trains with this same step:
-`model_state(classifier, cfg, mesh)` gives its state and `jit_train_step(..., forward=loss)`
-swaps in the classification loss.
+Every task trains with this same step, fine-tuning too (its task is
+`ln_jax.models.bert.finetune.task.GlueClassification`): the loss, always the task's.
 """
 
 from __future__ import annotations
@@ -103,15 +102,15 @@ def create_model(task: Task, mesh: jax.sharding.Mesh | None = None) -> nnx.Modul
     return sharding.create_seeded(
         task.build,
         cfg.seed,
-        cache_key=(task.name, cfg.model),
+        cache_key=(task.name, cfg.model, cfg.task_options),
         mesh=mesh,
         rules=sharding.DEFAULT_RULES,
     )
 
 
 def model_state(model: nnx.Module, cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
-    """The train state of any sharded model (a fine-tuning classifier too): its parameters,
-    the optimizer of `cfg.optim` with its state created in the parameters' shardings, step 0."""
+    """The train state of any sharded model: its parameters, the optimizer of `cfg.optim`
+    with its state created in the parameters' shardings, step 0."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx, opt_sh = _optimizer_and_shardings(cfg, params, mesh)
     with sharding.use_mesh(mesh):
@@ -196,20 +195,14 @@ def _micro_batches(batch: Batch, accum: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def _grads(graphdef, params, rest, batch, key, cfg, task, measure=False, forward=None):
+def _grads(graphdef, params, rest, batch, key, cfg, task, measure=False):
     """Loss metrics and gradients of the whole batch, summed over `grad_accum_steps`
     micro-batches (with `measure`, metrics["monitor"]: the task's activation measures).
-    A `forward(graphdef, params, rest, batch, key) -> (loss, metrics)` of another task
-    (fine-tuning) replaces the task's loss; it takes the batch whole (no accumulation).
 
     Every micro-batch's loss divides by the whole batch's normalizers (`Task.normalizers`:
     e.g. the masked-token weight), so the sum over micro-batches is the big batch's loss: a
     micro-batch with fewer tokens weighs exactly as much as its tokens.
     """
-    if forward is not None:
-        grad_fn = jax.value_and_grad(forward, argnums=1, has_aux=True)
-        (_, metrics), grads = grad_fn(graphdef, params, rest, batch, key)
-        return metrics, grads
     accum = cfg.grad_accum_steps
     normalizers = task.normalizers(batch)
     forward = functools.partial(_forward, task=task, measure=accum if measure else 0)
@@ -239,9 +232,7 @@ def dropout_key(cfg: TrainConfig, step: Any) -> jax.Array:
     return jax.random.fold_in(base, step)
 
 
-def make_train_step(
-    graphdef, tx, schedule, cfg: TrainConfig, measure: bool = False, forward=None
-) -> Callable:
+def make_train_step(graphdef, tx, schedule, cfg: TrainConfig, measure: bool = False) -> Callable:
     """(state, rest, batch) -> (state, metrics): one update; non-finite updates are dropped.
 
     state = {"params", "opt_state", "step", "halted", "nonfinite_step"}. With nan_policy
@@ -251,10 +242,6 @@ def make_train_step(
     With `measure` the same update also returns metrics["monitor"], the per-layer measurements
     of `ln_jax.train.monitor` (a second compiled program that the trainer calls on logging steps
     only; the update itself is the same).
-
-    `forward`: another task's loss, `(graphdef, params, rest, batch, key) -> (loss, metrics)`
-    (fine-tuning's classifier, `ln_jax.models.bert.finetune`): the update, NaN handling and
-    dropout keys stay this step's.
     """
 
     task = make_task(cfg)
@@ -262,7 +249,7 @@ def make_train_step(
     def step_fn(state: State, rest, batch: Batch):
         step = state["step"]
         key = dropout_key(cfg, step)
-        args = (graphdef, state["params"], rest, batch, key, cfg, task, measure, forward)
+        args = (graphdef, state["params"], rest, batch, key, cfg, task, measure)
         metrics, grads = _grads(*args)
         grad_norm = optim.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
@@ -303,16 +290,15 @@ def jit_train_step(
     mesh: jax.sharding.Mesh,
     pieces: TrainState,
     measure: bool = False,
-    forward: Callable | None = None,
 ) -> Callable:
     """The train step jitted with the shardings of `pieces`: state, rest and batch shardings
     in; the same state shardings and replicated metrics out; the state donated. `measure`: the
-    variant with per-layer measurements; `forward`: another task's loss (`make_train_step`)."""
+    variant with per-layer measurements."""
     shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
     schedule = optim.make_schedule(cfg.optim)
     return jax.jit(
-        make_train_step(pieces.graphdef, pieces.tx, schedule, cfg, measure, forward),
+        make_train_step(pieces.graphdef, pieces.tx, schedule, cfg, measure),
         in_shardings=(shardings, rest_sh, sharding.batch_sharding(mesh)),
         out_shardings=(shardings, _replicated(mesh)),
         donate_argnums=(0,),

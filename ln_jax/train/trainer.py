@@ -1,9 +1,17 @@
-"""Pretraining: set-up and the loop (run identity, checkpoints, metrics, SIGTERM/Ctrl-C, NaN).
+"""The one trainer of every task: set-up and the loop (run identity, checkpoints, metrics,
+SIGTERM/Ctrl-C, NaN).
 
-`train_and_evaluate(cfg, workdir)` is what `train.py` runs and what the tests call. The state
-and the jitted steps come from `ln_jax.train.steps` (the same ones the ahead-of-time check, the
-benchmarks and the analyses use); a placement's set-up (Admin's profiling) from
-`ln_jax.nn.placement_setup`.
+`train_and_evaluate(cfg, workdir)` is what `train.py` runs, what fine-tuning runs for each
+grid cell x seed (`ln_jax.models.bert.finetune.run`) and what the tests call. It knows a model
+family only through `cfg.task` (`ln_jax.task`). The state and the jitted steps come from
+`ln_jax.train.steps` (the same ones the ahead-of-time check, the benchmarks and the analyses
+use); step 0's parameters from the task's `initialize` (a warm start, fresh runs only) or else
+a placement's set-up (Admin's profiling, `ln_jax.nn.placement_setup`).
+
+WORKDIR holds `config.json`, `metrics.jsonl` (split "train" every `log_every` steps, at every
+evaluation and at steps 1-2; "eval" every `eval_every` steps with the task's metrics, and
+`epoch` when `steps_per_epoch` is set; "result" once at the end if the task has `run_result`),
+`checkpoints/` and `tensorboard/`.
 """
 
 from __future__ import annotations
@@ -169,13 +177,20 @@ def _peek(iterator: Any) -> Callable[[], Batch]:
     return peek
 
 
-def _setup_placements(run: Run, workdir: str) -> None:
-    """The placements' set-up hooks on the fresh parameters (`ln_jax.nn.placement_setup`), with
-    step 0's dropout key; before a restore, which then overwrites what they set."""
+def _initial_parameters(run: Run, workdir: str, fresh: bool) -> None:
+    """Step 0's parameters, before a restore (which then overwrites them): a task with
+    `initialize` sets them from elsewhere on a fresh run (a warm start; on a resumed run it is
+    not asked, the restore sets them); otherwise, or if it declines, the placements' set-up
+    hooks run on the fresh ones (`ln_jax.nn.placement_setup`) with step 0's dropout key."""
+    initialize = getattr(run.task, "initialize", None)
+    if initialize is not None and not fresh:
+        return
     model = nnx.merge(run.graphdef, run.state["params"], run.rest)
-    key = steps.dropout_key(run.cfg, 0)
     with sharding.use_mesh(run.mesh):
-        done = setup_placements(model, _peek(run.train_iter), key, workdir)
+        done = bool(initialize(model)) if initialize is not None else False
+        if not done:
+            key = steps.dropout_key(run.cfg, 0)
+            done = bool(setup_placements(model, _peek(run.train_iter), key, workdir))
     if done:
         _, run.state["params"], _ = nnx.split(model, nnx.Param, ...)
 
@@ -185,15 +200,20 @@ def train_and_evaluate(
     workdir: str,
     hooks: Sequence[Callable[[int, Run], None]] = (),
     accept_changes: bool = False,
+    preemption: Preemption | None = None,
 ) -> dict[str, Any]:
     """Trains `cfg` in `workdir`, resuming from its latest checkpoint if there is one.
 
     A workdir holds one run: resuming it with another config raises RunMismatchError, unless
     every change is safe to continue with and `accept_changes` (`ln_jax.train.run_identity`).
-    `hooks` are called as `hook(step, run)` after every step (measurements, custom logging).
+    `hooks` are called as `hook(step, run)` after every step, before it is logged
+    (measurements, custom logging). `preemption`: a `Preemption` a caller running several
+    runs has entered (fine-tuning's grid), so that a signal between runs is not lost; None =
+    this run's own.
 
     Returns:
       {"step": last step, "train": last train metrics, "eval": last eval metrics,
+       "result": the "result" record (tasks with `run_result`, once the last step is done),
        "preempted": the signal's name ("SIGTERM", "SIGINT") if one stopped the run, else None,
        "already_done": True if the workdir already held the last step}.
 
@@ -205,10 +225,10 @@ def train_and_evaluate(
     run_identity.prepare_workdir(workdir)
     lock = run_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
     with lock:
-        return _train_and_evaluate(cfg, workdir, hooks, accept_changes)
+        return _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption)
 
 
-def _train_and_evaluate(cfg, workdir, hooks, accept_changes) -> dict[str, Any]:
+def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption) -> dict[str, Any]:
     """`train_and_evaluate` while this process holds the workdir's lock."""
     config_dict = run_identity.as_dict(cfg)
     is_main = jax.process_index() == 0
@@ -217,9 +237,9 @@ def _train_and_evaluate(cfg, workdir, hooks, accept_changes) -> dict[str, Any]:
     try:
         latest = _check_identity(config_dict, workdir, ckpt, accept_changes)
         if latest is not None and latest >= cfg.total_steps:
-            return _already_done(workdir, latest)
+            return _already_done(cfg, workdir, latest)
         run = setup(cfg)
-        _setup_placements(run, workdir)
+        _initial_parameters(run, workdir, fresh=latest is None)
         restored = ckpt.restore(run.state)
         if restored is not None:
             start, run.state, data_state = restored
@@ -231,9 +251,12 @@ def _train_and_evaluate(cfg, workdir, hooks, accept_changes) -> dict[str, Any]:
         writer = MetricsWriter(workdir, enabled=is_main, resume_step=start)
         tokens = cfg.data.global_batch_size * cfg.data.max_seq_length
         progress = Progress(cfg.total_steps, tokens, start, enabled=is_main)
-        result = {"step": start, "train": {}, "eval": {}, "preempted": None, "already_done": False}
-        with Preemption(shared=jax.process_count() > 1) as preemption:
-            return _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks)
+        result = {"step": start, "train": {}, "eval": {}, "result": {}, "preempted": None}
+        result["already_done"] = False
+        own = Preemption(shared=jax.process_count() > 1) if preemption is None else None
+        with own or contextlib.nullcontext(preemption) as stops:
+            loop = _Loop(run, ckpt, writer, progress, config_dict, stops, hooks, workdir)
+            return loop.steps(start, result)
     finally:
         if run is not None:
             run.train_iter.close()  # stops the data workers
@@ -257,18 +280,33 @@ def _check_identity(config_dict, workdir, ckpt, accept_changes) -> int | None:
     return latest
 
 
-def _already_done(workdir: str, step: int) -> dict[str, Any]:
-    """The result of a run whose workdir already holds its last step (nothing is trained)."""
+def _already_done(cfg: TrainConfig, workdir: str, step: int) -> dict[str, Any]:
+    """The result of a run whose workdir already holds its last step (nothing is trained; a
+    "result" record that a cut-off run did not write yet is written now)."""
     path = paths.as_path(workdir) / METRICS_FILE  # a local folder or a URL
     records = read_records(path) if path.exists() else []
     last = lambda split: next((r for r in reversed(records) if r["split"] == split), {})
+    done = last("result")
+    task = make_task(cfg)
+    if not done and hasattr(task, "run_result") and jax.process_index() == 0:
+        writer = MetricsWriter(workdir, tensorboard=False, resume_step=step)
+        try:
+            done = _write_result(task, writer, step, [r for r in records if r["split"] == "eval"])
+        finally:
+            writer.close()
     return {
         "step": step,
         "train": last("train"),
         "eval": last("eval"),
+        "result": done,
         "preempted": None,
         "already_done": True,
     }
+
+
+def _write_result(task: Task, writer: MetricsWriter, step: int, evals: list) -> dict[str, Any]:
+    """Writes the task's result of the run (`Task.run_result` of its eval records)."""
+    return writer.write(step, "result", task.run_result(evals)) if evals else {}
 
 
 def _measured(run: Run, step: int) -> bool:
@@ -297,37 +335,73 @@ def _watch(run, ckpt, writer, watcher, step, metrics, measures) -> None:
         writer.write(step, f"warning/{alert.rule}", {**alert.record(), "message": message})
 
 
-def _loop(run, ckpt, writer, progress, config_dict, start, preemption, result, hooks):
-    cfg, last = run.cfg, run.cfg.total_steps
-    watcher = EarlyWarning(cfg.monitor) if run.monitor_step is not None else None
-    for step in range(start + 1, last + 1):
-        measured = _measured(run, step)
-        train_step = run.monitor_step if measured else run.train_step
-        run.state, metrics = train_step(run.state, run.rest, next(run.train_iter))
-        for hook in hooks:
-            hook(step, run)
-        stop = preemption.stop_after(step)
-        # Steps 1-2 are always shown: step 1's time (compilation included), then the first rate.
-        if _due(step, cfg.log_every, last) or step - start <= 2 or stop or measured:
-            metrics = jax.device_get(metrics)
-            measures = metrics.pop("monitor", None)
-            steps_s, tokens_s = progress.rates(step)
-            result["train"] = writer.write(
-                step, "train", {**metrics, "steps_per_s": steps_s, "tokens_per_s": tokens_s}
-            )
-            progress.show(step, steps_s, tokens_s, float(metrics["loss"]))
-            _check_finite(run, ckpt)
-            ckpt.check()  # a background save that failed stops the run now
-            if watcher is not None:
-                _watch(run, ckpt, writer, watcher, step, metrics, measures)
-        if _due(step, cfg.eval_every, last):
-            _check_finite(run, ckpt)
-            result["eval"] = writer.write(step, "eval", evaluate(run))
-        if _due(step, cfg.checkpoint_every, last) or stop:
-            _save(run, ckpt, step, config_dict)
-        result["step"] = step
-        if stop:
-            log.warning("%s: saved step %d, exiting", stop, step)
-            result["preempted"] = stop
-            break
-    return result
+class _Loop:
+    """The steps of a run from `start` to `total_steps` (or a stop)."""
+
+    def __init__(self, run, ckpt, writer, progress, config_dict, preemption, hooks, workdir):
+        self.run, self.ckpt, self.writer, self.progress = run, ckpt, writer, progress
+        self.config_dict, self.preemption, self.hooks = config_dict, preemption, hooks
+        self.watcher = EarlyWarning(run.cfg.monitor) if run.monitor_step is not None else None
+        self.evals = _earlier_evals(workdir) if hasattr(run.task, "run_result") else []
+
+    def steps(self, start: int, result: dict[str, Any]) -> dict[str, Any]:
+        run, cfg, last = self.run, self.run.cfg, self.run.cfg.total_steps
+        for step in range(start + 1, last + 1):
+            measured = _measured(run, step)
+            train_step = run.monitor_step if measured else run.train_step
+            run.state, metrics = train_step(run.state, run.rest, next(run.train_iter))
+            for hook in self.hooks:
+                hook(step, run)
+            stop = self.preemption.stop_after(step)
+            evaluated = _due(step, cfg.eval_every, last)
+            # Records follow the cadences (and steps 1-2), so a resumed run logs what an
+            # uninterrupted one does; steps 1-2 after a start and a stop are shown too: step
+            # 1's time (compilation included), then the first rate.
+            record = _due(step, cfg.log_every, last) or evaluated or step <= 2 or measured
+            if record or step - start <= 2 or stop:
+                result["train"] = self._log(step, metrics, record) or result["train"]
+            if evaluated:
+                _check_finite(run, self.ckpt)
+                result["eval"] = self._evaluate(step)
+            if _due(step, cfg.checkpoint_every, last) or stop:
+                _save(run, self.ckpt, step, self.config_dict)
+            result["step"] = step
+            if stop:
+                log.warning("%s: saved step %d, exiting", stop, step)
+                result["preempted"] = stop
+                return result
+        if hasattr(run.task, "run_result"):
+            result["result"] = _write_result(run.task, self.writer, last, self.evals)
+        return result
+
+    def _log(self, step: int, metrics: dict, record: bool) -> dict[str, Any] | None:
+        """Shows the step's progress line, writes its "train" record (if `record`), checks
+        that it is finite and that no background save failed, and applies the early-warning
+        rules on measured steps."""
+        run = self.run
+        metrics = jax.device_get(metrics)
+        measures = metrics.pop("monitor", None)
+        steps_s, tokens_s = self.progress.rates(step)
+        values = {**metrics, "steps_per_s": steps_s, "tokens_per_s": tokens_s}
+        written = self.writer.write(step, "train", values) if record else None
+        self.progress.show(step, steps_s, tokens_s, float(metrics["loss"]))
+        _check_finite(run, self.ckpt)
+        self.ckpt.check()  # a background save that failed stops the run now
+        if self.watcher is not None:
+            _watch(run, self.ckpt, self.writer, self.watcher, step, metrics, measures)
+        return written
+
+    def _evaluate(self, step: int) -> dict[str, Any]:
+        """Writes the step's "eval" record (with its epoch when the config counts epochs)."""
+        per_epoch = self.run.cfg.steps_per_epoch
+        epoch = {"epoch": step // per_epoch} if per_epoch else {}
+        written = self.writer.write(step, "eval", {**epoch, **evaluate(self.run)})
+        self.evals.append(written)
+        return written
+
+
+def _earlier_evals(workdir: str) -> list[dict[str, Any]]:
+    """The eval records a resumed run kept (the metrics writer pruned the later ones)."""
+    path = paths.as_path(workdir) / METRICS_FILE
+    records = read_records(path) if path.exists() else []
+    return [r for r in records if r["split"] == "eval"]

@@ -4,9 +4,10 @@
   summary = finetune(build_finetune_config(values), "workdirs/glue_mrpc")
 
 Modules: `config` (the typed config and one run's TrainConfig), `tasks` (task table, metrics),
-`pretrained` (start from a workdir step or hf:PATH), `model` (the [CLS] classifier and its loss,
-the `forward` of the one train step of `ln_jax.train.steps`), `run` (the grid x seeds,
-resumable runs, summary). Data: `ln_jax.data.glue`.
+`pretrained` (start from a workdir step or hf:PATH), `model` (the [CLS] classifier and its loss),
+`task` (`GlueClassification`: fine-tuning as a `ln_jax.task.Task`, "glue_classification", with
+the warm start), `run` (the grid x seeds, each a run of `ln_jax.train.trainer`, and the
+summary). Data: `ln_jax.data.glue`.
 """
 
 from ln_jax.models.bert.finetune.config import FinetuneConfig, build_finetune_config

@@ -1,8 +1,11 @@
 """The typed fine-tuning config (`configs/glue.py` declares every field, with a comment).
 
 `FinetuneConfig.from_mapping` validates once; `train_config(cell, seed, ...)` turns one cell of
-the lr x batch x epochs grid and one seed into the `TrainConfig` that the one train step of
-`ln_jax.train.steps` reads (optimizer, schedule, seed, mesh, NaN policy, dropout PRNG).
+the lr x batch x epochs grid and one seed into the `TrainConfig` that the one trainer
+(`ln_jax.train.trainer.train_and_evaluate`) runs: task "glue_classification" with its
+`task_options` (the GLUE task, the pretrained source and step, the classifier dropout, the
+example limits), evaluation and a checkpoint every epoch, the optimizer, schedule, seed, mesh,
+NaN policy and dropout PRNG.
 """
 
 from __future__ import annotations
@@ -146,12 +149,75 @@ def build_finetune_config(values: Mapping[str, Any]) -> FinetuneConfig:
 
 
 def train_config(
-    cfg: FinetuneConfig, cell: Cell, seed: int, model: ModelConfig, steps_per_epoch: int
+    cfg: FinetuneConfig,
+    cell: Cell,
+    seed: int,
+    encoder: ModelConfig,
+    init: tuple[str, int | None],
+    steps_per_epoch: int,
+    eval_batch_size: int,
 ) -> TrainConfig:
     """The `TrainConfig` of one fine-tuning run: AdamW (by default), linear warm-up over
-    `warmup_fraction` of the steps, then linear decay to 0; no accumulation, no monitor."""
+    `warmup_fraction` of the steps, then linear decay to 0; evaluation and a checkpoint after
+    every epoch; no accumulation, no monitor.
+
+    Args:
+      encoder: the pretrained encoder's config (its dropouts replaced by the config's).
+      init: (source, step) of the pretrained encoder (`GlueClassification.initialize`).
+      steps_per_epoch: full batches of the training split.
+      eval_batch_size: dev batch, a multiple of the data x fsdp devices.
+    """
     total = cell.epochs * steps_per_epoch
-    optim = OptimConfig(
+    task = TASKS[cfg.task]
+    hidden = encoder.hidden_dropout if cfg.hidden_dropout is None else cfg.hidden_dropout
+    attention = cfg.attention_dropout
+    model = encoder.replace(
+        hidden_dropout=hidden,
+        attention_dropout=encoder.attention_dropout if attention is None else attention,
+    )
+    options = {
+        "glue_task": cfg.task,
+        "init_from": init[0],
+        "init_step": init[1],
+        "classifier_dropout": hidden if cfg.classifier_dropout is None else cfg.classifier_dropout,
+        "max_train_examples": cfg.data.max_train_examples,
+        "max_eval_examples": cfg.data.max_eval_examples,
+    }
+    data = DataConfig(
+        dataset=task.dataset,
+        data_dir=cfg.data.data_dir,
+        download=cfg.data.download,
+        train_split=task.train_split,
+        eval_split=task.eval_split,
+        vocab_size=model.vocab_size,
+        max_seq_length=cfg.max_seq_length,
+        global_batch_size=cell.batch_size,
+        eval_batch_size=eval_batch_size,
+        seed=seed,
+    )
+    return TrainConfig(
+        name=f"{cfg.name}/{cell.name}/seed{seed}",
+        task="glue_classification",
+        task_options=options,
+        seed=seed,
+        total_steps=total,
+        eval_every=steps_per_epoch,
+        checkpoint_every=steps_per_epoch,
+        log_every=cfg.log_every,
+        steps_per_epoch=steps_per_epoch,
+        nan_policy=cfg.nan_policy,
+        dropout_rng=cfg.dropout_rng,
+        model=model,
+        optim=_optim(cfg, cell, total),
+        data=data,
+        mesh=cfg.mesh,
+        checkpoint=cfg.checkpoint,
+        monitor=MonitorConfig(every=0),
+    )
+
+
+def _optim(cfg: FinetuneConfig, cell: Cell, total: int) -> OptimConfig:
+    return OptimConfig(
         optimizer=cfg.optimizer,
         peak_lr=cell.learning_rate,
         schedule="warmup_linear_decay",
@@ -162,23 +228,4 @@ def train_config(
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
         clip_norm=cfg.clip_norm,
-    )
-    data = DataConfig(
-        vocab_size=model.vocab_size,
-        max_seq_length=cfg.max_seq_length,
-        global_batch_size=cell.batch_size,
-    )
-    return TrainConfig(
-        name=f"{cfg.name}/{cell.name}/seed{seed}",
-        seed=seed,
-        total_steps=total,
-        log_every=cfg.log_every,
-        nan_policy=cfg.nan_policy,
-        dropout_rng=cfg.dropout_rng,
-        model=model,
-        optim=optim,
-        data=data,
-        mesh=cfg.mesh,
-        checkpoint=cfg.checkpoint,
-        monitor=MonitorConfig(every=0),
     )

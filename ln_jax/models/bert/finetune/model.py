@@ -1,4 +1,4 @@
-"""The [CLS] classifier of fine-tuning and its loss (the `forward` of the one train step).
+"""The [CLS] classifier of fine-tuning and its loss (`GlueClassification.build` and `.loss`).
 
 `BertClassifier` = `BertEncoder` (any placement, per-layer lists, Admin's omega, scan_layers:
 the encoder's own config) + BERT's pooler (dense + tanh on [CLS], taken from the pretrained
@@ -8,14 +8,11 @@ axis names: the pooler ("embed", "embed_proj"), the classifier ("embed_proj", "c
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ln_jax import sharding
 from ln_jax.config import ModelConfig
 from ln_jax.models.bert.model import BertEncoder
 from ln_jax.nn.layers import Dense, dropout, split_key
@@ -50,47 +47,16 @@ class BertClassifier(nnx.Module):
         return self.classifier(pooled).astype(jnp.float32)
 
 
-def create_classifier(
-    cfg: ModelConfig, num_labels: int, classifier_dropout: float, seed: int, mesh
-) -> BertClassifier:
-    """A freshly initialised classifier, every parameter created in its shards on `mesh`."""
-
-    def make(rngs: nnx.Rngs) -> BertClassifier:
-        return BertClassifier(cfg, num_labels, classifier_dropout, rngs=rngs)
-
-    key = ("BertClassifier", cfg, num_labels, classifier_dropout)
-    return sharding.create_seeded(make, seed, cache_key=key, mesh=mesh)
-
-
-def classification_loss(logits: Array, labels: Array, regression: bool) -> dict[str, Array]:
+def classification_loss(
+    logits: Array, labels: Array, regression: bool, count: Array | float | None = None
+) -> dict[str, Array]:
     """{"loss", and "accuracy" for classes}: logits [B, labels] f32, labels [B] int (classes)
-    or float (regression: mean squared error of logits[:, 0])."""
+    or float (regression: squared error of logits[:, 0]), summed and divided by `count` (the
+    whole batch's examples under accumulation; None = B)."""
+    count = logits.shape[0] if count is None else count
     if regression:
-        loss = jnp.mean(jnp.square(logits[:, 0] - labels.astype(jnp.float32)))
+        loss = jnp.sum(jnp.square(logits[:, 0] - labels.astype(jnp.float32))) / count
         return {"loss": loss}
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    return {"loss": nll.mean(), "accuracy": jnp.mean(logits.argmax(-1) == labels)}
-
-
-def classification_forward(regression: bool) -> Callable:
-    """The train step's `forward`: (graphdef, params, rest, batch, key) -> (loss, metrics)."""
-
-    def forward(graphdef, params, rest, batch, key):
-        model = nnx.merge(graphdef, params, rest)
-        logits = model(
-            batch["input_ids"], batch["segment_ids"], batch["attention_mask"], dropout_key=key
-        )
-        metrics = classification_loss(logits, batch["label"], regression)
-        return metrics["loss"], metrics
-
-    return forward
-
-
-def predict_fn(graphdef) -> Callable:
-    """(params, rest, batch) -> logits [B, labels], deterministic (no dropout)."""
-
-    def predict(params, rest, batch):
-        model = nnx.merge(graphdef, params, rest)
-        return model(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
-
-    return predict
+    correct = (logits.argmax(-1) == labels).astype(jnp.float32)
+    return {"loss": nll.sum() / count, "accuracy": correct.sum() / count}

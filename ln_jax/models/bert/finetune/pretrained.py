@@ -11,7 +11,10 @@ encoder was trained with:
 * `hf:PATH`: `ln_jax.models.bert.convert.load_hf_encoder` (Post-LN), the WordPiece vocabulary of
   `PATH/vocab.txt` (needs the `tokenizers` package).
 
-Every failure the user can fix is a `ConfigError`/`CheckpointError` naming it and the fix.
+`cached_pretrained` keeps the last source loaded (every run of a grid starts from it: each
+run's `GlueClassification.initialize` copies it into its classifier with `warm_start`);
+`release` drops it. Every failure the user can fix is a `ConfigError`/`CheckpointError`
+naming it and the fix.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -56,16 +60,68 @@ class Pretrained:
 
 
 def load_pretrained(cfg: FinetuneConfig, mesh) -> Pretrained:
-    """The encoder of `cfg.init_from`, its arrays placed on `mesh`."""
-    if not cfg.init_from:
+    """The encoder of `cfg.init_from` (and `cfg.init_step`), its arrays placed on `mesh`."""
+    return load_source(cfg.init_from, cfg.init_step, mesh)
+
+
+def load_source(init_from: str | None, init_step: int | None, mesh) -> Pretrained:
+    """The encoder of a pretraining workdir (its step `init_step`, None = the latest) or of
+    "hf:PATH", its arrays placed on `mesh`."""
+    if not init_from:
         raise ConfigError(
             "config.init_from is not set: give a pretraining workdir "
             "(--config.init_from=workdirs/bert_preln_tiny) or a local HuggingFace BERT "
             "directory (--config.init_from=hf:PATH)."
         )
-    if cfg.is_hf:
-        return _from_hf(cfg.init_from[len(HF_PREFIX) :], mesh)
-    return _from_workdir(cfg.init_from, cfg.init_step, mesh)
+    if init_from.startswith(HF_PREFIX):
+        return _from_hf(init_from[len(HF_PREFIX) :], mesh)
+    return _from_workdir(init_from, init_step, mesh)
+
+
+_LOADED: dict[tuple, Pretrained] = {}
+
+
+def cached_pretrained(init_from: str | None, init_step: int | None, mesh) -> Pretrained:
+    """`load_source`, kept until the next source is asked for (or `release`): found again
+    under its resolved step too, so that "latest" and its number share one copy."""
+    key = (init_from, init_step, mesh)
+    if key not in _LOADED:
+        release()
+        found = load_source(init_from, init_step, mesh)
+        _LOADED[key] = _LOADED[(init_from, found.step, mesh)] = found
+    return _LOADED[key]
+
+
+def release() -> None:
+    """Drops the source `cached_pretrained` keeps."""
+    _LOADED.clear()
+
+
+def warm_start(model: Any, pre: Pretrained) -> None:
+    """Sets a `BertClassifier`'s encoder (and pooler, if the source has one) to the source's
+    arrays in place, in the classifier's shardings; its classifier layer stays as it is."""
+    state = nnx.state(model, nnx.Param)
+    values = nnx.to_pure_dict(state)
+    values["bert"] = _placed_like(pre.encoder, values["bert"])
+    if pre.pooler is not None:
+        values["pooler"] = _placed_like(pre.pooler, values["pooler"])
+    nnx.replace_by_pure_dict(state, values)
+    nnx.update(model, state)
+
+
+def _placed_like(source: dict, target: dict) -> dict:
+    """`source`'s arrays in `target`'s shardings; a shape that differs is a ConfigError."""
+
+    def place(path, new, old):
+        if tuple(new.shape) != tuple(old.shape):
+            name = "/".join(str(getattr(k, "key", k)) for k in path)
+            raise ConfigError(
+                f"pretrained parameter {name} has shape {tuple(new.shape)}, the encoder of its "
+                f"config {tuple(old.shape)}: the checkpoint does not fit its config."
+            )
+        return jax.device_put(new, old.sharding, may_alias=False)  # the step donates it
+
+    return jax.tree_util.tree_map_with_path(place, source, target)
 
 
 # --------------------------------------------------------------------------- ln_jax workdirs

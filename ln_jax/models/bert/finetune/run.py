@@ -1,22 +1,23 @@
-"""Fine-tuning runs: every grid cell x seed, each an ordinary resumable run.
+"""Fine-tuning: every grid cell x seed, each a run of the one trainer.
 
   finetune(cfg, workdir) -> summary   (what `finetune.py` runs and the tests call)
 
+Each cell x seed is an ordinary run of `ln_jax.train.trainer.train_and_evaluate` with the task
+`GlueClassification` (`ln_jax.models.bert.finetune.task`): the same loop, train step,
+checkpoints, NaN stop (`trainer.NonFiniteError`) and SIGTERM/Ctrl-C handling as pretraining.
+
 Layout: `WORKDIR/config.json` (the fine-tuning config and the pretrained step it started from),
 `WORKDIR/summary.json` (per cell: every seed's best and last dev scores, their median, spread
-and mean; the best cell by median), and per run `WORKDIR/<cell>/seed<k>/` with `metrics.jsonl`
-(split "train" every `log_every` steps; "eval" after every epoch with the task's metrics and
-`score`; one "result" record with the best and last epoch's scores) and `checkpoints/` (orbax,
-after every epoch). Batch `s` of a run is a function of (seed, s) only (each epoch a keyed
-permutation of the training set, the last partial batch dropped) and dropout keys are the
-train step's, so a run resumed from its last epoch's checkpoint logs what an uninterrupted
-one logs. SIGTERM and Ctrl-C (`ln_jax.train.preemption`) save the step in flight and raise
-Preempted; the rerun resumes from that step.
-
-The update is `ln_jax.train.steps`' one train step: `steps.model_state` builds the classifier's
-state (AdamW's moments in the parameters' shardings), and `steps.jit_train_step(..., forward=...)`
-jits that same step with the classification loss in place of pretraining's: NaN handling,
-clipping, the schedule and the dropout keys are shared, not rewritten.
+and mean; the best cell by median), and per run `WORKDIR/<cell>/seed<k>/` (a trainer workdir)
+with its `config.json` (the run's TrainConfig), `metrics.jsonl` (split "train" every
+`log_every` steps, at steps 1-2 and at every epoch's end; "eval" after every epoch with `epoch`,
+the task's metrics and `score`; one "result" record with the best and last epoch's scores),
+`checkpoints/` (orbax, after every epoch) and `tensorboard/`. Batch `s` of a run is a function
+of (seed, s) only (each epoch a keyed permutation of the training set, the last partial batch
+dropped; the iterator's state is checkpointed) and dropout keys are the train step's, so a run
+resumed from any checkpoint logs what an uninterrupted one logs. SIGTERM and Ctrl-C
+(`ln_jax.train.preemption`) save the step in flight and raise Preempted; the rerun resumes from
+that step. Finished runs (a "result" record) are read back, not retrained.
 """
 
 from __future__ import annotations
@@ -30,23 +31,16 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from ln_jax import paths, sharding
-from ln_jax.data import glue
-from ln_jax.models.bert.finetune import model as model_lib
+from ln_jax.config import TrainConfig
+from ln_jax.models.bert.finetune import task as task_lib
 from ln_jax.models.bert.finetune.config import Cell, FinetuneConfig, train_config
-from ln_jax.models.bert.finetune.pretrained import (
-    Pretrained,
-    check_sequence_length,
-    load_pretrained,
-)
-from ln_jax.models.bert.finetune.tasks import TASKS, Task, predictions, task_scores
+from ln_jax.models.bert.finetune.pretrained import Pretrained, check_sequence_length
+from ln_jax.models.bert.finetune.tasks import TASKS, GlueTask
 from ln_jax.results import write_json
-from ln_jax.train import run_identity, steps
-from ln_jax.train.checkpoint import Checkpointer
-from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, read_records
+from ln_jax.train import run_identity, trainer
+from ln_jax.train.metrics import METRICS_FILE, read_records
 from ln_jax.train.preemption import Preemption
 from ln_jax.validate import ConfigError, UserError
 
@@ -58,40 +52,44 @@ _FREE = tuple(
     for name in ("seeds", "learning_rates", "batch_sizes", "epochs", "log_every", "mesh.")
     + ("eval_batch_size", "checkpoint.")
 )
+_RECORD_KEYS = ("step", "split", "time")
 
 
 class FinetuneMismatchError(UserError):
     """The workdir holds a fine-tuning run of another config."""
 
 
-class NonFiniteFinetuneError(RuntimeError):
-    """A fine-tuning run produced a NaN/Inf loss or gradient (nan_policy="stop")."""
+class Preempted(Exception):  # noqa: N818 (a stop, not an error: the command exits 0)
+    """Fine-tuning stopped on SIGTERM or Ctrl-C after saving a checkpoint; rerunning the same
+    command resumes from `step` of the run in `directory`."""
+
+    def __init__(self, signal_name: str, step: int, directory: str):
+        super().__init__(f"{signal_name}: saved step {step} in {directory}")
+        self.signal_name, self.step, self.directory = signal_name, step, directory
 
 
 @dataclasses.dataclass
 class Context:
-    """What every run of one `finetune` call shares."""
+    """What every run of one `finetune` call shares.
+
+    Attributes:
+      cfg: the fine-tuning config.
+      task: the GLUE task (dataset, labels, metrics).
+      mesh: the device mesh of every run.
+      pretrained: the source encoder (its arrays too: kept for the runs' warm starts).
+      num_train: training examples (steps per epoch = num_train // batch size).
+      identity: what WORKDIR/config.json records.
+    """
 
     cfg: FinetuneConfig
-    task: Task
+    task: GlueTask
     mesh: Any
     pretrained: Pretrained
-    train: dict  # encode_examples of the train split: [N, T] arrays and labels [N]
-    dev: dict
-    config_dict: dict
+    num_train: int
+    identity: dict
 
 
 # --------------------------------------------------------------------------- set-up
-
-
-def load_task_data(cfg: FinetuneConfig, task: Task, tokenizer: Any) -> tuple[dict, dict]:
-    """(train, dev) BERT inputs of `task`, read through TFDS (`ln_jax.data.glue`)."""
-    builder = glue.open_task_dataset(task.dataset, cfg.data.data_dir, cfg.data.download)
-    read = lambda split, limit: glue.read_split(builder, split, task.text_features, limit)
-    train = read(task.train_split, cfg.data.max_train_examples)
-    dev = read(task.eval_split, cfg.data.max_eval_examples)
-    encode = lambda ex: glue.encode_examples(ex, tokenizer, cfg.max_seq_length)
-    return encode(train), encode(dev)
 
 
 def _identity(cfg: FinetuneConfig, pretrained: Pretrained) -> dict:
@@ -118,206 +116,51 @@ def _check_workdir(workdir: str, identity: dict) -> None:
     run_identity.record_config(workdir, identity)
 
 
-def setup(cfg: FinetuneConfig, workdir: str) -> Context:
-    """Mesh, pretrained encoder, task data; checks and records the workdir's config."""
-    task = TASKS[cfg.task]
+def context(cfg: FinetuneConfig) -> Context:
+    """Mesh, pretrained encoder and the task's data (both kept for the runs, `task.release`)."""
+    glue_task = TASKS[cfg.task]
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    pretrained = load_pretrained(cfg, mesh)
+    pretrained = task_lib.pretrained_lib.cached_pretrained(cfg.init_from, cfg.init_step, mesh)
     check_sequence_length(pretrained.model, cfg.max_seq_length)
-    train, dev = load_task_data(cfg, task, pretrained.tokenizer)
-    identity = _identity(cfg, pretrained)
+    where = (cfg.data.data_dir, cfg.data.download, cfg.max_seq_length)
+    limits = (cfg.data.max_train_examples, cfg.data.max_eval_examples)
+    train, _ = task_lib.cached_arrays(glue_task, *where, *limits, pretrained)
+    num_train = len(train["label"])
+    return Context(cfg, glue_task, mesh, pretrained, num_train, _identity(cfg, pretrained))
+
+
+def setup(cfg: FinetuneConfig, workdir: str) -> Context:
+    """`context`, then checks and records the workdir's config."""
+    ctx = context(cfg)
     run_identity.prepare_workdir(workdir)
-    _check_workdir(workdir, identity)
-    return Context(cfg, task, mesh, pretrained, train, dev, identity)
+    _check_workdir(workdir, ctx.identity)
+    return ctx
 
 
-def build_classifier(ctx: Context, seed: int) -> model_lib.BertClassifier:
-    """A classifier whose encoder (and pooler, if the source has one) are the pretrained
-    arrays, in the classifier's shardings; the classifier layer is initialised from `seed`."""
-    cfg, pre = ctx.cfg, ctx.pretrained
-    hidden = pre.model.hidden_dropout if cfg.hidden_dropout is None else cfg.hidden_dropout
-    attention = cfg.attention_dropout
-    model_cfg = pre.model.replace(
-        hidden_dropout=hidden,
-        attention_dropout=pre.model.attention_dropout if attention is None else attention,
-    )
-    head_dropout = hidden if cfg.classifier_dropout is None else cfg.classifier_dropout
-    model = model_lib.create_classifier(
-        model_cfg, ctx.task.num_labels, head_dropout, seed, ctx.mesh
-    )
-    state = nnx.state(model, nnx.Param)
-    values = nnx.to_pure_dict(state)
-    values["bert"] = _placed_like(pre.encoder, values["bert"])
-    if pre.pooler is not None:
-        values["pooler"] = _placed_like(pre.pooler, values["pooler"])
-    nnx.replace_by_pure_dict(state, values)
-    nnx.update(model, state)
-    return model
+def run_config_of(cfg, pretrained, cell, seed, steps_per_epoch, mesh) -> TrainConfig:
+    """The TrainConfig of one cell x seed (`config.train_config`)."""
+    divisor = sharding.batch_divisor(mesh)
+    eval_batch = -(-cfg.eval_batch_size // divisor) * divisor
+    init = (pretrained.source, pretrained.step)
+    return train_config(cfg, cell, seed, pretrained.model, init, steps_per_epoch, eval_batch)
 
 
-def _placed_like(source: dict, target: dict) -> dict:
-    """`source`'s arrays in `target`'s shardings; a shape that differs is a ConfigError."""
+def run_config(ctx: Context, cell: Cell, seed: int) -> TrainConfig:
+    """The TrainConfig of one cell x seed of `ctx`'s grid.
 
-    def place(path, new, old):
-        if tuple(new.shape) != tuple(old.shape):
-            name = "/".join(str(getattr(k, "key", k)) for k in path)
-            raise ConfigError(
-                f"pretrained parameter {name} has shape {tuple(new.shape)}, the encoder of its "
-                f"config {tuple(old.shape)}: the checkpoint does not fit its config."
-            )
-        return jax.device_put(new, old.sharding, may_alias=False)  # the step donates it
-
-    return jax.tree_util.tree_map_with_path(place, source, target)
+    Raises:
+      ConfigError: if the batch size exceeds the training examples.
+    """
+    per_epoch = ctx.num_train // cell.batch_size
+    if per_epoch == 0:
+        raise ConfigError(
+            f"batch size {cell.batch_size} exceeds the {ctx.num_train} training examples; lower "
+            "batch_sizes."
+        )
+    return run_config_of(ctx.cfg, ctx.pretrained, cell, seed, per_epoch, ctx.mesh)
 
 
 # --------------------------------------------------------------------------- one run
-
-
-def _device_batch(arrays: dict, rows: np.ndarray, mesh) -> dict:
-    """The rows of every array as one global batch split over data x fsdp."""
-    return jax.device_put({k: v[rows] for k, v in arrays.items()}, sharding.batch_sharding(mesh))
-
-
-def batch_rows(num_examples: int, batch: int, seed: int, step: int) -> np.ndarray:
-    """Rows of update `step` (0-based): epoch e = step // steps_per_epoch is a permutation of
-    the examples keyed by (seed, e); the last partial batch of an epoch is dropped."""
-    per_epoch = num_examples // batch
-    epoch, index = divmod(step, per_epoch)
-    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
-    return order[index * batch : (index + 1) * batch]
-
-
-def _eval_batch_size(cfg: FinetuneConfig, mesh) -> int:
-    divisor = sharding.batch_divisor(mesh)
-    return -(-cfg.eval_batch_size // divisor) * divisor
-
-
-def evaluate(ctx: Context, predict: Callable, params: Any, rest: Any) -> dict[str, float]:
-    """The task's metrics on the whole dev split (the last batch padded, padding ignored)."""
-    n, size = len(ctx.dev["label"]), _eval_batch_size(ctx.cfg, ctx.mesh)
-    outputs = []
-    for start in range(0, n, size):
-        rows = np.arange(start, start + size) % n  # the padding rows repeat real ones
-        logits = predict(params, rest, _device_batch(ctx.dev, rows, ctx.mesh))
-        outputs.append(np.asarray(jax.device_get(logits))[: min(size, n - start)])
-    return task_scores(ctx.task, predictions(ctx.task, np.concatenate(outputs)), ctx.dev["label"])
-
-
-@dataclasses.dataclass
-class Run:
-    """One cell x seed: its TrainConfig, state and jitted steps."""
-
-    cfg: Any  # TrainConfig
-    directory: str
-    pieces: steps.TrainState
-    train_step: Callable
-    predict: Callable
-    steps_per_epoch: int
-
-
-def _make_run(ctx: Context, cell: Cell, seed: int, workdir: str) -> Run:
-    per_epoch = len(ctx.train["label"]) // cell.batch_size
-    if per_epoch == 0:
-        raise ConfigError(
-            f"batch size {cell.batch_size} exceeds the {len(ctx.train['label'])} training "
-            "examples; lower batch_sizes."
-        )
-    tcfg = train_config(ctx.cfg, cell, seed, ctx.pretrained.model, per_epoch)
-    steps.abstract_batch(tcfg, ctx.mesh)  # a batch that does not divide: ConfigError
-    pieces = steps.model_state(build_classifier(ctx, seed), tcfg, ctx.mesh)
-    forward = model_lib.classification_forward(ctx.task.regression)
-    train_step = steps.jit_train_step(tcfg, ctx.mesh, pieces, forward=forward)
-    param_sh = jax.tree.map(lambda x: x.sharding, pieces.state["params"])
-    rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
-    predict = jax.jit(
-        model_lib.predict_fn(pieces.graphdef),
-        in_shardings=(param_sh, rest_sh, sharding.batch_sharding(ctx.mesh)),
-        out_shardings=NamedSharding(ctx.mesh, PartitionSpec()),
-    )
-    directory = os.path.join(workdir, cell.name, f"seed{seed}")
-    return Run(
-        tcfg,
-        directory,
-        pieces,
-        steps.in_mesh(train_step, ctx.mesh),
-        steps.in_mesh(predict, ctx.mesh),
-        per_epoch,
-    )
-
-
-def result_of(records: Sequence[dict]) -> dict[str, float]:
-    """The best epoch's (by `score`) and the last epoch's dev scores of a run's eval records:
-    best_score, best_epoch, best_<metric>, last_score, last_<metric>."""
-    evals = [r for r in records if r["split"] == "eval"]
-    best = max(evals, key=lambda r: r["score"])  # the earliest of equal scores
-    skip = ("step", "split", "time", "epoch")
-    out = {f"best_{k}": v for k, v in best.items() if k not in skip}
-    out["best_epoch"] = best["epoch"]
-    out.update({f"last_{k}": v for k, v in evals[-1].items() if k not in skip})
-    return out
-
-
-class Preempted(Exception):  # noqa: N818 (a stop, not an error: the command exits 0)
-    """Fine-tuning stopped on SIGTERM or Ctrl-C after saving a checkpoint; rerunning the same
-    command resumes from `step` of the run in `directory`."""
-
-    def __init__(self, signal_name: str, step: int, directory: str):
-        super().__init__(f"{signal_name}: saved step {step} in {directory}")
-        self.signal_name, self.step, self.directory = signal_name, step, directory
-
-
-def _train(
-    ctx: Context, run: Run, hooks: Sequence[Callable], preemption: Preemption | None = None
-) -> None:
-    """Trains `run` from its latest checkpoint to its last step.
-
-    Raises:
-      Preempted: after SIGTERM / Ctrl-C, once the step in flight is checkpointed (batches are
-        a function of (seed, step), so a run resumed mid-epoch continues exactly).
-    """
-    ckpt = Checkpointer(os.path.join(run.directory, "checkpoints"), ctx.cfg.checkpoint)
-    state, rest, total = run.pieces.state, run.pieces.rest, run.cfg.total_steps
-    writer = None
-    try:
-        restored = ckpt.restore(state)
-        if restored is not None:
-            state = restored[1]
-        start = int(state["step"])
-        writer = MetricsWriter(run.directory, resume_step=start)
-        for step in range(start + 1, total + 1):
-            rows = batch_rows(
-                len(ctx.train["label"]), run.cfg.data.global_batch_size, run.cfg.seed, step - 1
-            )
-            state, metrics = run.train_step(state, rest, _device_batch(ctx.train, rows, ctx.mesh))
-            _after_step(ctx, run, state, metrics, step, writer, ckpt)
-            for hook in hooks:
-                hook(step, run)
-            stop = preemption.stop_after(step) if preemption else None
-            if stop:
-                if step % run.steps_per_epoch:  # an epoch's end is saved already
-                    ckpt.save(step, state, {"step": step}, ctx.config_dict)
-                raise Preempted(stop, step, run.directory)
-    finally:
-        ckpt.close()
-        if writer is not None:
-            writer.close()
-
-
-def _after_step(ctx, run, state, metrics, step, writer, ckpt) -> None:
-    """Logging, the NaN stop, and at an epoch's end: evaluation and a checkpoint."""
-    epoch_end = step % run.steps_per_epoch == 0
-    if step % ctx.cfg.log_every == 0 or epoch_end:
-        metrics = jax.device_get(metrics)
-        writer.write(step, "train", metrics)
-        if bool(state["halted"]):
-            raise NonFiniteFinetuneError(
-                f"{run.directory}: non-finite loss or gradient at step "
-                f"{int(state['nonfinite_step'])}; lower the learning rate."
-            )
-    if epoch_end:
-        scores = evaluate(ctx, run.predict, state["params"], run.pieces.rest)
-        writer.write(step, "eval", {"epoch": step // run.steps_per_epoch, **scores})
-        ckpt.save(step, state, {"step": step}, ctx.config_dict)
 
 
 def run_one(
@@ -325,25 +168,27 @@ def run_one(
     cell: Cell,
     seed: int,
     workdir: str,
-    hooks=(),
+    hooks: Sequence[Callable] = (),
     preemption: Preemption | None = None,
 ) -> dict[str, float]:
-    """Trains (or resumes, or just reads) one cell x seed; returns its result record (raises
-    Preempted when `preemption` saw SIGTERM / Ctrl-C)."""
+    """Trains (or resumes, or just reads) one cell x seed in WORKDIR/<cell>/seed<k> with the
+    one trainer; returns its result record. `hooks(step, run)` run after every step.
+
+    Raises:
+      Preempted: after SIGTERM / Ctrl-C, once the step in flight is checkpointed.
+    """
     directory = os.path.join(workdir, cell.name, f"seed{seed}")
     found = _finished_result(directory)
     if found is not None:
         return found
-    run = _make_run(ctx, cell, seed, workdir)
-    _train(ctx, run, hooks, preemption)
-    path = paths.as_path(directory) / METRICS_FILE
-    result = result_of(read_records(path))
-    writer = MetricsWriter(directory, tensorboard=False, resume_step=run.cfg.total_steps)
-    try:
-        writer.write(run.cfg.total_steps, "result", result)
-    finally:
-        writer.close()
-    return result
+    # The grid's config was checked against WORKDIR/config.json: changes it allows (cadences,
+    # mesh, checkpointing) continue a run.
+    out = trainer.train_and_evaluate(
+        run_config(ctx, cell, seed), directory, hooks, accept_changes=True, preemption=preemption
+    )
+    if out["preempted"]:
+        raise Preempted(out["preempted"], out["step"], directory)
+    return {k: v for k, v in out["result"].items() if k not in _RECORD_KEYS}
 
 
 def _finished_result(directory: str) -> dict | None:
@@ -353,7 +198,7 @@ def _finished_result(directory: str) -> dict | None:
     done = [r for r in read_records(path) if r["split"] == "result"]
     if not done:
         return None
-    return {k: v for k, v in done[-1].items() if k not in ("step", "split", "time")}
+    return {k: v for k, v in done[-1].items() if k not in _RECORD_KEYS}
 
 
 # --------------------------------------------------------------------------- the grid
@@ -394,16 +239,21 @@ def finetune(
     cfg: FinetuneConfig, workdir: str, hooks: Sequence[Callable] = (), ctx: Context | None = None
 ) -> dict[str, Any]:
     """Fine-tunes every cell x seed of `cfg` in `workdir` (finished runs are read back, a cut
-    one resumes); writes and returns the summary. `hooks(step, run)` run after every step.
+    one resumes); writes and returns the summary. `hooks(step, run)` run after every step
+    (`trainer.train_and_evaluate`'s); `ctx` reuses a `setup`.
 
     Raises:
       UserError subclasses (ConfigError, CheckpointError, DatasetNotPreparedError,
-      FinetuneMismatchError) for what the user must fix; NonFiniteFinetuneError; Preempted
-      (SIGTERM or Ctrl-C: the run in flight saved its step; rerun to resume).
+      FinetuneMismatchError, RunMismatchError) for what the user must fix;
+      trainer.NonFiniteError; Preempted (SIGTERM or Ctrl-C: the run in flight saved its step;
+      rerun to resume).
     """
     ctx = ctx or setup(cfg, workdir)
-    with Preemption(shared=jax.process_count() > 1) as preemption:
-        results = _run_grid(ctx, cfg, workdir, hooks, preemption)
+    try:
+        with Preemption(shared=jax.process_count() > 1) as preemption:
+            results = _run_grid(ctx, cfg, workdir, hooks, preemption)
+    finally:
+        task_lib.release()
     summary = summarize(ctx, results)
     write_json(os.path.join(workdir, SUMMARY_FILE), summary)
     return summary

@@ -19,8 +19,9 @@ OFFLINE_DATASET = "ln_jax_pairs"
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
-    """One downstream task.
+class GlueTask:
+    """One downstream task (a GLUE task or the offline one; the trainer's `ln_jax.task.Task` is
+    `ln_jax.models.bert.finetune.task.GlueClassification`, which trains any of these).
 
     Attributes:
       name: the config variant (`configs/glue.py:<name>`).
@@ -45,18 +46,18 @@ class Task:
         return self.num_labels == 1
 
 
-TASKS: dict[str, Task] = {
+TASKS: dict[str, GlueTask] = {
     t.name: t
     for t in (
-        Task("offline", OFFLINE_DATASET, ("sentence1", "sentence2"), 2, ("accuracy", "f1")),
-        Task("mrpc", "glue/mrpc", ("sentence1", "sentence2"), 2, ("accuracy", "f1")),
-        Task("rte", "glue/rte", ("sentence1", "sentence2"), 2, ("accuracy",)),
-        Task("sst2", "glue/sst2", ("sentence",), 2, ("accuracy",)),
-        Task("cola", "glue/cola", ("sentence",), 2, ("matthews",)),
-        Task("qnli", "glue/qnli", ("question", "sentence"), 2, ("accuracy",)),
-        Task("stsb", "glue/stsb", ("sentence1", "sentence2"), 1, ("pearson", "spearman")),
-        Task("qqp", "glue/qqp", ("question1", "question2"), 2, ("accuracy", "f1")),
-        Task(
+        GlueTask("offline", OFFLINE_DATASET, ("sentence1", "sentence2"), 2, ("accuracy", "f1")),
+        GlueTask("mrpc", "glue/mrpc", ("sentence1", "sentence2"), 2, ("accuracy", "f1")),
+        GlueTask("rte", "glue/rte", ("sentence1", "sentence2"), 2, ("accuracy",)),
+        GlueTask("sst2", "glue/sst2", ("sentence",), 2, ("accuracy",)),
+        GlueTask("cola", "glue/cola", ("sentence",), 2, ("matthews",)),
+        GlueTask("qnli", "glue/qnli", ("question", "sentence"), 2, ("accuracy",)),
+        GlueTask("stsb", "glue/stsb", ("sentence1", "sentence2"), 1, ("pearson", "spearman")),
+        GlueTask("qqp", "glue/qqp", ("question1", "question2"), 2, ("accuracy", "f1")),
+        GlueTask(
             "mnli",
             "glue/mnli",
             ("premise", "hypothesis"),
@@ -122,13 +123,13 @@ METRICS = {
 }
 
 
-def predictions(task: Task, outputs: np.ndarray) -> np.ndarray:
+def predictions(task: GlueTask, outputs: np.ndarray) -> np.ndarray:
     """The classifier's outputs [N, num_labels] -> predictions [N]: the argmax class, or the
     regressed value itself."""
     return outputs[:, 0] if task.regression else outputs.argmax(-1)
 
 
-def task_scores(task: Task, pred: np.ndarray, label: np.ndarray) -> dict[str, float]:
+def task_scores(task: GlueTask, pred: np.ndarray, label: np.ndarray) -> dict[str, float]:
     """{metric: value for each of the task's metrics, "score": their mean} on [N] arrays."""
     pred, label = np.asarray(pred), np.asarray(label)
     if task.regression:
