@@ -338,3 +338,55 @@ def test_a_workdir_trained_by_a_live_process_is_refused_and_kept(data_dir, tmp_p
         holder.wait()
     result = trainer.train_and_evaluate(tiny_config(data_dir, total_steps=2), str(workdir))
     assert result["step"] == 2 and not lock.exists()
+
+
+# --------------------------------------------------------------------------- optional task hooks
+
+
+def _warm_toy_class():
+    from tests.toy_task import ToyRegression
+
+    class WarmToy(ToyRegression):
+        """The toy with a warm start (its head predicting 3 everywhere) and a result record."""
+
+        calls: list = []
+
+        def initialize(self, model) -> bool:
+            WarmToy.calls.append(self.cfg.seed)
+            model.head.kernel[...] = model.head.kernel[...] * 0.0
+            model.head.bias[...] = model.head.bias[...] * 0.0 + 3.0
+            return True
+
+        def run_result(self, evals) -> dict:
+            return {"evals": len(evals), "best_mse": min(r["mse"] for r in evals)}
+
+    return WarmToy
+
+
+WarmToy = _warm_toy_class()
+
+
+def test_a_warm_start_runs_on_a_fresh_run_only_and_the_result_is_recorded_once(tmp_path):
+    from tests.test_task import records, toy_config
+
+    cfg = toy_config(task="tests.test_trainer:WarmToy", steps_per_epoch=4)
+    WarmToy.calls.clear()
+
+    def preempt_at_5(step, run):
+        if step == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    first = trainer.train_and_evaluate(cfg, str(tmp_path), hooks=[preempt_at_5])
+    assert first["preempted"] and first["step"] == 5 and not first["result"]
+    second = trainer.train_and_evaluate(cfg, str(tmp_path))
+    assert WarmToy.calls == [0]  # the resumed run restored its parameters instead
+    recs = records(tmp_path)
+    train = {r["step"]: r["mse"] for r in recs if r["split"] == "train"}
+    assert train[1] > 5.0  # predictions of 3 against targets in [-1, 1]: the warm start held
+    assert [(r["step"], r["epoch"]) for r in recs if r["split"] == "eval"] == [(4, 1), (8, 2)]
+    results = [r for r in recs if r["split"] == "result"]
+    assert len(results) == 1 and results[0]["evals"] == 2 and results[0]["step"] == 8
+    assert second["result"] == results[0]
+    third = trainer.train_and_evaluate(cfg, str(tmp_path))  # finished: read back, not rerun
+    assert third["already_done"] and third["result"] == results[0]
+    assert records(tmp_path) == recs
