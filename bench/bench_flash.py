@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from bench import measure  # noqa: E402
-from ln_jax.nn import flash, layers  # noqa: E402
+from ln_jax.nn import attention, flash  # noqa: E402
 
 TUNINGS = {
     "pallas_w4": flash.Tuning(warps_fwd=4, warps_bwd=4),
@@ -52,7 +52,7 @@ def _pallas(q, k, v, valid, lengths, key, *, tuning, rate):
 
 def _xla(q, k, v, valid, lengths, key, *, rate):
     del valid
-    return layers._attention_with_dropout(q, k, v, layers.key_mask(lengths, q.shape[1]), rate, key)
+    return attention.masked_attention(q, k, v, attention.key_mask(lengths, q.shape[1]), rate, key)
 
 
 def _cudnn(q, k, v, valid, lengths, key):

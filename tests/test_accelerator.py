@@ -17,7 +17,7 @@ import pytest
 import ln_jax
 from ln_jax.config import RNG_IMPLS, TrainConfig
 from ln_jax.models.bert import model as bert
-from ln_jax.nn import layers
+from ln_jax.nn import attention, layers
 from ln_jax.train import steps
 from tests.test_models import ODD, batch
 
@@ -38,12 +38,12 @@ def _right_padded(lengths, t=10):
 def test_sequence_lengths_mask_the_same_keys_as_the_boolean_mask():
     q, k, v = _qkv(0)
     mask = _right_padded([10, 7, 3, 1])
-    lengths = layers.sequence_lengths(mask)
+    lengths = attention.sequence_lengths(mask)
     np.testing.assert_array_equal(lengths, [10, 7, 3, 1])
     by_lengths = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths)
-    by_mask = jax.nn.dot_product_attention(q, k, v, mask=layers.attention_mask(mask))
+    by_mask = jax.nn.dot_product_attention(q, k, v, mask=attention.attention_mask(mask))
     np.testing.assert_allclose(by_lengths, by_mask, rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(layers.key_mask(lengths, 10), layers.attention_mask(mask))
+    np.testing.assert_array_equal(attention.key_mask(lengths, 10), attention.attention_mask(mask))
     # A padded key changes nothing: the keys past each length are ignored.
     k2 = k.at[1, 7:].set(100.0)
     np.testing.assert_allclose(
@@ -182,7 +182,7 @@ def test_the_pallas_kernel_on_gpu_computes_the_reference_under_dropout(causal, t
 @pytest.mark.skipif(not HAS_GPU, reason="cuDNN attention needs an NVIDIA GPU")
 def test_cudnn_attention_with_padding_equals_xla_on_gpu():
     q, k, v = _qkv(1, jnp.bfloat16, b=2, t=128, n=4, h=64)
-    lengths = layers.sequence_lengths(jnp.asarray(_right_padded([128, 57], t=128)))
+    lengths = attention.sequence_lengths(jnp.asarray(_right_padded([128, 57], t=128)))
     xla = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths)
     cudnn = jax.nn.dot_product_attention(
         q, k, v, key_value_seq_lengths=lengths, implementation="cudnn"

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import ln_jax
-from ln_jax.nn.blocks import layer_state
+from ln_jax.nn.stack import layer_state
 from tests import reference
 
 # Odd sizes so that a transposed or mis-split axis cannot go unnoticed.

@@ -17,6 +17,7 @@ from ln_jax import sharding
 from ln_jax.analysis import training
 from ln_jax.config import MonitorConfig
 from ln_jax.data import make_pipeline
+from ln_jax.models.bert.model import encoder_view
 from ln_jax.task import make_task
 from ln_jax.train import monitor, steps, trainer
 from ln_jax.train.early_warning import EarlyWarning
@@ -66,7 +67,8 @@ def test_dyt_alpha_is_read_per_layer_and_sublayer():
     model.bert.encoder.layers[2].ffn.pre_norm.alpha[...] = jnp.array([0.7])
     params = nnx.state(model, nnx.Param)
     zeros = jax.tree.map(jnp.zeros_like, params)
-    named = monitor.named(monitor.parameter_stats(zeros, zeros, params, cfg))
+    view = encoder_view(cfg)
+    named = monitor.named(monitor.parameter_stats(zeros, zeros, params, view))
     alphas = {k: round(v, 6) for k, v in named.items() if k.startswith("dyt_alpha/")}
     assert alphas == {  # layer 0 is Pre-LN: no alpha, left out
         "dyt_alpha/layer_01/attention": 0.5,

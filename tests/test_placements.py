@@ -13,6 +13,8 @@ import pytest
 from flax import nnx
 
 import ln_jax
+from ln_jax.models.bert.fold import fold_admin
+from ln_jax.models.bert.model import encoder_view
 from ln_jax.nn import admin
 from ln_jax.nn.init import bert_std
 from ln_jax.nn.layers import DyT, RMSNorm
@@ -125,7 +127,7 @@ def test_admin_closed_form_and_config_alias():
 
 def test_fold_admin_is_exact():
     model = randomize(admin_model(num_layers=3), seed=4)  # per-channel omegas
-    folded = admin.fold_admin(model)
+    folded = fold_admin(model)
     assert folded.cfg.placement == "post"
     assert not any(path[-1] == "omega" for path, _ in nnx.to_flat_state(nnx.state(folded)))
     ids, seg, mask, pos = inputs(1)
@@ -299,14 +301,14 @@ def test_every_placement_trains_on_8_devices(data_dir, tmp_path, overrides):
 
 
 def test_monitor_entropy_sees_the_qk_norm():
-    """The monitor recomputes attention from its input: with qk_norm it must normalise q, k."""
+    """The monitor's entropy is the attention module's own: with qk_norm q, k are normalised."""
     from ln_jax.train import monitor
 
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement="pre", qk_norm=True)
     model = randomize(ln_jax.create_model(cfg, seed=2), scale=1.0)
     ids, seg, mask, _ = inputs()
     hidden, rec = model.bert(ids, seg, mask, record=True)
-    stats = monitor.forward_stats(rec, hidden, nnx.state(model, nnx.Param), mask, cfg)
+    stats = monitor.forward_stats(rec, hidden, model.bert.encoder, mask, encoder_view(cfg))
     p, h = flat_params(model), cfg.head_dim
     expected = []
     for layer in range(2):

@@ -23,8 +23,9 @@ from ln_jax.analysis.settings import Arm, Settings, make_arms
 from ln_jax.config import CheckpointConfig, ModelConfig, TrainConfig
 from ln_jax.data.config import DataConfig
 from ln_jax.models.bert.model import BertForPreTraining, pretraining_loss
-from ln_jax.nn.blocks import Encoder, Record
+from ln_jax.nn.blocks import Record
 from ln_jax.nn.placement_setup import setup_placements
+from ln_jax.nn.stack import Encoder
 
 log = logging.getLogger(__name__)
 Array = jax.Array

@@ -39,9 +39,7 @@ from ln_jax.analysis.models import (
 )
 from ln_jax.analysis.settings import Arm, Settings, depth_arms, describe, one_depth
 from ln_jax.analysis.stats import seed_mean_std
-from ln_jax.nn.blocks import layer_module
-
-SUBLAYERS = ("attention", "ffn")
+from ln_jax.nn.stack import layer_module
 
 # --------------------------------------------------------------------------- output change
 
@@ -163,14 +161,17 @@ def dependency_shares(model: AnyModel, batch: Batch) -> dict[str, jax.Array]:
     _, rec = encode(model, batch, record=True)
     mask = real_tokens(batch)
     x0 = rec["embeddings"].astype(jnp.float32)
-    n_sub = cfg.num_sublayers
+    stack = encoder_of(model)
+    names = stack.sublayer_names()
+    n_sub = cfg.num_layers * len(names)
     comps = jnp.zeros((n_sub + 1, *x0.shape), jnp.float32).at[0].set(x0)
     const = jnp.zeros_like(x0)
     shares, biases, errors = [], [], []
     for i in range(n_sub):
-        layer, name = i // 2, SUBLAYERS[i % 2]
-        sublayer = getattr(layer_module(encoder_of(model), layer), name)
-        x_in = rec["layer_in" if i % 2 == 0 else "attention/output"][layer]
+        layer, j = divmod(i, len(names))
+        name = names[j]
+        sublayer = getattr(layer_module(stack, layer), name)
+        x_in = rec["layer_in" if j == 0 else f"{names[j - 1]}/output"][layer]
         post = sublayer.norms().get("post_norm")
         summed = rec[f"{name}/post_norm_in" if post else f"{name}/output"][layer]
         skip = sublayer.skip_scale()

@@ -7,7 +7,10 @@ Since x_i (the sub-layer input) depends on the earlier omegas through the LayerN
 only known once omega_1..omega_{i-1} are set: `admin_profile` runs one (jitted) forward pass per
 sub-layer on the same batch and dropout key.
 
-Sub-layers are numbered layer by layer: 2l is layer l's attention, 2l + 1 its feed-forward.
+Sub-layers are numbered stack by stack (`model.stacks()`: the encoder, then a decoder), layer by
+layer, in each layer's order: in BERT 2l is layer l's attention, 2l + 1 its feed-forward; in a
+decoder layer self-attention, cross-attention, feed-forward. Exporting a profiled BERT as plain
+Post-LN: `ln_jax.models.bert.fold.fold_admin`.
 """
 
 from __future__ import annotations
@@ -25,14 +28,13 @@ import numpy as np
 from flax import nnx
 
 from ln_jax import paths
-from ln_jax.models.bert.model import BertForPreTraining, create_model
 from ln_jax.nn.init import admin_closed_form
+from ln_jax.nn.stack import Stacked
 
 __all__ = [
     "ADMIN_PROFILE",
     "admin_closed_form",
     "admin_profile",
-    "fold_admin",
     "get_admin_omega",
     "profile_omegas",
     "set_admin_omega",
@@ -43,11 +45,8 @@ log = logging.getLogger(__name__)
 # A run's profiled omegas, kept in its workdir so that a resumed run reuses them.
 ADMIN_PROFILE = "admin_profile.json"
 
-SUBLAYERS = ("attention", "ffn")
-BATCH_KEYS = ("input_ids", "segment_ids", "attention_mask", "masked_positions")
 
-
-def _check_admin(model: BertForPreTraining) -> None:
+def _check_admin(model: Stacked) -> None:
     names = set(model.cfg.layer_placements)
     if names != {"admin"}:
         raise ValueError(
@@ -55,20 +54,22 @@ def _check_admin(model: BertForPreTraining) -> None:
         )
 
 
-def _omega_params(model: BertForPreTraining) -> list[tuple[nnx.Param, int | None]]:
-    """(omega variable, layer index into its stacked leading axis or None), per sub-layer."""
+def _omega_params(model: Stacked) -> list[tuple[nnx.Param, int | None]]:
+    """(omega variable, layer index into its stacked leading axis or None), per sub-layer,
+    in order: stack by stack, layer by layer, sub-layer by sub-layer."""
     _check_admin(model)
-    layers = model.bert.encoder.layers
-    if model.cfg.scan_layers:
-        return [
-            (getattr(layers, name).omega, layer)
-            for layer in range(model.cfg.num_layers)
-            for name in SUBLAYERS
-        ]
-    return [(getattr(layer, name).omega, None) for layer in layers for name in SUBLAYERS]
+    out = []
+    for _, stack in model.stacks():
+        for layer in range(stack.cfg.num_layers):
+            for name in stack.sublayer_names():
+                if stack.cfg.scan_layers:
+                    out.append((getattr(stack.layers, name).omega, layer))
+                else:
+                    out.append((getattr(stack.layers[layer], name).omega, None))
+    return out
 
 
-def get_admin_omega(model: BertForPreTraining) -> np.ndarray:
+def get_admin_omega(model: Stacked) -> np.ndarray:
     """The model's omegas, [num_sublayers, embed] float32."""
     rows = []
     for var, layer in _omega_params(model):
@@ -77,24 +78,22 @@ def get_admin_omega(model: BertForPreTraining) -> np.ndarray:
     return np.stack(rows)
 
 
-def set_admin_omega(model: BertForPreTraining, omegas: Any) -> None:
+def set_admin_omega(model: Stacked, omegas: Any) -> None:
     """Sets every sub-layer's omega in place, keeping each parameter's sharding.
 
     Args:
       model: a model with placement "admin".
       omegas: [num_sublayers] (one scalar per sub-layer, broadcast over channels) or
-        [num_sublayers, embed].
+        [num_sublayers, embed], in `_omega_params`' order.
     """
-    cfg = model.cfg
+    params = _omega_params(model)
+    n, d = len(params), model.cfg.hidden_size
     values = np.asarray(omegas, np.float32)
     if values.ndim == 1:
-        values = np.repeat(values[:, None], cfg.hidden_size, axis=1)
-    if values.shape != (cfg.num_sublayers, cfg.hidden_size):
-        raise ValueError(
-            f"omegas of shape {values.shape}; expected ({cfg.num_sublayers},) or "
-            f"({cfg.num_sublayers}, {cfg.hidden_size})."
-        )
-    for i, (var, layer) in enumerate(_omega_params(model)):
+        values = np.repeat(values[:, None], d, axis=1)
+    if values.shape != (n, d):
+        raise ValueError(f"omegas of shape {values.shape}; expected ({n},) or ({n}, {d}).")
+    for i, (var, layer) in enumerate(params):
         old = var[...]
         new = values[i] if layer is None else np.asarray(jax.device_get(old)).copy()
         if layer is not None:
@@ -104,23 +103,30 @@ def set_admin_omega(model: BertForPreTraining, omegas: Any) -> None:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _variances(graphdef, state, batch: Mapping[str, Any], key) -> tuple[jax.Array, jax.Array]:
-    """Var(x_i) and Var(F_i(x_i)) over all elements, each [num_layers, 2] (attention, ffn).
+    """Var(x_i) and Var(F_i(x_i)) over all elements, each [num_sublayers], in
+    `_omega_params`' order.
 
     Compiled once per model structure (`graphdef` is static): profiling costs one compilation,
     not one per call.
     """
     model = nnx.merge(graphdef, state)
-    out = model(*(batch[k] for k in BATCH_KEYS), dropout_key=key, record=True)
-    return sublayer_variances(out["intermediates"])
+    records = model.stack_records(batch, key)
+    pairs = [
+        sublayer_variances(records[name], stack.sublayer_names()) for name, stack in model.stacks()
+    ]
+    return tuple(jnp.concatenate([p[i].reshape(-1) for p in pairs]) for i in (0, 1))
 
 
-def sublayer_variances(rec: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    """(Var(x_i), Var(F_i(x_i))), each [num_layers, 2], from a forward pass's `record=True`
-    intermediates ("layer_in", "attention/output", "attention/branch_out", "ffn/branch_out",
-    each [num_layers, ...])."""
+def sublayer_variances(
+    rec: Mapping[str, jax.Array], names: tuple[str, ...] = ("attention", "ffn")
+) -> tuple[jax.Array, jax.Array]:
+    """(Var(x_i), Var(F_i(x_i))), each [num_layers, len(names)], from a stack's `record=True`
+    intermediates ("layer_in", "<name>/output", "<name>/branch_out", each [num_layers, ...]);
+    sub-layer j's input is the layer input (j = 0) or sub-layer j - 1's output."""
     var = lambda a: jnp.var(a.astype(jnp.float32), axis=tuple(range(1, a.ndim)))
-    inputs = jnp.stack([var(rec["layer_in"]), var(rec["attention/output"])], axis=1)
-    branches = jnp.stack([var(rec["attention/branch_out"]), var(rec["ffn/branch_out"])], axis=1)
+    ins = [rec["layer_in"]] + [rec[f"{n}/output"] for n in names[:-1]]
+    inputs = jnp.stack([var(x) for x in ins], axis=1)
+    branches = jnp.stack([var(rec[f"{n}/branch_out"]) for n in names], axis=1)
     return inputs, branches
 
 
@@ -134,41 +140,37 @@ def profile_omegas(model: Any, statistics: Callable[[], tuple[jax.Array, jax.Arr
     Returns:
       omega per sub-layer, [num_sublayers] float64 (omega_1 = 1).
     """
-    omegas = np.ones(model.cfg.num_sublayers)
+    omegas = np.ones(len(_omega_params(model)))
     r = 1.0
     for i in range(len(omegas)):
         omegas[i:] = r  # later sub-layers do not affect sub-layer i; keep them tidy
         set_admin_omega(model, omegas)
         inputs, branches = jax.device_get(statistics())
-        layer, kind = divmod(i, 2)
-        r = math.sqrt(r * r * float(inputs[layer, kind]) + float(branches[layer, kind]))
+        r = math.sqrt(r * r * float(inputs[i]) + float(branches[i]))
     return omegas
 
 
-def admin_profile(
-    model: BertForPreTraining, batch: Mapping[str, Any], key: jax.Array | None
-) -> np.ndarray:
+def admin_profile(model: Stacked, batch: Mapping[str, Any], key: jax.Array | None) -> np.ndarray:
     """Profiles Admin's omega on one training batch; leaves the model's omegas set to it.
 
     Call it on a freshly initialised model (standard initialisation), inside the mesh context
     if the model is sharded.
 
     Args:
-      model: placement "admin".
-      batch: "input_ids", "segment_ids", "attention_mask" [batch, length] and
-        "masked_positions" [batch, P] (other keys are ignored).
+      model: placement "admin", a `ln_jax.nn.stack.Stacked` model (BERT's, the translation
+        model).
+      batch: a training batch of the model (what its `stack_records` reads).
       key: dropout key of the (training-mode) forward pass; None = no dropout.
 
     Returns:
       omega per sub-layer, [num_sublayers] float64 (omega_1 = 1).
     """
-    batch = {k: batch[k] for k in BATCH_KEYS}
     graphdef, _ = nnx.split(model)
     return profile_omegas(model, lambda: _variances(graphdef, nnx.state(model), batch, key))
 
 
 def setup_admin(
-    model: BertForPreTraining,
+    model: Stacked,
     peek_batch: Callable[[], Mapping[str, Any]],
     key: jax.Array | None,
     workdir: str | None = None,
@@ -196,53 +198,3 @@ def setup_admin(
         profile = {"omega": omegas, "num_sublayers": len(omegas)}
         paths.write_atomic(path, json.dumps(profile, indent=1))
     log.info("admin: profiled omega per sub-layer = %s (saved to %s)", omegas, path)
-
-
-def _fold_sublayer(model: BertForPreTraining, index: int, omega: np.ndarray) -> None:
-    """Moves omega_i of sub-layer `index` into the previous norm and F_i's input maps."""
-    layers = model.bert.encoder.layers
-    layer, kind = divmod(index, 2)
-    if kind == 1:
-        prev = layers[layer].attention.post_norm
-    else:
-        prev = layers[layer - 1].ffn.post_norm if layer else model.bert.embeddings.norm
-    prev.scale[...] = prev.scale[...] * omega
-    if getattr(prev, "bias", None) is not None:
-        prev.bias[...] = prev.bias[...] * omega
-    branch = getattr(layers[layer], SUBLAYERS[kind]).branch
-    inputs = ("query", "key", "value") if kind == 0 else ("wi",)
-    for name in inputs:
-        kernel = getattr(branch, name).kernel
-        scale = omega.reshape((-1,) + (1,) * (kernel[...].ndim - 1))
-        kernel[...] = kernel[...] / scale
-
-
-def fold_admin(model: BertForPreTraining) -> BertForPreTraining:
-    """An equivalent plain Post-LN model (placement "post"), e.g. for export.
-
-    LN(omega * x + F(x)) with x = LN_prev(z) = gamma * n(z) + beta: multiplying gamma and beta
-    of the previous norm (the embedding LayerNorm for the first sub-layer) by omega makes the
-    skip omega * x, and dividing F's input kernels (q/k/v, or wi) by omega per input channel
-    keeps F's input unchanged. Exact up to float rounding; dropout commutes with the scaling.
-
-    Args:
-      model: placement "admin", layers as a list (not scan_layers), with the embedding norm.
-
-    Returns:
-      A new, unsharded BertForPreTraining with placement "post".
-    """
-    cfg = model.cfg
-    _check_admin(model)
-    if cfg.scan_layers or not cfg.embedding_layernorm:
-        raise ValueError("fold_admin needs scan_layers=False and embedding_layernorm=True.")
-    omegas = get_admin_omega(model)
-    folded = create_model(cfg.replace(placement="post"), seed=0)
-    params = nnx.to_flat_state(nnx.state(model, nnx.Param))
-    kept = [(path, jax.device_get(var[...])) for path, var in params if path[-1] != "omega"]
-    target = nnx.state(folded, nnx.Param)
-    flat_target = dict(nnx.to_flat_state(target))
-    for path, value in kept:
-        flat_target[path][...] = jnp.asarray(value)
-    for index in range(cfg.num_sublayers):
-        _fold_sublayer(folded, index, jnp.asarray(omegas[index]))
-    return folded

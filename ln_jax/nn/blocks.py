@@ -1,11 +1,18 @@
-"""The residual sub-layer — the one place where LayerNorm placement is decided — and the encoder.
+"""The residual sub-layer — the one place where LayerNorm placement is decided — and layers as
+lists of sub-layers.
 
-`ResidualSublayer` wraps a branch F (self-attention or feed-forward) and interprets the
+`ResidualSublayer` wraps a branch F (an attention or the feed-forward) and interprets the
 `PlacementRule` of the configured placement; every placement shares every other line of code.
+A `Layer` is a list of named residual sub-layers applied in order: the encoder's is
+[self-attention, feed-forward], the decoder's [causal self-attention, cross-attention,
+feed-forward]. Each branch declares the inputs it reads (`branch.reads`: the padding mask, an
+encoder output and its mask), and the layer hands it those; decoding caches live in the
+attention branches (`ln_jax.nn.attention`). Stacks of layers: `ln_jax.nn.stack`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -13,8 +20,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ln_jax.config import ModelConfig
-from ln_jax.nn.init import admin_closed_form, deepnorm_alpha, deepnorm_beta
-from ln_jax.nn.layers import DyT, FeedForward, LayerNorm, RMSNorm, SelfAttention, dropout, split_key
+from ln_jax.nn.attention import Attention
+from ln_jax.nn.init import admin_closed_form, deepnorm_constants
+from ln_jax.nn.layers import DyT, FeedForward, LayerNorm, RMSNorm, dropout, split_key
 from ln_jax.nn.placements import PlacementRule
 from ln_jax.sharding import constrain
 
@@ -47,9 +55,34 @@ def _scale_init(branch: nnx.Module, beta: float) -> None:
             dense.kernel[...] = dense.kernel[...] * beta
 
 
-def _admin_omega(cfg: ModelConfig) -> nnx.Param:
+@dataclasses.dataclass(frozen=True)
+class StackDepth:
+    """What a sub-layer's initialisation knows of its stack's depth.
+
+    Attributes:
+      sublayers: residual sub-layers in the stack (Admin's closed-form N; Liu et al. count each
+        stack's own: 2 per encoder layer, 3 per decoder layer).
+      alpha, beta: DeepNet's skip scale and init scale for the stack
+        (`ln_jax.nn.init.deepnorm_constants`: encoder-only or the encoder-decoder formulas).
+    """
+
+    sublayers: int
+    alpha: float
+    beta: float
+
+    @classmethod
+    def of(cls, stack: str, encoder_layers: int, decoder_layers: int = 0) -> StackDepth:
+        """The depth of "encoder" or "decoder" in a model of N encoder and M decoder layers
+        (M = 0: encoder only)."""
+        alpha, beta = deepnorm_constants(encoder_layers, decoder_layers)[stack]
+        if stack == "encoder":
+            return cls(2 * encoder_layers, alpha, beta)
+        return cls(3 * decoder_layers, alpha, beta)
+
+
+def _admin_omega(cfg: ModelConfig, depth: StackDepth) -> nnx.Param:
     """Admin's omega [embed]: 1 until profiled, or the closed form."""
-    value = admin_closed_form(cfg.num_sublayers) if cfg.admin_omega == "closed_form" else 1.0
+    value = admin_closed_form(depth.sublayers) if cfg.admin_omega == "closed_form" else 1.0
     return nnx.Param(jnp.full((cfg.hidden_size,), value), out_sharding=("embed",))
 
 
@@ -63,21 +96,29 @@ class ResidualSublayer(nnx.Module):
     with a learned scalar gate starting at 0; `olmo2`: y = x + LN(F(x)); `lns`: y = x +
     F(LN(x) / sqrt(depth)); `dyt`: Pre-LN with DyT for LN. See `PlacementRule` for the general
     order of operations. The hidden dropout is applied to the branch output just before the
-    residual add (as in BERT).
+    residual add (as in BERT). `depth` gives Admin's closed form and DeepNorm's constants their
+    stack (default: an encoder of `cfg.num_layers` layers).
     """
 
-    def __init__(self, branch: nnx.Module, cfg: ModelConfig, rule: PlacementRule):
+    def __init__(
+        self,
+        branch: nnx.Module,
+        cfg: ModelConfig,
+        rule: PlacementRule,
+        depth: StackDepth | None = None,
+    ):
+        depth = depth or StackDepth.of("encoder", cfg.num_layers)
         self.branch = branch
         kind = rule.norm_kind
         self.pre_norm = make_norm(cfg, kind=kind) if rule.pre_norm else None
         self.branch_norm = make_norm(cfg, kind=kind) if rule.branch_norm else None
         # Post-LN's norm output is the residual stream.
         self.post_norm = make_norm(cfg, cfg.residual_dtype, kind) if rule.post_norm else None
-        self.omega = _admin_omega(cfg) if rule.skip == "omega" else None
+        self.omega = _admin_omega(cfg, depth) if rule.skip == "omega" else None
         self.gate = nnx.Param(jnp.zeros((1,)), out_sharding=(None,)) if rule.branch_gate else None
-        self.alpha = deepnorm_alpha(cfg.num_layers) if rule.skip == "alpha" else 1.0
+        self.alpha = depth.alpha if rule.skip == "alpha" else 1.0
         if rule.init_scale == "deepnorm_beta":
-            _scale_init(branch, deepnorm_beta(cfg.num_layers))
+            _scale_init(branch, depth.beta)
         self.pre_norm_scale = rule.pre_norm_scale
         self.dropout_rate = cfg.hidden_dropout
         self.residual_dtype = cfg.residual_dtype
@@ -86,13 +127,15 @@ class ResidualSublayer(nnx.Module):
         self,
         x: Array,
         *,
-        mask: Array | None = None,
         dropout_key: Array | None = None,
         record: bool = False,
         depth: Array | int = 1,
+        **inputs: Any,
     ) -> tuple[Array, Record]:
         """x: [batch, length, embed] -> (y [batch, length, embed], intermediates).
 
+        `inputs` are what the layer offers its branches (`mask` [batch, length], `memory`
+        [batch, src, embed], `memory_mask` [batch, src]); the branch gets those it `reads`.
         `depth` is the 1-based index of the layer (a traced int under scan_layers); only a rule
         with a `pre_norm_scale` reads it.
 
@@ -107,7 +150,8 @@ class ResidualSublayer(nnx.Module):
         rec: Record = {}
         branch_key, drop_key = split_key(dropout_key, 2)
         h = self._norm("pre_norm", x, rec, self._pre_scale(depth))
-        f = self.branch(h, mask=mask, dropout_key=branch_key)
+        wanted = {k: v for k, v in inputs.items() if k in self.branch.reads}
+        f = self.branch(h, dropout_key=branch_key, **wanted)
         rec["branch_out"] = f
         f = self._norm("branch_norm", f, rec)
         if self.gate is not None:
@@ -151,203 +195,70 @@ class ResidualSublayer(nnx.Module):
         return y
 
 
-class EncoderLayer(nnx.Module):
-    """A Transformer encoder layer: self-attention sub-layer, then feed-forward sub-layer."""
+class Layer(nnx.Module):
+    """A layer: residual sub-layers applied in order, named by `names` (their attributes).
 
-    def __init__(self, cfg: ModelConfig, rule: PlacementRule, *, rngs: nnx.Rngs):
-        self.attention = ResidualSublayer(SelfAttention(cfg, rngs=rngs), cfg, rule)
-        self.ffn = ResidualSublayer(FeedForward(cfg, rngs=rngs), cfg, rule)
+    Subclasses build their sub-layers; `sublayers()` lists them as (name, ResidualSublayer).
+    """
+
+    names: tuple[str, ...] = ()
+
+    def sublayers(self) -> list[tuple[str, ResidualSublayer]]:
+        return [(name, getattr(self, name)) for name in self.names]
 
     def __call__(
         self,
         x: Array,
         *,
-        mask: Array | None = None,
         dropout_key: Array | None = None,
         record: bool = False,
         depth: Array | int = 1,
+        **inputs: Any,
     ) -> tuple[Array, Record]:
-        """x: [batch, length, embed] -> (y, {"attention/..." and "ffn/..." records}); `depth`
-        is the layer's 1-based index (see `ResidualSublayer`)."""
-        k_att, k_ffn = split_key(dropout_key, 2)
-        kw = dict(mask=mask, record=record, depth=depth)
-        h, rec_att = self.attention(x, dropout_key=k_att, **kw)
-        y, rec_ffn = self.ffn(h, dropout_key=k_ffn, **kw)
-        rec = {f"attention/{k}": v for k, v in rec_att.items()}
-        rec.update({f"ffn/{k}": v for k, v in rec_ffn.items()})
-        return y, rec
+        """x: [batch, length, embed] -> (y, {"<sub-layer name>/<record>": ...}); `inputs` go
+        to the sub-layers (see `ResidualSublayer`), `depth` is the layer's 1-based index."""
+        rec: Record = {}
+        keys = split_key(dropout_key, len(self.names))
+        for (name, sublayer), key in zip(self.sublayers(), keys, strict=True):
+            x, sub_rec = sublayer(x, dropout_key=key, record=record, depth=depth, **inputs)
+            rec.update({f"{name}/{k}": v for k, v in sub_rec.items()})
+        return x, rec
 
 
-_REMAT_POLICIES = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-}
+class EncoderLayer(Layer):
+    """[self-attention, feed-forward], named "attention" and "ffn"."""
 
+    names = ("attention", "ffn")
 
-def _layer_fn(cfg: ModelConfig, mask: Array | None, record: bool) -> Any:
-    """(layer, x, key, depth) -> (y, rec), rematerialised in the backward pass if configured;
-    depth is the layer's 1-based index."""
-
-    def apply(
-        layer: EncoderLayer, x: Array, key: Array | None, depth: Array | int
-    ) -> tuple[Array, Record]:
-        return layer(x, mask=mask, dropout_key=key, record=record, depth=depth)
-
-    if cfg.remat == "none":
-        return apply
-    return nnx.remat(apply, policy=_REMAT_POLICIES[cfg.remat])
-
-
-class Encoder(nnx.Module):
-    """A stack of `num_layers` encoder layers, plus a final norm when the placement needs one.
-
-    With `cfg.scan_layers` the layers' parameters are stacked along a leading `layers` axis
-    ([num_layers, ...]) and applied with `lax.scan` (one compiled layer body); otherwise they are
-    a list. Either way `layer_state(encoder, i)` gives layer i's parameters.
-    """
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        if cfg.scan_layers:
-            self.layers = _stacked_layers(cfg, rngs)
-        else:
-            layers = [
-                EncoderLayer(cfg, cfg.layer_rule(i), rngs=rngs) for i in range(cfg.num_layers)
-            ]
-            self.layers = nnx.List(layers)
-        self.final_norm = make_norm(cfg, kind=cfg.rule.norm_kind) if cfg.rule.final_norm else None
-        self.dlcl = DynamicCombination(cfg) if cfg.dlcl else None
-
-    def __call__(
+    def __init__(
         self,
-        x: Array,
+        cfg: ModelConfig,
+        rule: PlacementRule,
         *,
-        mask: Array | None = None,
-        dropout_key: Array | None = None,
-        record: bool = False,
-    ) -> tuple[Array, Record]:
-        """x: [batch, length, embed] -> (y [batch, length, embed], intermediates).
-
-        Intermediates (when `record`): each layer's records stacked to
-        [num_layers, batch, length, embed] under `attention/...`, `ffn/...`, and `layer_in`;
-        plus `final_norm_in` / `final_norm_out` [batch, length, embed] if there is a final norm.
-        """
-        fn = _layer_fn(self.cfg, mask, record)
-        if self.cfg.scan_layers:
-            y, rec = _scan_layers(fn, self.layers, x, dropout_key, self.cfg.num_layers)
-        elif self.dlcl is not None:
-            y, rec = _dlcl_layers(fn, self.layers, self.dlcl, x, dropout_key)
-        else:
-            y, rec = _loop_layers(fn, self.layers, x, dropout_key)
-        if not record:
-            rec = {}
-        if self.final_norm is not None:
-            out = self.final_norm(y)
-            if record:
-                rec["final_norm_in"], rec["final_norm_out"] = y, out
-            y = out
-        return y, rec
+        rngs: nnx.Rngs,
+        depth: StackDepth | None = None,
+    ):
+        self.attention = ResidualSublayer(Attention(cfg, rngs=rngs), cfg, rule, depth)
+        self.ffn = ResidualSublayer(FeedForward(cfg, rngs=rngs), cfg, rule, depth)
 
 
-def _loop_layers(fn: Any, layers: Any, x: Array, key: Array | None) -> tuple[Array, Record]:
-    records = []
-    for i, (layer, layer_key) in enumerate(zip(layers, split_key(key, len(layers)), strict=True)):
-        layer_in = x
-        x, rec = fn(layer, x, layer_key, i + 1)
-        records.append({"layer_in": layer_in, **rec})
-    return x, _stack_records(records)
+class DecoderLayer(Layer):
+    """[causal self-attention, cross-attention, feed-forward], named "self_attention",
+    "cross_attention", "ffn"; the cross-attention reads `memory` and `memory_mask`."""
 
+    names = ("self_attention", "cross_attention", "ffn")
 
-def _stack_records(records: list[Record]) -> Record:
-    """Per-layer records -> [num_layers, ...] arrays; NaN for layers without that record.
-
-    Layers differ in their records only under a per-layer placement (e.g. "post*3,pre*9").
-    """
-    keys = dict.fromkeys(k for r in records for k in r)
-    out = {}
-    for k in keys:
-        like = next(r[k] for r in records if k in r)
-        out[k] = jnp.stack([r.get(k, jnp.full_like(like, jnp.nan)) for r in records])
-    return out
-
-
-class DynamicCombination(nnx.Module):
-    """DLCL (Wang et al. 2019) for Pre-LN: layer l's input is sum_k<=l W[l, k] LN_k(y_k).
-
-    y_0 is the embedding output and y_k the output of layer k-1; each y_k gets its own norm.
-    W [num_layers, num_layers] is lower triangular (entries above the diagonal are masked out),
-    initialised to averages, W[l, k] = 1/(l+1). The last layer's output goes to the final norm.
-    """
-
-    def __init__(self, cfg: ModelConfig):
-        n = cfg.num_layers
-        rows = jnp.tril(jnp.ones((n, n)))
-        self.weights = nnx.Param(
-            rows / rows.sum(1, keepdims=True), out_sharding=("dlcl_to", "dlcl_from")
-        )
-        self.norms = nnx.List([make_norm(cfg) for _ in range(n)])
-
-    def __call__(self, history: list[Array], index: int) -> Array:
-        """history: the normalised y_0..y_index, each [batch, length, embed] -> layer input."""
-        w = self.weights[...][index, : index + 1].astype(history[0].dtype)
-        return sum(w[k] * h for k, h in enumerate(history))
-
-
-def _dlcl_layers(
-    fn: Any, layers: Any, combine: DynamicCombination, x: Array, key: Array | None
-) -> tuple[Array, Record]:
-    records, history = [], []
-    for i, (layer, layer_key) in enumerate(zip(layers, split_key(key, len(layers)), strict=True)):
-        history.append(combine.norms[i](x))
-        layer_in = combine(history, i)
-        x, rec = fn(layer, layer_in, layer_key, i + 1)
-        records.append({"layer_in": layer_in, **rec})
-    return x, _stack_records(records)
-
-
-def _scan_layers(
-    fn: Any, layers: EncoderLayer, x: Array, key: Array | None, num_layers: int
-) -> tuple[Array, Record]:
-    meta = {nnx.PARTITION_NAME: "layers"}
-    keys = None if key is None else jax.random.split(key, num_layers)
-    depths = jnp.arange(1, num_layers + 1)  # scanned data: each layer's 1-based index
-
-    @nnx.scan(
-        in_axes=(nnx.Carry, 0, 0 if keys is not None else None, 0),
-        out_axes=(nnx.Carry, 0),
-        transform_metadata=meta,
-    )
-    def body(
-        h: Array, layer: EncoderLayer, layer_key: Array | None, depth: Array
-    ) -> tuple[Array, Record]:
-        y, rec = fn(layer, h, layer_key, depth)
-        return y, {"layer_in": h, **rec}
-
-    return body(x, layers, keys, depths)
-
-
-def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> EncoderLayer:
-    """`num_layers` EncoderLayers whose parameters are stacked on a leading "layers" axis."""
-
-    @nnx.split_rngs(splits=cfg.num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-    def create(layer_rngs: nnx.Rngs) -> EncoderLayer:
-        return EncoderLayer(cfg, cfg.rule, rngs=layer_rngs)
-
-    return create(rngs)
-
-
-def layer_module(encoder: Encoder, index: int) -> EncoderLayer:
-    """Layer `index` as a module (for scanned layers: a copy holding that layer's slice)."""
-    if not encoder.cfg.scan_layers:
-        return encoder.layers[index]
-    graphdef, state = nnx.split(encoder.layers)
-    return nnx.merge(graphdef, jax.tree.map(lambda a: a[index], state))
-
-
-def layer_state(encoder: Encoder, index: int) -> nnx.State:
-    """Layer `index`'s parameters as an nnx.State, whether the layers are scanned or a list."""
-    if not encoder.cfg.scan_layers:
-        return nnx.state(encoder.layers[index], nnx.Param)
-    stacked = nnx.state(encoder.layers, nnx.Param)
-    return jax.tree.map(lambda a: a[index], stacked)
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        rule: PlacementRule,
+        *,
+        rngs: nnx.Rngs,
+        depth: StackDepth | None = None,
+    ):
+        depth = depth or StackDepth.of("decoder", 0, cfg.num_layers)
+        causal = Attention(cfg, kind="causal", rngs=rngs)
+        self.self_attention = ResidualSublayer(causal, cfg, rule, depth)
+        cross = Attention(cfg, kind="cross", rngs=rngs)
+        self.cross_attention = ResidualSublayer(cross, cfg, rule, depth)
+        self.ffn = ResidualSublayer(FeedForward(cfg, rngs=rngs), cfg, rule, depth)

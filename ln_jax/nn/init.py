@@ -54,6 +54,28 @@ def admin_closed_form(num_sublayers: int) -> float:
     return math.sqrt(n1 / math.log(n1) - 1.0)
 
 
+def deepnorm_constants(encoder_layers: int, decoder_layers: int = 0) -> dict[str, tuple]:
+    """DeepNet's (alpha, beta) for each stack (Wang et al. 2022, Table 1): N encoder and M
+    decoder layers.
+
+    Encoder only: (2N)^(1/4), (8N)^(-1/4); decoder only: (2M)^(1/4), (8M)^(-1/4). Encoder-
+    decoder: encoder 0.81 (N^4 M)^(1/16), 0.87 (N^4 M)^(-1/16); decoder (3M)^(1/4),
+    (12M)^(-1/4).
+    """
+    n, m = encoder_layers, decoder_layers
+    if n and m:
+        return {
+            "encoder": (0.81 * (n**4 * m) ** (1 / 16), 0.87 * (n**4 * m) ** (-1 / 16)),
+            "decoder": ((3.0 * m) ** 0.25, (12.0 * m) ** -0.25),
+        }
+    out = {}
+    if n:
+        out["encoder"] = (deepnorm_alpha(n), deepnorm_beta(n))
+    if m:
+        out["decoder"] = (deepnorm_alpha(m), deepnorm_beta(m))
+    return out
+
+
 def deepnorm_alpha(num_layers: int) -> float:
     """DeepNet's skip scale for an encoder of N layers: (2N)^(1/4)."""
     return (2.0 * num_layers) ** 0.25

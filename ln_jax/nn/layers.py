@@ -1,4 +1,5 @@
-"""Building blocks: dense layers, LayerNorm, embeddings, self-attention, feed-forward.
+"""Building blocks: dense layers, the norms (LayerNorm, RMSNorm, DyT), dropout, feed-forward
+(attention: `ln_jax.nn.attention`).
 
 Every parameter is float32 and carries logical axis names (see `ln_jax.sharding`); computation
 casts parameters to the configured compute dtype, while LayerNorm statistics and the attention
@@ -17,7 +18,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ln_jax.config import ModelConfig
-from ln_jax.nn import flash
 from ln_jax.nn.init import dense_init
 from ln_jax.sharding import constrain
 
@@ -236,94 +236,6 @@ class DyT(nnx.Module):
         return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
 
 
-def attention_mask(mask: Array | None) -> Array | None:
-    """[batch, length] 1/0 padding mask -> [batch, 1, 1, length] boolean key mask."""
-    return None if mask is None else (mask > 0)[:, None, None, :]
-
-
-def sequence_lengths(mask: Array | None) -> Array | None:
-    """[batch, length] right-padded 1/0 mask (tokens first, then padding) -> [batch] int32
-    token counts: the form both attention implementations take (cuDNN has no [B,1,1,S] mask)."""
-    return None if mask is None else (mask > 0).sum(-1).astype(jnp.int32)
-
-
-def key_mask(lengths: Array | None, length: int) -> Array | None:
-    """[batch] token counts -> [batch, 1, 1, length] boolean mask of the keys < count."""
-    if lengths is None:
-        return None
-    return (jnp.arange(length)[None, :] < lengths[:, None])[:, None, None, :]
-
-
-def head_norm(cfg: ModelConfig) -> LayerNorm | RMSNorm | None:
-    """QK-norm's normaliser over head_dim (`cfg.norm`, parameters [kv]), or None if off."""
-    if not cfg.qk_norm:
-        return None
-    return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(cfg.head_dim, cfg, name="kv")
-
-
-class SelfAttention(nnx.Module):
-    """Multi-head self-attention with separate q/k/v projections.
-
-    Kernels: q/k/v [embed, heads, kv]; output [heads, kv, embed]. With `cfg.qk_norm`, queries
-    and keys are normalised over head_dim (`query_norm`, `key_norm`) before the dot product.
-    """
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
-        qkv_names = ("embed", "heads", "kv")
-        self.query = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
-        self.key = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
-        self.value = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
-        self.out = Dense((n, h), (d,), ("heads", "kv", "embed"), cfg, rngs=rngs)
-        self.query_norm, self.key_norm = head_norm(cfg), head_norm(cfg)
-        self.dropout_rate = cfg.attention_dropout
-        self.impl = cfg.attention_impl
-
-    def __call__(
-        self, x: Array, *, mask: Array | None = None, dropout_key: Array | None = None
-    ) -> Array:
-        """x [batch, length, embed], mask [batch, length] (1 = token, right-padded: tokens
-        first) -> [batch, length, embed]. Padded keys are masked through sequence lengths, the
-        same way for the "xla" and "cudnn" implementations ("pallas" takes the mask itself).
-        Attention dropout (keyed by `dropout_key`) runs on the XLA and Pallas paths (other
-        masks: `ln_jax.nn.flash`); the config keeps it off cuDNN's (see
-        `ModelConfig.cudnn_problem`)."""
-        names = ("act_batch", "act_length", "act_heads", "act_kv")
-        q = constrain(self.query(x), names)
-        k = constrain(self.key(x), names)
-        if self.query_norm is not None:
-            q, k = self.query_norm(q), self.key_norm(k)
-        v = constrain(self.value(x), names)
-        if self.impl == "pallas":
-            valid = None if mask is None else mask > 0
-            ctx = flash.flash_attention(
-                q, k, v, valid, dropout_rate=self.dropout_rate, dropout_key=dropout_key
-            )
-            return self.out(constrain(ctx, names))
-        lengths = sequence_lengths(mask)
-        if dropout_key is not None and self.dropout_rate > 0.0:
-            bool_mask = key_mask(lengths, x.shape[1])
-            ctx = _attention_with_dropout(q, k, v, bool_mask, self.dropout_rate, dropout_key)
-        else:
-            ctx = jax.nn.dot_product_attention(
-                q, k, v, key_value_seq_lengths=lengths, implementation=self.impl
-            )
-        return self.out(constrain(ctx, names))
-
-
-def _attention_with_dropout(
-    q: Array, k: Array, v: Array, mask: Array | None, rate: float, key: Array
-) -> Array:
-    """Softmax attention with dropout on the probabilities (as BERT); q/k/v [B, T, N, H]."""
-    scale = q.shape[-1] ** -0.5
-    # Accumulated and kept in float32 (bf16 q/k): the softmax sees unrounded logits.
-    logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * scale
-    if mask is not None:
-        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = dropout(jax.nn.softmax(logits, axis=-1), rate, key).astype(v.dtype)
-    return jnp.einsum("bnts,bsnh->btnh", probs, v)
-
-
 class FeedForward(nnx.Module):
     """act(x W1 + b1) W2 + b2; W1 [embed, mlp], W2 [mlp, embed]."""
 
@@ -332,11 +244,11 @@ class FeedForward(nnx.Module):
         self.wo = Dense((cfg.mlp_dim,), (cfg.hidden_size,), ("mlp", "embed"), cfg, rngs=rngs)
         self.activation = cfg.activation
 
-    def __call__(
-        self, x: Array, *, mask: Array | None = None, dropout_key: Array | None = None
-    ) -> Array:
-        """x: [batch, length, embed] -> [batch, length, embed]. mask/dropout_key are unused."""
-        del mask, dropout_key
+    reads = ()  # the inputs a branch takes besides x (`ln_jax.nn.blocks.ResidualSublayer`)
+
+    def __call__(self, x: Array, *, dropout_key: Array | None = None) -> Array:
+        """x: [batch, length, embed] -> [batch, length, embed]; `dropout_key` is unused."""
+        del dropout_key
         h = activation(self.activation, self.wi(x))
         h = constrain(h, ("act_batch", "act_length", "act_mlp"))
         return self.wo(h)

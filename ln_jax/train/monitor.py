@@ -13,18 +13,24 @@ that metrics.jsonl (records with split "monitor") and TensorBoard (as monitor/NA
                                   post_norm: those the placement has)
   collapse/layer_03               mean cosine between the positions of a sequence, layer output
   collapse/output                 the same for the encoder output (what the heads read)
-  attention_entropy/layer_03      entropy (nats) of the attention probabilities, mean over
-                                  heads and real query tokens
+  attention_entropy/layer_03      entropy (nats) of the attention probabilities (as the
+                                  layer's attention module computes them), mean over heads and
+                                  real query tokens; with several attentions in a layer (a
+                                  decoder): attention_entropy/layer_03/<sub-layer>
   omega/layer_03/attention        Admin's ω, mean over channels;  gate/...: ReZero's gate
   deepnorm_alpha                  DeepNorm's constant skip scale α
   dyt_alpha/layer_03/ffn          DyT's learned α of the sub-layer's input norm (placement dyt)
 
-RMS and means are over the real (unpadded) tokens of the batch, with dropout as trained; with
-gradient accumulation the activation measures are the mean over micro-batches.
+Sub-layer names are the layer's own (`Layer.sublayers()`: "attention" and "ffn" in BERT's
+encoder). In a model of several stacks (`StackView.name`), the stack's name follows the layer:
+grad_norm/layer_03/decoder/cross_attention. RMS and means are over the real (unpadded) tokens
+of the batch, with dropout as trained; with gradient accumulation the activation measures are
+the mean over micro-batches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -33,18 +39,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ln_jax.config import ModelConfig
-from ln_jax.nn.init import deepnorm_alpha
-from ln_jax.nn.layers import normalize, rms_normalize
-
 Array = jax.Array
-SUBLAYERS = ("attention", "ffn")
 NORMS = ("pre_norm", "branch_norm", "post_norm")
 # A per-layer name: measure/layer_NN[/part].
 LAYER_NAME = re.compile(r"^(?P<measure>[a-z_]+)/layer_(?P<layer>\d+)(?:/(?P<part>.+))?$")
 
 __all__ = [
     "LAYER_NAME",
+    "StackView",
     "forward_stats",
     "mean_pairwise_cosine",
     "named",
@@ -83,102 +85,128 @@ def _mean_square(x: Array, mask: Array) -> Array:
     return _token_mean(jnp.square(x.astype(jnp.float32)).mean(-1), mask)
 
 
-def _attention_entropy(
-    h: Array, query: dict, key: dict, mask: Array, eps: float, norms: tuple = (None, None)
-) -> Array:
-    """Attention entropy per layer, recomputed from each layer's attention input.
+def _entropy(probs: Array, mask: Array) -> Array:
+    """probs [batch, heads, length, keys] -> entropy (nats), mean over heads and real query
+    tokens (mask [batch, length]) []."""
+    logp = jnp.log(jnp.maximum(probs, 1e-30))
+    entropy = -(probs * logp).sum(-1)  # [b, n, t]
+    return _token_mean(entropy.mean(1), mask)
 
-    h [L, batch, length, d] (the branch input), query/key {"kernel": [L, d, n, k], "bias":
-    [L, n, k]}, mask [batch, length], norms: QK-norm's (query_norm, key_norm) parameters
-    {"scale": [L, k], "bias" (LayerNorm only)}, or None each -> [L] (nats; mean over heads
-    and real query tokens). One layer at a time (lax.map), so only one [batch, heads, length,
-    length] is live.
+
+@dataclasses.dataclass(frozen=True)
+class StackView:
+    """What the parameter measures need to know of a stack (`ln_jax.nn.stack.Stack`).
+
+    Attributes:
+      path: where the stack's layers sit in the model's parameter tree (e.g. ("bert",
+        "encoder", "layers")); a list of layers or one scanned layer ([num_layers, ...] leaves).
+      num_layers: layers in the stack.
+      sublayers: the names of a layer's residual sub-layers, in order.
+      deepnorm_alpha: DeepNorm's skip scale, if a layer's rule has one.
+      name: the stack's part in measure names ("" for a model of one stack; e.g. "decoder":
+        grad_norm/layer_03/decoder/ffn).
     """
-    keys_ok = (mask > 0)[:, None, None, :]
 
-    def one(args):
-        x, q_params, k_params, q_norm, k_norm = args
-        x = x.astype(jnp.float32)
-        q = _head_norm(
-            jnp.einsum("btd,dnk->btnk", x, q_params["kernel"]) + q_params["bias"], q_norm, eps
-        )
-        k = _head_norm(
-            jnp.einsum("btd,dnk->btnk", x, k_params["kernel"]) + k_params["bias"], k_norm, eps
-        )
-        logits = jnp.einsum("btnk,bsnk->bnts", q, k) * q.shape[-1] ** -0.5
-        logp = jax.nn.log_softmax(jnp.where(keys_ok, logits, -1e30), axis=-1)
-        entropy = -jnp.where(keys_ok, jnp.exp(logp) * logp, 0.0).sum(-1)  # [b, n, t]
-        return _token_mean(entropy.mean(1), mask)
+    path: tuple[str, ...]
+    num_layers: int
+    sublayers: tuple[str, ...]
+    deepnorm_alpha: float | None = None
+    name: str = ""
 
-    return jax.lax.map(one, (h, query, key, *norms))
+    def key(self, measure: str, part: str = "") -> str:
+        """The stats key of a measure: "<measure>[/<stack name>][/<part>]" (`named` puts
+        the layer after the measure)."""
+        return "/".join(filter(None, (measure, self.name, part)))
 
 
-def _head_norm(x: Array, params: dict | None, eps: float) -> Array:
-    """QK-norm over the last axis as `layers.head_norm` computes it (LayerNorm if the params
-    have a bias, else RMSNorm); x unchanged for params None."""
-    if params is None:
-        return x
-    if "bias" in params:
-        return normalize(x, eps) * params["scale"] + params["bias"]
-    return rms_normalize(x, eps) * params["scale"]
-
-
-def _layers_tree(params: Any) -> dict:
-    tree = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
-    return tree["bert"]["encoder"]["layers"]
-
-
-def _layer_dicts(params: Any, num_layers: int) -> list[dict]:
+def _layer_dicts(params: Any, view: StackView) -> list[dict]:
     """Each layer's parameters as a pure dict (a slice of the stack when scanned)."""
-    layers = _layers_tree(params)
-    if all(i in layers for i in range(num_layers)):
-        return [layers[i] for i in range(num_layers)]
-    return [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(num_layers)]
+    tree = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
+    for part in view.path:
+        tree = tree[part]
+    if all(i in tree for i in range(view.num_layers)):
+        return [tree[i] for i in range(view.num_layers)]
+    return [jax.tree.map(lambda a, i=i: a[i], tree) for i in range(view.num_layers)]
 
 
-def sublayer_norms(tree: Any, num_layers: int) -> dict[str, Array]:
+def sublayer_norms(tree: Any, view: StackView) -> dict[str, Array]:
     """||.||_2 of each sub-layer's leaves in a parameter-shaped tree (gradients, updates).
 
     Returns:
-      {"attention": [L], "ffn": [L]}.
+      {sub-layer name: [L]}, e.g. {"attention": [L], "ffn": [L]}.
     """
-    layers = _layer_dicts(tree, num_layers)
+    layers = _layer_dicts(tree, view)
     sq = lambda t: sum(jnp.square(a.astype(jnp.float32)).sum() for a in jax.tree.leaves(t))
-    return {s: jnp.sqrt(jnp.stack([sq(layer[s]) for layer in layers])) for s in SUBLAYERS}
+    return {s: jnp.sqrt(jnp.stack([sq(layer[s]) for layer in layers])) for s in view.sublayers}
 
 
-def forward_stats(rec: dict, hidden: Array, params: Any, mask: Array, cfg: ModelConfig) -> dict:
-    """The activation measures of one forward pass (see the module docstring).
+def forward_stats(
+    rec: dict, hidden: Array, stack: Any, mask: Array, view: StackView, **inputs: Any
+) -> dict:
+    """The activation measures of one forward pass of a stack (see the module docstring).
 
     Args:
-      rec: the encoder's records (`Encoder.__call__` with record=True), [L, batch, length, d].
-      hidden: the encoder output [batch, length, d].
-      params: the model's parameters (nnx.State), for the attention's query and key.
+      rec: the stack's records (`Stack.__call__` with record=True), [L, batch, length, d].
+      hidden: the stack's output [batch, length, d] (what the heads read).
+      stack: the `ln_jax.nn.stack.Stack` itself: the attention entropy is what its attention
+        modules compute (`Attention.probabilities`), from each sub-layer's recorded input.
       mask: [batch, length] 1 for real tokens.
+      view: the stack's names (`StackView`).
+      inputs: what the stack's branches read besides the mask (a decoder's `memory`,
+        `memory_mask`).
 
     Returns:
       {"stream_ms/<sublayer>", "branch_ms/<sublayer>", "norm_in_ms/<sublayer>/<norm>": [L]
        mean squares (`named` takes the root), "collapse": [L], "collapse/output": [],
-       "attention_entropy": [L]}.
+       "attention_entropy[/<sublayer>]": [L] (the sub-layer named only when a layer has
+       several attentions)}, each with the stack's name after the measure.
     """
     out = {}
-    for s in SUBLAYERS:
-        out[f"stream_ms/{s}"] = _mean_square(rec[f"{s}/output"], mask)
-        out[f"branch_ms/{s}"] = _mean_square(rec[f"{s}/branch_out"], mask)
+    for s in view.sublayers:
+        out[view.key("stream_ms", s)] = _mean_square(rec[f"{s}/output"], mask)
+        out[view.key("branch_ms", s)] = _mean_square(rec[f"{s}/branch_out"], mask)
         for norm in NORMS:
             if f"{s}/{norm}_in" in rec:  # NaN for the layers whose rule lacks that norm
-                out[f"norm_in_ms/{s}/{norm}"] = _mean_square(rec[f"{s}/{norm}_in"], mask)
-    out["collapse"] = _token_mean_seq(mean_pairwise_cosine(rec["ffn/output"], mask), mask)
-    out["collapse/output"] = _token_mean_seq(mean_pairwise_cosine(hidden, mask), mask)
-    branch_in = rec["layer_in"]
-    if "attention/pre_norm_out" in rec:  # Pre-LN-like layers: the branch reads LN(x)
-        pre = rec["attention/pre_norm_out"]
-        branch_in = jnp.where(jnp.isnan(pre), branch_in.astype(pre.dtype), pre)
-    query, key, norms = _attention_params(params, cfg.num_layers)
-    out["attention_entropy"] = _attention_entropy(
-        branch_in, query, key, mask, cfg.layer_norm_eps, norms
-    )
+                out[view.key("norm_in_ms", f"{s}/{norm}")] = _mean_square(
+                    rec[f"{s}/{norm}_in"], mask
+                )
+    last = rec[f"{view.sublayers[-1]}/output"]
+    out[view.key("collapse")] = _token_mean_seq(mean_pairwise_cosine(last, mask), mask)
+    out[view.key("collapse", "output")] = _token_mean_seq(mean_pairwise_cosine(hidden, mask), mask)
+    out.update(_attention_entropies(rec, stack, mask, view, inputs))
     return jax.lax.stop_gradient(out)
+
+
+def _branch_inputs(rec: dict, names: tuple[str, ...]) -> dict[str, Array]:
+    """What each sub-layer's branch read, [L, batch, length, d]: its pre-norm output where the
+    rule has one (NaN layers: the sub-layer input), else the sub-layer input (the layer input,
+    or the previous sub-layer's output)."""
+    out = {}
+    for j, s in enumerate(names):
+        x = rec["layer_in"] if j == 0 else rec[f"{names[j - 1]}/output"]
+        pre = rec.get(f"{s}/pre_norm_out")
+        out[s] = x if pre is None else jnp.where(jnp.isnan(pre), x.astype(pre.dtype), pre)
+    return out
+
+
+def _attention_entropies(rec, stack, mask, view: StackView, inputs) -> dict[str, Array]:
+    """Entropy per layer of each attention sub-layer's probabilities, as the module computes
+    them (`Attention.probabilities`), one layer at a time."""
+    from ln_jax.nn.attention import Attention
+    from ln_jax.nn.stack import layer_module
+
+    branch_in = _branch_inputs(rec, view.sublayers)
+    per_name: dict[str, list] = {}
+    for i in range(view.num_layers):
+        for s, sublayer in layer_module(stack, i).sublayers():
+            if isinstance(sublayer.branch, Attention):
+                probs = sublayer.branch.probabilities(branch_in[s][i], mask, **inputs)
+                per_name.setdefault(s, []).append(_entropy(probs, mask))
+    single = len(per_name) == 1
+    return {
+        view.key("attention_entropy", "" if single else s): jnp.stack(v)
+        for s, v in per_name.items()
+    }
 
 
 def _token_mean_seq(values: Array, mask: Array) -> Array:
@@ -187,47 +215,36 @@ def _token_mean_seq(values: Array, mask: Array) -> Array:
     return (values * has_pairs).sum(-1) / jnp.maximum(has_pairs.sum(), 1.0)
 
 
-def _attention_params(params: Any, num_layers: int) -> tuple[dict, dict, tuple]:
-    """Stacked [L, ...] query and key parameters, and QK-norm's (query_norm, key_norm)
-    parameters where the model has them (else (None, None))."""
-    layers = _layer_dicts(params, num_layers)
-    stack = lambda name: jax.tree.map(
-        lambda *a: jnp.stack(a).astype(jnp.float32),
-        *(layer["attention"]["branch"][name] for layer in layers),
-    )
-    has_norm = "query_norm" in layers[0]["attention"]["branch"]
-    norms = (stack("query_norm"), stack("key_norm")) if has_norm else (None, None)
-    return stack("query"), stack("key"), norms
-
-
-def parameter_stats(grads: Any, updates: Any, params: Any, cfg: ModelConfig) -> dict:
-    """Gradient norms, update/parameter norm ratios and the placements' learned scales.
+def parameter_stats(grads: Any, updates: Any, params: Any, view: StackView) -> dict:
+    """Gradient norms, update/parameter norm ratios and the placements' learned scales of a
+    stack's sub-layers.
 
     Returns:
       {"grad_norm/<sublayer>", "update_ratio/<sublayer>": [L], "omega/<sublayer>": [L] (Admin:
        mean of ω; NaN for layers without), "gate/<sublayer>": [L] (ReZero), "dyt_alpha/
-       <sublayer>": [L] (DyT's α of the input norm), "deepnorm_alpha"}.
+       <sublayer>": [L] (DyT's α of the input norm), "deepnorm_alpha"}, each with the stack's
+       name after the measure.
     """
-    num_layers = cfg.num_layers
-    grad, update = sublayer_norms(grads, num_layers), sublayer_norms(updates, num_layers)
-    weight = sublayer_norms(params, num_layers)
+    grad, update = sublayer_norms(grads, view), sublayer_norms(updates, view)
+    weight = sublayer_norms(params, view)
     out = {}
-    for s in SUBLAYERS:
-        out[f"grad_norm/{s}"] = grad[s]
-        out[f"update_ratio/{s}"] = update[s] / jnp.maximum(weight[s], 1e-30)
-    layers = _layer_dicts(params, num_layers)
+    for s in view.sublayers:
+        out[view.key("grad_norm", s)] = grad[s]
+        out[view.key("update_ratio", s)] = update[s] / jnp.maximum(weight[s], 1e-30)
+    layers = _layer_dicts(params, view)
+    subs = view.sublayers
     for name in ("omega", "gate"):  # Admin's ω [d] and ReZero's gate [1], where they exist
-        if any(name in layer[s] for layer in layers for s in SUBLAYERS):
-            for s in SUBLAYERS:
+        if any(name in layer[s] for layer in layers for s in subs):
+            for s in subs:
                 values = [_mean_or_nan(layer[s], name) for layer in layers]
-                out[f"{name}/{s}"] = jnp.stack(values)
-    if any("alpha" in layer[s].get("pre_norm", {}) for layer in layers for s in SUBLAYERS):
-        for s in SUBLAYERS:  # DyT's α [1] of each sub-layer's input norm
-            out[f"dyt_alpha/{s}"] = jnp.stack(
+                out[view.key(name, s)] = jnp.stack(values)
+    if any("alpha" in layer[s].get("pre_norm", {}) for layer in layers for s in subs):
+        for s in subs:  # DyT's α [1] of each sub-layer's input norm
+            out[view.key("dyt_alpha", s)] = jnp.stack(
                 [_mean_or_nan(layer[s].get("pre_norm", {}), "alpha") for layer in layers]
             )
-    if any(cfg.layer_rule(i).skip == "alpha" for i in range(num_layers)):
-        out["deepnorm_alpha"] = jnp.asarray(deepnorm_alpha(num_layers), jnp.float32)
+    if view.deepnorm_alpha is not None:
+        out[view.key("deepnorm_alpha")] = jnp.asarray(view.deepnorm_alpha, jnp.float32)
     return out
 
 

@@ -8,10 +8,12 @@ import optax
 from flax import nnx
 
 from ln_jax.config import ModelConfig
-from ln_jax.nn.blocks import ACT, Encoder, Record
+from ln_jax.nn.blocks import ACT, EncoderLayer, Record, StackDepth
 from ln_jax.nn.init import embed_init
 from ln_jax.nn.layers import Dense, LayerNorm, activation, custom_backwards, dropout, split_key
+from ln_jax.nn.stack import Encoder
 from ln_jax.sharding import constrain
+from ln_jax.train import monitor
 
 Array = jax.Array
 # The logit of a padded vocabulary row: exp() of it is 0 after any softmax's max-subtraction,
@@ -224,6 +226,17 @@ class BertForPreTraining(nnx.Module):
             out["intermediates"] = rec
         return out
 
+    def stacks(self) -> list[tuple[str, Encoder]]:
+        """The model's layer stacks in order (`ln_jax.nn.stack.Stacked`)."""
+        return [("encoder", self.bert.encoder)]
+
+    def stack_records(self, batch: dict, dropout_key: Array | None) -> dict[str, Record]:
+        """A training-mode forward pass's records of each stack (`ln_jax.nn.stack.Stacked`);
+        batch: input_ids, segment_ids, attention_mask [batch, length], masked_positions."""
+        keys = ("input_ids", "segment_ids", "attention_mask", "masked_positions")
+        out = self(*(batch[k] for k in keys), dropout_key=dropout_key, record=True)
+        return {"encoder": out["intermediates"]}
+
 
 def mlm_nll(logits: Array, ids: Array) -> Array:
     """-log softmax(logits)[ids]: logits [B, P, V] float32, ids [B, P] -> [B, P].
@@ -275,6 +288,19 @@ def pretraining_loss(
         loss = loss + metrics["nsp_loss"]
     metrics["loss"] = loss
     return loss, metrics
+
+
+def encoder_view(cfg: ModelConfig) -> monitor.StackView:
+    """Where the monitor finds the encoder's layers in BertForPreTraining's parameters (and
+    the classifier's: both hold the encoder under "bert")."""
+    rules = [cfg.layer_rule(i) for i in range(cfg.num_layers)]
+    alpha = StackDepth.of("encoder", cfg.num_layers).alpha
+    return monitor.StackView(
+        path=("bert", "encoder", "layers"),
+        num_layers=cfg.num_layers,
+        sublayers=EncoderLayer.names,
+        deepnorm_alpha=alpha if any(r.skip == "alpha" for r in rules) else None,
+    )
 
 
 def create_model(

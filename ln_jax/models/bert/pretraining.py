@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from ln_jax import sharding
-from ln_jax.models.bert.model import BertForPreTraining, pretraining_loss
+from ln_jax.models.bert.model import BertForPreTraining, encoder_view, pretraining_loss
+from ln_jax.nn.stack import stack_sublayers
 from ln_jax.train import monitor
 from ln_jax.validate import ConfigError
 
@@ -118,15 +119,17 @@ class BertPretraining:
         return train_iter, eval_batches
 
     def forward_measures(self, model: BertForPreTraining, outputs: dict, batch: Batch) -> dict:
-        from flax import nnx
-
         rec = outputs["intermediates"]
         hidden = rec.get("final_norm_out", rec["ffn/output"][-1])  # what the heads read
-        params = nnx.state(model, nnx.Param)
-        return monitor.forward_stats(rec, hidden, params, batch["attention_mask"], model.cfg)
+        encoder, mask = model.bert.encoder, batch["attention_mask"]
+        return monitor.forward_stats(rec, hidden, encoder, mask, encoder_view(self.cfg.model))
 
     def parameter_measures(self, grads: Any, updates: Any, params: Any) -> dict:
-        return monitor.parameter_stats(grads, updates, params, self.cfg.model)
+        return monitor.parameter_stats(grads, updates, params, encoder_view(self.cfg.model))
+
+    def sublayers(self, model: BertForPreTraining) -> list[tuple[str, Any]]:
+        """The residual sub-layers in order, named "layer_NN/attention", "layer_NN/ffn"."""
+        return stack_sublayers(model.bert.encoder)
 
     def _outputs(self, model, batch: Batch, key: Array | None, record: bool) -> dict:
         return model(

@@ -1,0 +1,233 @@
+"""Multi-head attention: self-attention, causal self-attention and cross-attention, with the
+incremental-decoding caches a decoder needs.
+
+`Attention(cfg, kind=...)` is the branch of an attention sub-layer (`ln_jax.nn.blocks`):
+  "self"    keys and values from the sub-layer input, padded keys masked (the encoder's);
+  "causal"  the same with query t seeing keys <= t (a decoder's self-attention);
+  "cross"   keys and values from `memory` (an encoder output), padded memory masked.
+A branch declares the inputs it reads (`reads`), so a layer hands each sub-layer what it needs.
+
+Decoding: while a module holds a `KVCache` (`set_cache`), a "causal" module takes the next
+tokens [batch, t, embed], writes their keys/values at the cache's count and attends to every
+key so far, and a "cross" module attends to the memory's keys/values computed once per source
+(`decoding_cache(memory, memory_mask)`), not per step. `set_cache(None)`: training form.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ln_jax.config import ModelConfig
+from ln_jax.nn import flash
+from ln_jax.nn.layers import Dense, LayerNorm, RMSNorm, dropout
+from ln_jax.sharding import constrain
+
+Array = jax.Array
+KINDS = ("self", "causal", "cross")
+HEADS = ("act_batch", "act_length", "act_heads", "act_kv")
+_NEG = float(jnp.finfo(jnp.float32).min)
+
+
+def attention_mask(mask: Array | None) -> Array | None:
+    """[batch, length] 1/0 padding mask -> [batch, 1, 1, length] boolean key mask."""
+    return None if mask is None else (mask > 0)[:, None, None, :]
+
+
+def sequence_lengths(mask: Array | None) -> Array | None:
+    """[batch, length] right-padded 1/0 mask (tokens first, then padding) -> [batch] int32
+    token counts: the form both attention implementations take (cuDNN has no [B,1,1,S] mask)."""
+    return None if mask is None else (mask > 0).sum(-1).astype(jnp.int32)
+
+
+def key_mask(lengths: Array | None, length: int) -> Array | None:
+    """[batch] token counts -> [batch, 1, 1, length] boolean mask of the keys < count."""
+    if lengths is None:
+        return None
+    return (jnp.arange(length)[None, :] < lengths[:, None])[:, None, None, :]
+
+
+def allowed(lengths: Array | None, q_len: int, k_len: int, causal: bool, offset=0) -> Array:
+    """Which keys each query may see: [batch or 1, 1, q_len, k_len] bool; keys < lengths (None
+    = all) and, if causal, keys <= the query's position (`offset` + its index)."""
+    ok = jnp.ones((1, 1, q_len, k_len), bool)
+    if lengths is not None:
+        ok = ok & key_mask(lengths, k_len)
+    if causal:
+        q_pos = offset + jnp.arange(q_len)
+        ok = ok & (jnp.arange(k_len)[None, :] <= q_pos[:, None])[None, None]
+    return ok
+
+
+def head_norm(cfg: ModelConfig) -> LayerNorm | RMSNorm | None:
+    """QK-norm's normaliser over head_dim (`cfg.norm`, parameters [kv]), or None if off."""
+    if not cfg.qk_norm:
+        return None
+    return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(cfg.head_dim, cfg, name="kv")
+
+
+def masked_attention(
+    q: Array, k: Array, v: Array, ok: Array | None, rate: float = 0.0, key: Array | None = None
+) -> Array:
+    """Softmax attention in XLA ops, dropout on the probabilities (as BERT). q [B, T, N, H],
+    k/v [B, S, N, H], ok [B or 1, 1, T, S] bool (None = all) -> [B, T, N, H]."""
+    scale = q.shape[-1] ** -0.5
+    # Accumulated and kept in float32 (bf16 q/k): the softmax sees unrounded logits.
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * scale
+    if ok is not None:
+        logits = jnp.where(ok, logits, _NEG)
+    probs = dropout(jax.nn.softmax(logits, axis=-1), rate, key).astype(v.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+
+
+class Attention(nnx.Module):
+    """Multi-head attention with separate q/k/v projections (see the module docstring).
+
+    Kernels: q/k/v [embed, heads, kv]; output [heads, kv, embed]. With `cfg.qk_norm`, queries
+    and keys are normalised over head_dim (`query_norm`, `key_norm`) before the dot product.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, kind: str = "self", rngs: nnx.Rngs):
+        if kind not in KINDS:
+            raise ValueError(f"attention kind {kind!r}: give one of {', '.join(KINDS)}.")
+        d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+        qkv_names = ("embed", "heads", "kv")
+        self.query = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
+        self.key = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
+        self.value = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
+        self.out = Dense((n, h), (d,), ("heads", "kv", "embed"), cfg, rngs=rngs)
+        self.query_norm, self.key_norm = head_norm(cfg), head_norm(cfg)
+        self.dropout_rate = cfg.attention_dropout
+        self.impl = cfg.attention_impl
+        self.kind = kind
+        self.reads = ("memory", "memory_mask") if kind == "cross" else ("mask",)
+        self.cache: KVCache | None = nnx.data(None)  # set while decoding
+
+    def __call__(
+        self,
+        x: Array,
+        *,
+        mask: Array | None = None,
+        memory: Array | None = None,
+        memory_mask: Array | None = None,
+        dropout_key: Array | None = None,
+    ) -> Array:
+        """x [batch, length, embed] -> [batch, length, embed].
+
+        mask [batch, length] (1 = token, right-padded) masks x's padded keys ("self",
+        "causal"); memory [batch, src, embed] with memory_mask [batch, src] are the keys' and
+        values' source of "cross". Attention dropout (keyed by `dropout_key`) runs on the XLA
+        and Pallas paths; the config keeps it off cuDNN's (`ModelConfig.cudnn_problem`).
+        While a cache is set (decoding; see the module docstring) there is no dropout.
+        """
+        if self.cache is not None:
+            return self._decode(x)
+        q = self.queries(x)
+        if self.kind == "cross":
+            if memory is None:
+                raise ValueError("cross-attention needs `memory` (the encoder output).")
+            k, v = self.keys_values(memory)
+            valid = memory_mask
+        else:
+            k, v = self.keys_values(x)
+            valid = mask
+        return self.out(constrain(self._attend(q, k, v, valid, dropout_key), HEADS))
+
+    def queries(self, x: Array) -> Array:
+        """x [batch, length, embed] -> q [batch, length, heads, kv] (QK-normed if on)."""
+        q = constrain(self.query(x), HEADS)
+        return q if self.query_norm is None else self.query_norm(q)
+
+    def keys_values(self, x: Array) -> tuple[Array, Array]:
+        """x [batch, length, embed] -> (k, v), each [batch, length, heads, kv]."""
+        k = constrain(self.key(x), HEADS)
+        if self.key_norm is not None:
+            k = self.key_norm(k)
+        return k, constrain(self.value(x), HEADS)
+
+    def probabilities(self, x: Array, mask: Array | None = None, memory=None, memory_mask=None):
+        """The attention probabilities this module computes, without dropout, in float32:
+        [batch, heads, length, keys] (what the monitor's entropy reads)."""
+        q = self.queries(x).astype(jnp.float32)
+        source, valid = (memory, memory_mask) if self.kind == "cross" else (x, mask)
+        k, _ = self.keys_values(source)
+        ok = allowed(sequence_lengths(valid), q.shape[1], k.shape[1], self.kind == "causal")
+        logits = jnp.einsum("btnh,bsnh->bnts", q, k.astype(jnp.float32)) * q.shape[-1] ** -0.5
+        return jax.nn.softmax(jnp.where(ok, logits, _NEG), axis=-1)
+
+    def _attend(self, q: Array, k: Array, v: Array, valid: Array | None, key) -> Array:
+        """q [B, T, N, H], k/v [B, S, N, H], valid [B, S] 1/0 keys -> [B, T, N, H]."""
+        causal = self.kind == "causal"
+        drop = key is not None and self.dropout_rate > 0.0
+        if self.impl == "pallas":
+            v_ok = None if valid is None else valid > 0
+            rate = self.dropout_rate
+            return flash.flash_attention(
+                q, k, v, v_ok, causal=causal, dropout_rate=rate, dropout_key=key
+            )
+        lengths = sequence_lengths(valid)
+        if drop:
+            ok = allowed(lengths, q.shape[1], k.shape[1], causal)
+            return masked_attention(q, k, v, ok, self.dropout_rate, key)
+        return jax.nn.dot_product_attention(
+            q, k, v, key_value_seq_lengths=lengths, is_causal=causal, implementation=self.impl
+        )
+
+    # ------------------------------------------------------------------ decoding
+
+    def decoding_cache(
+        self,
+        memory: Array | None = None,
+        memory_mask: Array | None = None,
+        *,
+        batch: int = 0,
+        max_length: int = 0,
+    ) -> KVCache:
+        """This module's empty decoding cache ("causal": keys/values [batch, max_length, heads,
+        kv] in the compute dtype, count 0) or the keys/values of memory [batch, src, embed]
+        with count = its lengths from memory_mask [batch, src] ("cross"). Set it with
+        `set_cache`; `ln_jax.nn.stack.init_decoding` does both for a whole stack."""
+        if self.kind == "cross":
+            k, v = self.keys_values(memory)
+            count = sequence_lengths(memory_mask)
+            if count is None:
+                count = jnp.full((memory.shape[0],), memory.shape[1], jnp.int32)
+            return KVCache(k, v, count)
+        if self.kind != "causal":
+            raise ValueError("an encoder's self-attention has no decoding cache.")
+        n, h = self.query.kernel.shape[-2:]
+        empty = jnp.zeros((batch, max_length, n, h), self.query.dtype)
+        return KVCache(empty, empty, jnp.zeros((), jnp.int32))
+
+    def set_cache(self, cache: KVCache | None) -> None:
+        """Decoding form with `cache` (see `decoding_cache`), or back to training form (None)."""
+        self.cache = cache
+
+    def _decode(self, x: Array) -> Array:
+        """x [batch, t, embed], the next t tokens -> [batch, t, embed]; advances the cache."""
+        q = self.queries(x)
+        c = self.cache
+        if self.kind == "cross":
+            ok = allowed(c.count[...], q.shape[1], c.key.shape[1], False)
+            return self.out(masked_attention(q, c.key[...], c.value[...], ok))
+        k_new, v_new = self.keys_values(x)
+        index = c.count[...]
+        at = (0, index, 0, 0)
+        c.key[...] = jax.lax.dynamic_update_slice(c.key[...], k_new.astype(c.key.dtype), at)
+        c.value[...] = jax.lax.dynamic_update_slice(c.value[...], v_new.astype(c.key.dtype), at)
+        c.count[...] = index + x.shape[1]
+        ok = allowed(None, q.shape[1], c.key.shape[1], True, offset=index)
+        keys, values = c.key[...].astype(q.dtype), c.value[...].astype(q.dtype)
+        return self.out(masked_attention(q, keys, values, ok))
+
+
+class KVCache(nnx.Module):
+    """An attention module's decoding state: key/value [batch, length, heads, kv] and `count`:
+    the keys written so far ([] int32, causal self-attention) or each memory's length ([batch]
+    int32, cross-attention). A stack's caches carry a leading [layers] axis when scanned."""
+
+    def __init__(self, key: Array, value: Array, count: Array):
+        self.key = nnx.Cache(key)
+        self.value = nnx.Cache(value)
+        self.count = nnx.Cache(count)
