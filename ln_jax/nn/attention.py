@@ -10,7 +10,9 @@ A branch declares the inputs it reads (`reads`), so a layer hands each sub-layer
 Decoding: while a module holds a `KVCache` (`set_cache`), a "causal" module takes the next
 tokens [batch, t, embed], writes their keys/values at the cache's count and attends to every
 key so far, and a "cross" module attends to the memory's keys/values computed once per source
-(`decoding_cache(memory, memory_mask)`), not per step. `set_cache(None)`: training form.
+(`decoding_cache(memory, memory_mask)`), not per step, and shared by the rows decoded from
+one source (a beam's hypotheses: rows = sources x beam, a source's rows adjacent).
+`set_cache(None)`: training form.
 """
 
 from __future__ import annotations
@@ -209,8 +211,7 @@ class Attention(nnx.Module):
         q = self.queries(x)
         c = self.cache
         if self.kind == "cross":
-            ok = allowed(c.count[...], q.shape[1], c.key.shape[1], False)
-            return self.out(masked_attention(q, c.key[...], c.value[...], ok))
+            return self.out(_shared_source(q, c))
         k_new, v_new = self.keys_values(x)
         index = c.count[...]
         at = (0, index, 0, 0)
@@ -220,6 +221,19 @@ class Attention(nnx.Module):
         ok = allowed(None, q.shape[1], c.key.shape[1], True, offset=index)
         keys, values = c.key[...].astype(q.dtype), c.value[...].astype(q.dtype)
         return self.out(masked_attention(q, keys, values, ok))
+
+
+def _shared_source(q: Array, c: KVCache) -> Array:
+    """Cross-attention of q [rows, t, heads, kv] to cached keys/values of `sources` memories,
+    rows = sources x group (a beam search's hypotheses, a source's rows adjacent): each
+    group's queries attend to their one copy of the keys/values -> [rows, t, heads, kv]."""
+    rows, t, n, h = q.shape
+    sources = c.key.shape[0]
+    group = rows // sources
+    grouped = q.reshape(sources, group * t, n, h)
+    ok = allowed(c.count[...], group * t, c.key.shape[1], False)
+    out = masked_attention(grouped, c.key[...].astype(q.dtype), c.value[...].astype(q.dtype), ok)
+    return out.reshape(rows, t, n, h)
 
 
 class KVCache(nnx.Module):

@@ -1,0 +1,182 @@
+"""The encoder-decoder Transformer for translation, on the same placement table as BERT.
+
+`Translator(cfg, options)`: a shared source/target vocabulary with tied embeddings and output
+projection (optionally untied), embeddings scaled by sqrt(d), sinusoidal positions (Vaswani
+et al.; learned as an option), an `Encoder` of `cfg.num_layers` and a `Decoder` of
+`options.decoder_layers` layers (`ln_jax.nn.stack`), each with every placement row (Pre-LN: a
+final norm on each stack; DeepNorm: the encoder-decoder constants; Admin: 2 and 3 sub-layers
+per layer). Token ids: PAD 0, UNK 1, BOS 2, EOS 3 (`ln_jax.models.translation.options`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ln_jax.config import ModelConfig
+from ln_jax.models.translation.options import PAD, TranslationOptions
+from ln_jax.nn.blocks import ACT, Record, StackDepth
+from ln_jax.nn.init import embed_init
+from ln_jax.nn.layers import Dense, LayerNorm, dropout, split_key
+from ln_jax.nn.stack import Decoder, Encoder
+from ln_jax.sharding import constrain
+
+Array = jax.Array
+MASKED_LOGIT = -1e9  # the logit of a padded vocabulary row
+
+
+def sinusoidal(length: int, dim: int, offset: Array | int = 0) -> Array:
+    """Positions offset..offset+length-1 -> [length, dim] float32: sin of position / 10000^(2i
+    / dim) in the first half, cos in the second (Vaswani et al.; HF Marian's layout)."""
+    pos = (jnp.arange(length) + offset).astype(jnp.float32)[:, None]
+    inv = 1.0 / np.power(10000.0, 2.0 * np.arange(dim // 2) / dim)
+    angles = pos * jnp.asarray(inv, jnp.float32)[None, :]
+    out = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    return jnp.pad(out, ((0, 0), (0, dim % 2)))
+
+
+class TokenEmbedder(nnx.Module):
+    """Token embeddings x sqrt(d) (if `scale`) + positions, optional LayerNorm, dropout; one
+    table for source and target (and, tied, the output projection)."""
+
+    def __init__(self, cfg: ModelConfig, options: TranslationOptions, *, rngs: nnx.Rngs):
+        d = cfg.hidden_size
+        table = embed_init(cfg)(rngs.params(), (cfg.padded_vocab_size, d))
+        self.word = nnx.Param(table.at[PAD].set(0.0), out_sharding=("vocab", "embed"))
+        self.position = None
+        if options.positions == "learned":
+            init = embed_init(cfg)(rngs.params(), (cfg.max_position_embeddings, d))
+            self.position = nnx.Param(init, out_sharding=("position", "embed"))
+        self.scale = float(d**0.5) if options.scale_embeddings else 1.0
+        self.norm = (
+            LayerNorm(d, cfg, out_dtype=cfg.residual_dtype) if cfg.embedding_layernorm else None
+        )
+        self.max_len = cfg.max_position_embeddings
+        self.dropout_rate = cfg.hidden_dropout
+        self.dtype = cfg.residual_dtype
+
+    def __call__(self, ids: Array, key: Array | None, offset: Array | int = 0) -> Array:
+        """ids [batch, length] (positions offset..) -> [batch, length, embed]."""
+        length = ids.shape[1]
+        table = constrain(self.word[...], ("vocab", "act_embed"))
+        x = jnp.take(table, ids, axis=0) * self.scale
+        if self.position is None:
+            x = x + sinusoidal(length, x.shape[-1], offset)[None]
+        else:
+            x = x + jax.lax.dynamic_slice_in_dim(self.position[...], offset, length)[None]
+        x = constrain(x.astype(self.dtype), ACT)
+        if self.norm is not None:
+            x = self.norm(x)
+        return dropout(x, self.dropout_rate, key)
+
+
+class Translator(nnx.Module):
+    """Encoder-decoder Transformer (see the module docstring)."""
+
+    def __init__(self, cfg: ModelConfig, options: TranslationOptions, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.options = options
+        n, m = cfg.num_layers, options.decoder_layers
+        self.embed = TokenEmbedder(cfg, options, rngs=rngs)
+        self.encoder = Encoder(cfg, rngs=rngs, depth=StackDepth.of("encoder", n, m))
+        self.decoder = Decoder(
+            options.decoder_config(cfg), rngs=rngs, depth=StackDepth.of("decoder", n, m)
+        )
+        d, v = cfg.hidden_size, cfg.padded_vocab_size
+        self.output = (
+            None
+            if options.tie_output
+            else Dense((d,), (v,), ("embed", "vocab"), cfg, rngs=rngs, use_bias=False)
+        )
+        self.vocab_size = cfg.vocab_size
+
+    def encode(
+        self, src: Array, src_mask: Array, key: Array | None = None, record: bool = False
+    ) -> tuple[Array, Record]:
+        """src, src_mask [batch, src_len] -> (memory [batch, src_len, embed], records)."""
+        k_emb, k_enc = split_key(key, 2)
+        x = self.embed(src, k_emb)
+        return self.encoder(x, mask=src_mask, dropout_key=k_enc, record=record)
+
+    def decode(
+        self,
+        tgt_in: Array,
+        memory: Array | None,
+        src_mask: Array | None,
+        key: Array | None = None,
+        record: bool = False,
+        offset: Array | int = 0,
+    ) -> tuple[Array, Record]:
+        """tgt_in [batch, t] (BOS then the target shifted right; positions offset..) ->
+        (float32 logits [batch, t, vocab_padded] with padded rows masked, records). While
+        decoding (`ln_jax.nn.stack.init_decoding`) memory and src_mask are in the caches."""
+        k_emb, k_dec = split_key(key, 2)
+        y = self.embed(tgt_in, k_emb, offset)
+        inputs = {} if memory is None else {"memory": memory, "memory_mask": src_mask}
+        h, rec = self.decoder(y, dropout_key=k_dec, record=record, **inputs)
+        return self.logits(h), rec
+
+    def logits(self, h: Array) -> Array:
+        """h [batch, t, embed] -> float32 logits [batch, t, vocab_padded] (padded rows at
+        MASKED_LOGIT)."""
+        if self.output is None:
+            table = self.embed.word[...].astype(h.dtype)
+            out = jnp.einsum("btd,vd->btv", h, table, preferred_element_type=jnp.float32)
+        else:
+            out = self.output(h).astype(jnp.float32)
+        out = constrain(out, ("act_batch", "act_length", "act_vocab"))
+        real = jnp.arange(out.shape[-1]) < self.vocab_size
+        return jnp.where(real, out, MASKED_LOGIT)
+
+    def __call__(
+        self,
+        src: Array,
+        src_mask: Array,
+        tgt_in: Array,
+        *,
+        dropout_key: Array | None = None,
+        record: bool = False,
+    ) -> dict[str, Any]:
+        """Teacher-forced forward pass: {"logits": [batch, tgt_len, vocab_padded] float32,
+        "intermediates": {"encoder": ..., "decoder": ...} (if record)}."""
+        k_enc, k_dec = split_key(dropout_key, 2)
+        memory, rec_enc = self.encode(src, src_mask, k_enc, record)
+        logits, rec_dec = self.decode(tgt_in, memory, src_mask, k_dec, record)
+        out: dict[str, Any] = {"logits": logits}
+        if record:
+            out["intermediates"] = {"encoder": rec_enc, "decoder": rec_dec}
+            out["memory"] = memory
+        return out
+
+    # `ln_jax.nn.stack.Stacked`: Admin's profiling and the analyses see both stacks.
+    def stacks(self) -> list[tuple[str, Any]]:
+        return [("encoder", self.encoder), ("decoder", self.decoder)]
+
+    def stack_records(self, batch: dict, dropout_key: Array | None) -> dict[str, Record]:
+        out = self(
+            batch["src"], batch["src_mask"], batch["tgt_in"], dropout_key=dropout_key, record=True
+        )
+        return out["intermediates"]
+
+
+def label_smoothed_nll(
+    logits: Array, targets: Array, weights: Array, epsilon: float, vocab_size: int
+) -> tuple[Array, Array]:
+    """fairseq's label-smoothed cross-entropy, summed over weighted tokens.
+
+    logits [batch, t, V_padded] float32, targets [batch, t], weights [batch, t] ->
+    (smoothed loss sum, nll sum): per token (1 - eps - eps_i) * nll + eps_i * sum_v(-log p_v),
+    eps_i = eps / (vocab_size - 1), over the real vocabulary rows only.
+    """
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    vocab = jnp.arange(logits.shape[-1])
+    nll = -jnp.sum(jnp.where(vocab == targets[..., None], logp, 0.0), axis=-1)
+    smooth = -jnp.sum(jnp.where(vocab < vocab_size, logp, 0.0), axis=-1)
+    eps_i = epsilon / (vocab_size - 1)
+    loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+    w = weights.astype(jnp.float32)
+    return (loss * w).sum(), (nll * w).sum()

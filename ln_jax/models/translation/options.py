@@ -1,0 +1,82 @@
+"""Translation's own settings (`TrainConfig.task_options` of the task "translation").
+
+The layer-stack fields (width, heads, FFN, placement, norm, dropout, dtype, init, the encoder's
+depth `num_layers`) are the shared `ModelConfig`'s; what only an encoder-decoder has lives here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ln_jax.config import ModelConfig
+from ln_jax.validate import check_choice, reject_unknown_keys
+
+# Token ids of every translation vocabulary (`ln_jax.data` builds its sentencepiece models so).
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+POSITIONS = ("sinusoidal", "learned")
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationOptions:
+    """An encoder-decoder's own fields.
+
+    Attributes:
+      decoder_layers: decoder depth (None = the encoder's, `model.num_layers`).
+      positions: "sinusoidal" (fairseq, Marian) or "learned" (`model.max_position_embeddings`
+        rows either way bound the lengths).
+      scale_embeddings: multiply token embeddings by sqrt(d) (fairseq, Marian).
+      tie_output: the output projection is the embedding table (shared vocabulary).
+      label_smoothing: epsilon of the label-smoothed cross-entropy (the papers: 0.1).
+      max_source_length / max_target_length: tokens (with EOS) kept per side in training.
+      eval_bleu_sentences: validation sentences decoded for BLEU at each evaluation (0 = none).
+      eval_beam: beam of that decoding (1 = greedy); eval_lenpen its length penalty.
+    """
+
+    decoder_layers: int | None = None
+    positions: str = "sinusoidal"
+    scale_embeddings: bool = True
+    tie_output: bool = True
+    label_smoothing: float = 0.1
+    max_source_length: int = 64
+    max_target_length: int = 64
+    eval_bleu_sentences: int = 200
+    eval_beam: int = 1
+    eval_lenpen: float = 1.0
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None, cfg: ModelConfig) -> TranslationOptions:
+        """Checks `task_options` (a misspelt key names the valid ones) and fills the decoder
+        depth from the model's."""
+        values = dict(values or {})
+        reject_unknown_keys("task_options", values, [f.name for f in dataclasses.fields(cls)])
+        out = cls(**values)
+        if out.decoder_layers is None:
+            out = dataclasses.replace(out, decoder_layers=cfg.num_layers)
+        out.check(cfg)
+        return out
+
+    def check(self, cfg: ModelConfig) -> None:
+        check_choice("task_options.positions", self.positions, POSITIONS)
+        if self.decoder_layers <= 0:
+            raise ValueError(f"task_options.decoder_layers={self.decoder_layers} must be > 0.")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"task_options.label_smoothing={self.label_smoothing}: use [0, 1).")
+        longest = max(self.max_source_length, self.max_target_length + 1)
+        if longest > cfg.max_position_embeddings:
+            raise ValueError(
+                f"task_options.max_source_length/max_target_length ({longest} positions with "
+                f"BOS) exceed model.max_position_embeddings={cfg.max_position_embeddings}; "
+                "raise it or shorten them."
+            )
+        if cfg.scan_layers and len(set(cfg.layer_placements)) > 1:
+            raise ValueError("scan_layers needs one placement for every layer.")
+
+    def decoder_config(self, cfg: ModelConfig) -> ModelConfig:
+        """The decoder stack's ModelConfig: the model's, `decoder_layers` deep, no DLCL (Wang
+        et al. combine the encoder's layers only)."""
+        placement = cfg.placement
+        if isinstance(placement, tuple) or "*" in str(placement) or "," in str(placement):
+            placement = cfg.layer_placements[-1]  # a per-layer list describes the encoder
+        return cfg.replace(num_layers=self.decoder_layers, dlcl=False, placement=placement)

@@ -1,0 +1,240 @@
+"""Greedy and beam search with the incremental decoder, each one jitted `lax.while_loop`.
+
+The source is encoded once; every decoder layer's cross-attention keys/values are computed
+once per source and shared by its beams (the beams' queries attend to one [src] copy, no
+per-beam copies); self-attention keys/values are cached per beam and re-gathered when beams
+reorder. A hypothesis' score is its summed log-probability divided by a length penalty:
+fairseq's len^lenpen, or GNMT's ((5 + len) / 6)^alpha, len counting the tokens generated
+with EOS. `max_len = a * src_len + b` per sentence (capped by `max_length`): there EOS is
+forced. With `stop="bound"` (default) every EOS among a step's top 2 x beam continuations
+finishes a hypothesis, and a sentence stops when `beam` hypotheses are finished and no live one
+can still beat the worst of them (with a beam as wide as the live hypotheses, the search is
+exact). `stop="first"` is fairseq's rule: an EOS finishes a hypothesis only from the top `beam`
+continuations, and a sentence stops at its first `beam` finished (beam 1 is greedy search).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ln_jax.models.translation.options import BOS, EOS, PAD
+from ln_jax.nn.attention import Attention
+from ln_jax.nn.stack import init_decoding
+
+Array = jax.Array
+NEG = -1e9  # a dead hypothesis' score (finite: keeps arithmetic NaN-free)
+STOPS = ("bound", "first")
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """How to decode (static: each setting compiles its own program).
+
+    Attributes:
+      beam: hypotheses kept per sentence (1 with `greedy=True`: argmax decoding).
+      max_length: the most tokens generated (EOS included): the cache's length.
+      lenpen: fairseq's length penalty exponent (score / len^lenpen); ignored if `alpha`.
+      alpha: GNMT's length penalty ((5 + len) / 6)^alpha, or None.
+      max_len_a, max_len_b: per-sentence limit a * src_len + b (fairseq's default a=0, b=200).
+      stop: "bound" or "first" (module docstring).
+      greedy: argmax decoding (beam must be 1).
+    """
+
+    beam: int = 5
+    max_length: int = 64
+    lenpen: float = 1.0
+    alpha: float | None = None
+    max_len_a: float = 0.0
+    max_len_b: int = 200
+    stop: str = "bound"
+    greedy: bool = False
+
+    def check(self, vocab_size: int) -> None:
+        if self.stop not in STOPS:
+            raise ValueError(f"stop={self.stop!r}: give one of {', '.join(STOPS)}.")
+        if not 1 <= self.beam <= vocab_size:
+            raise ValueError(
+                f"beam={self.beam} is wider than the vocabulary ({vocab_size} tokens); use a "
+                "beam between 1 and the vocabulary size."
+            )
+        if self.greedy and self.beam != 1:
+            raise ValueError("greedy search has beam 1.")
+        if self.max_length < 1:
+            raise ValueError(f"max_length={self.max_length} must be >= 1.")
+
+    def penalty(self, length: Array) -> Array:
+        """The length penalty of hypotheses of `length` generated tokens (float32)."""
+        n = jnp.asarray(length, jnp.float32)
+        if self.alpha is not None:
+            return ((5.0 + n) / 6.0) ** self.alpha
+        return n**self.lenpen
+
+
+def limits(src_mask: Array, search: Search) -> Array:
+    """[batch] the most tokens each sentence may generate: a * src_len + b, within
+    [1, max_length]."""
+    src_len = src_mask.sum(-1).astype(jnp.float32)
+    limit = jnp.floor(search.max_len_a * src_len + search.max_len_b).astype(jnp.int32)
+    return jnp.clip(limit, 1, search.max_length)
+
+
+def translate(model: Any, src: Array, src_mask: Array, search: Search) -> dict[str, Array]:
+    """Decodes a batch of sources with `model` (a `Translator`; it is not changed).
+
+    src, src_mask [batch, src_len] -> {"tokens": [batch, max_length] int32 (the best
+    hypothesis, EOS then PAD after it), "scores": [batch] its length-normalised score,
+    "lengths": [batch] tokens generated with EOS}.
+    """
+    search.check(model.vocab_size)
+    graphdef, state = nnx.split(model)
+    return _translate(graphdef, state, src, src_mask, search)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _translate(graphdef, state, src, src_mask, search: Search) -> dict[str, Array]:
+    model = nnx.merge(graphdef, state)  # a copy inside the trace: caches never leak out
+    memory, _ = model.encode(src, src_mask)
+    rows = src.shape[0] * search.beam
+    init_decoding(model.decoder, rows, search.max_length, memory, src_mask)
+    graphdef, caches, rest = nnx.split(model, nnx.Cache, ...)
+    step = functools.partial(_next_logprobs, graphdef, rest)
+    if search.greedy:
+        return _greedy(step, caches, limits(src_mask, search), search)
+    return _beam(step, caches, limits(src_mask, search), search, graphdef, rest)
+
+
+def _next_logprobs(graphdef, rest, caches, tokens: Array, t: Array):
+    """tokens [rows] at position t -> (log-probabilities [rows, vocab_padded], caches)."""
+    model = nnx.merge(graphdef, caches, rest)
+    logits, _ = model.decode(tokens[:, None], None, None, offset=t)
+    logp = jax.nn.log_softmax(logits[:, 0], axis=-1)
+    banned = (jnp.arange(logp.shape[-1]) == PAD) | (jnp.arange(logp.shape[-1]) == BOS)
+    return jnp.where(banned, NEG, logp), nnx.state(model, nnx.Cache)
+
+
+def _force_eos(logp: Array, t: Array, limit: Array) -> Array:
+    """Only EOS where a sentence reaches its limit with this token; logp [batch, ..., V]."""
+    at_limit = (t + 1 >= limit).reshape((-1,) + (1,) * (logp.ndim - 1))
+    not_eos = jnp.arange(logp.shape[-1]) != EOS
+    return jnp.where(at_limit & not_eos, NEG, logp)
+
+
+def _greedy(step, caches, limit: Array, search: Search) -> dict[str, Array]:
+    b, n = limit.shape[0], search.max_length
+    state = {
+        "t": jnp.int32(0),
+        "tokens": jnp.full((b, n + 1), PAD, jnp.int32).at[:, 0].set(BOS),
+        "score": jnp.zeros((b,), jnp.float32),
+        "done": jnp.zeros((b,), bool),
+        "caches": caches,
+    }
+
+    def body(s):
+        logp, caches = step(s["caches"], s["tokens"][:, s["t"]], s["t"])
+        logp = _force_eos(logp, s["t"], limit)
+        token = jnp.where(s["done"], PAD, logp.argmax(-1)).astype(jnp.int32)
+        best = jnp.take_along_axis(logp, token[:, None], -1)[:, 0]
+        score = s["score"] + jnp.where(s["done"], 0.0, best)
+        tokens = s["tokens"].at[:, s["t"] + 1].set(token)
+        done = s["done"] | (token == EOS)
+        return {"t": s["t"] + 1, "tokens": tokens, "score": score, "done": done, "caches": caches}
+
+    cond = lambda s: (s["t"] < n) & ~jnp.all(s["done"])
+    s = jax.lax.while_loop(cond, body, state)
+    return _result(s["tokens"][:, 1:], s["score"], search)
+
+
+def _result(tokens: Array, raw: Array | None, search: Search, scores: Array | None = None):
+    """{"tokens", "scores", "lengths"} from tokens [batch, max_length] (EOS, then PAD)."""
+    lengths = jnp.argmax(tokens == EOS, axis=-1).astype(jnp.int32) + 1
+    if scores is None:
+        scores = raw / search.penalty(lengths)
+    return {"tokens": tokens, "scores": scores, "lengths": lengths}
+
+
+def _beam(step, caches, limit: Array, search: Search, graphdef, rest) -> dict[str, Array]:
+    b, k, n = limit.shape[0], search.beam, search.max_length
+    start = jnp.full((b, k, n + 1), PAD, jnp.int32).at[:, :, 0].set(BOS)
+    state = {
+        "t": jnp.int32(0),
+        "tokens": start,
+        "live": jnp.full((b, k), NEG, jnp.float32).at[:, 0].set(0.0),  # one start hypothesis
+        "fin_tokens": start,
+        "fin": jnp.full((b, k), NEG, jnp.float32),  # normalised scores of finished ones
+        "caches": caches,
+    }
+    advance = functools.partial(_beam_step, step, limit, search, graphdef, rest)
+    cond = lambda s: (s["t"] < n) & ~jnp.all(_finished(s, limit, search))
+    s = jax.lax.while_loop(cond, lambda s: advance(s), state)
+    best = jnp.argmax(s["fin"], axis=-1)
+    tokens = jnp.take_along_axis(s["fin_tokens"], best[:, None, None], 1)[:, 0, 1:]
+    scores = jnp.take_along_axis(s["fin"], best[:, None], 1)[:, 0]
+    return _result(tokens, None, search, scores)
+
+
+def _finished(s: dict, limit: Array, search: Search) -> Array:
+    """[batch] whether a sentence's search is over: `beam` finished hypotheses and (stop
+    "bound") no live one that can still beat the worst of them."""
+    full = s["fin"].min(-1) > NEG / 2
+    if search.stop == "first":
+        return full
+    # Log-probabilities only fall; the penalty is monotone in length: a live hypothesis'
+    # best normalised score is its score over the larger penalty of the lengths still open.
+    bound = jnp.maximum(search.penalty(s["t"] + 1), search.penalty(limit))
+    best_live = s["live"].max(-1) / bound
+    dead = s["live"].max(-1) <= NEG / 2
+    return full & ((s["fin"].min(-1) >= best_live) | dead)
+
+
+def _beam_step(step, limit, search: Search, graphdef, rest, s: dict) -> dict:
+    """One token for every live hypothesis: the top 2*beam continuations, EOS ones to the
+    finished set (kept top `beam` by normalised score), the others the new live beams."""
+    b, k = s["live"].shape
+    t = s["t"]
+    logp, caches = step(s["caches"], s["tokens"][:, :, t].reshape(-1), t)
+    v = logp.shape[-1]
+    logp = _force_eos(logp.reshape(b, k, v), t, limit)
+    cand = (s["live"][:, :, None] + logp).reshape(b, k * v)
+    top, index = jax.lax.top_k(cand, 2 * k)
+    origin, token = index // v, (index % v).astype(jnp.int32)
+    grown = jnp.take_along_axis(s["tokens"], origin[:, :, None], 1).at[:, :, t + 1].set(token)
+    is_eos = (token == EOS) & (top > NEG / 2)
+    # fairseq ("first"): an EOS finishes a hypothesis only from the top `beam` candidates.
+    within = (jnp.arange(2 * k) < k)[None, :] if search.stop == "first" else True
+    finishing = is_eos & within
+    normalised = jnp.where(finishing, top / search.penalty(t + 1), NEG)
+    fin_all = jnp.concatenate([s["fin"], normalised], 1)
+    fin, pick = jax.lax.top_k(fin_all, k)
+    fin_tokens = jnp.take_along_axis(
+        jnp.concatenate([s["fin_tokens"], grown], 1), pick[..., None], 1
+    )
+    live, keep = jax.lax.top_k(jnp.where(is_eos, NEG, top), k)
+    rows = (jnp.arange(b)[:, None] * k + jnp.take_along_axis(origin, keep, 1)).reshape(-1)
+    return {
+        "t": t + 1,
+        "tokens": jnp.take_along_axis(grown, keep[:, :, None], 1),
+        "live": live,
+        "fin_tokens": fin_tokens,
+        "fin": fin,
+        "caches": _reorder(graphdef, rest, caches, rows),
+    }
+
+
+def _reorder(graphdef, rest, caches, rows: Array):
+    """The self-attention caches gathered to the surviving beams' rows [batch * beam]."""
+    model = nnx.merge(graphdef, caches, rest)
+    axis = 1 if model.decoder.cfg.scan_layers else 0
+    layers = [model.decoder.layers] if model.decoder.cfg.scan_layers else model.decoder.layers
+    for layer in layers:
+        for _, sublayer in layer.sublayers():
+            branch = sublayer.branch
+            if isinstance(branch, Attention) and branch.kind == "causal":
+                branch.cache.key[...] = jnp.take(branch.cache.key[...], rows, axis=axis)
+                branch.cache.value[...] = jnp.take(branch.cache.value[...], rows, axis=axis)
+    return nnx.state(model, nnx.Cache)

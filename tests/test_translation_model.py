@@ -1,0 +1,151 @@
+"""The encoder-decoder: incremental decoding = the full decoder, causality, greedy and beam
+search (beam 1 = greedy; exhaustive on a toy model), the search's errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ln_jax import sharding
+from ln_jax.config import ModelConfig
+from ln_jax.models.translation.model import Translator
+from ln_jax.models.translation.options import BOS, EOS, TranslationOptions
+from ln_jax.models.translation.search import Search, translate
+from ln_jax.nn.placements import PLACEMENTS
+from ln_jax.nn.stack import end_decoding, init_decoding
+
+
+@pytest.fixture(autouse=True)
+def _one_device_mesh():
+    with sharding.use_mesh(sharding.single_device_mesh()):
+        yield
+
+
+def make(vocab=13, layers=2, seed=0, scale=1.0, **kw) -> Translator:
+    options = kw.pop("options", {})
+    cfg = ModelConfig(
+        size="custom",
+        vocab_size=vocab,
+        hidden_size=16,
+        num_heads=2,
+        mlp_dim=32,
+        num_layers=layers,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init="xavier",
+        activation="relu",
+        max_position_embeddings=32,
+        embedding_layernorm=False,
+        **kw,
+    )
+    opts = TranslationOptions.from_mapping(
+        {"max_source_length": 8, "max_target_length": 8, **options}, cfg
+    )
+    model = Translator(cfg, opts, rngs=nnx.Rngs(params=seed))
+    if scale != 1.0:  # sharper distributions: searches differ where they should
+        for _, var in nnx.iter_graph(model):
+            if isinstance(var, nnx.Param) and var[...].ndim >= 2:
+                var[...] = var[...] * scale
+    return model
+
+
+def batch(vocab=13, b=2, s=5, t=6, seed=0):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(4, vocab, (b, s)).astype(np.int32)
+    src_mask = np.ones((b, s), np.int32)
+    src_mask[1:, 3:] = 0
+    src[1:, 3:] = 0
+    tgt = rng.integers(4, vocab, (b, t)).astype(np.int32)
+    tgt[:, 0] = BOS
+    return jnp.asarray(src), jnp.asarray(src_mask), jnp.asarray(tgt)
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+@pytest.mark.parametrize("scan", [False, True])
+def test_cached_decoding_gives_the_full_decoders_logits(placement, scan):
+    model = make(placement=placement, scan_layers=scan)
+    src, src_mask, tgt = batch()
+    full = model(src, src_mask, tgt)["logits"]
+    memory, _ = model.encode(src, src_mask)
+    init_decoding(model.decoder, tgt.shape[0], tgt.shape[1], memory, src_mask)
+    steps = [model.decode(tgt[:, t : t + 1], None, None, offset=t)[0] for t in range(tgt.shape[1])]
+    end_decoding(model.decoder)
+    np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_a_target_token_changes_no_logit_before_it():
+    model = make(placement="post")
+    src, src_mask, tgt = batch()
+    a = model(src, src_mask, tgt)["logits"]
+    b = model(src, src_mask, tgt.at[:, 3].set(5))["logits"]
+    np.testing.assert_array_equal(a[:, :3], b[:, :3])
+    assert float(jnp.abs(a[:, 3:] - b[:, 3:]).max()) > 1e-4
+
+
+def _sequence_logprob(model, src, src_mask, seq) -> float:
+    """Summed log-probability of generating seq (ending in EOS) by teacher forcing."""
+    tgt_in = jnp.asarray([[BOS, *seq[:-1]]], jnp.int32)
+    logits = model(src, src_mask, tgt_in)["logits"][0]
+    logp = jax.nn.log_softmax(logits, -1)
+    return float(sum(logp[i, tok] for i, tok in enumerate(seq)))
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 1.0, 2.5])
+def test_beam_search_finds_the_best_sequence_of_a_toy_model(lenpen):
+    """vocab 5 (PAD UNK BOS EOS w): at most 3 tokens, so 7 sequences; a beam of 4 keeps
+    every live one, so the search must return the best under the length penalty."""
+    model = make(vocab=5, layers=1, seed=3, scale=3.0, options={"max_target_length": 4})
+    src, src_mask, _ = batch(vocab=5, b=1)
+    search = Search(beam=4, max_length=3, lenpen=lenpen)
+    out = translate(model, src, src_mask, search)
+    words = (1, 4)  # UNK and w can be generated; PAD and BOS cannot
+    seqs = [(*w, EOS) for n in range(3) for w in itertools.product(words, repeat=n)]
+    scored = {s: _sequence_logprob(model, src, src_mask, s) / len(s) ** lenpen for s in seqs}
+    best = max(scored, key=scored.get)
+    n = int(out["lengths"][0])
+    assert tuple(np.asarray(out["tokens"][0, :n])) == best, (scored, out)
+    np.testing.assert_allclose(float(out["scores"][0]), scored[best], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 1.0])
+def test_beam_one_is_greedy(lenpen):
+    """fairseq's rule (stop="first") with beam 1 is greedy search under any length penalty;
+    the exact search (stop="bound") may find a better-scoring sentence than greedy."""
+    model = make(seed=4, scale=2.0)
+    src, src_mask, _ = batch()
+    greedy = translate(model, src, src_mask, Search(1, 7, lenpen, greedy=True))
+    first = Search(beam=1, max_length=7, lenpen=lenpen, stop="first")
+    beam = translate(model, src, src_mask, first)
+    np.testing.assert_array_equal(beam["tokens"], greedy["tokens"])
+    np.testing.assert_array_equal(beam["lengths"], greedy["lengths"])
+    np.testing.assert_allclose(beam["scores"], greedy["scores"], rtol=1e-5)
+    exact = translate(model, src, src_mask, Search(beam=1, max_length=7, lenpen=lenpen))
+    assert np.all(np.asarray(exact["scores"]) >= np.asarray(greedy["scores"]) - 1e-5)
+
+
+def test_limits_force_eos_and_the_model_is_left_as_it_was():
+    model = make(seed=5, scale=2.0)
+    src, src_mask, tgt = batch()
+    before = model(src, src_mask, tgt)["logits"]
+    search = Search(beam=3, max_length=7, max_len_a=0.0, max_len_b=2)
+    out = translate(model, src, src_mask, search)
+    assert np.all(np.asarray(out["lengths"]) <= 2)
+    for row, n in zip(np.asarray(out["tokens"]), np.asarray(out["lengths"]), strict=True):
+        assert row[n - 1] == EOS and np.all(row[n:] == 0)
+    np.testing.assert_array_equal(model(src, src_mask, tgt)["logits"], before)
+
+
+def test_search_errors_are_one_clear_line():
+    model = make(vocab=5)
+    src, src_mask, _ = batch(vocab=5)
+    with pytest.raises(ValueError, match="wider than the vocabulary"):
+        translate(model, src, src_mask, Search(beam=6))
+    with pytest.raises(ValueError, match="task_options.positions"):
+        make(options={"positions": "rotary"})
+    with pytest.raises(ValueError, match="exceed model.max_position_embeddings"):
+        make(options={"max_source_length": 40})
