@@ -121,6 +121,7 @@ def base_config() -> ml_collections.ConfigDict:
     # training batches put on the devices ahead of the step (None = 2 on GPU/TPU, 0 on CPU)
     c.data.device_prefetch = placeholder(int)
     c.data.prepare_timeout_s = 3600.0  # other processes wait this long for process 0's pair index
+    c.data.max_tokens = 4096  # translation: padded tokens per batch (the papers' tokens per batch)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1  # data-parallel axis (-1 = all remaining devices)

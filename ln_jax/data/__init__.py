@@ -3,6 +3,8 @@
 Entry points:
   make_pipeline(cfg, split=, seed=, mesh=)  -> (iterator of global jax.Array batches, tokenizer)
   make_host_pipeline(cfg, split=, seed=, process_index=, process_count=) -> (numpy, tokenizer)
+  make_translation_pipeline(cfg, split=, seed=, mesh=, max_source_length=, max_target_length=)
+      -> (translation batches, tokenizer)  (parallel text: `ln_jax.data.translation`)
 
 The names below load their module on first use (PEP 562), so that `ln_jax.data.config` (the
 typed `DataConfig`, imported by `ln_jax.config`) stays cheap to import: TFDS, grain and
@@ -28,9 +30,17 @@ _EXPORTS = {
         "make_host_pipeline",
         "make_pipeline",
     ),
+    "joint_tokenizer": ("JointTokenizer", "SymbolTokenizer"),
+    "parallel": ("ParallelDataError", "ParallelSource", "open_parallel"),
     "pretraining": ("PretrainingExamples",),
     "sitedocs": ("LnJaxSitedocs",),
     "sources": ("DatasetNotPreparedError", "open_source"),
+    "translation": (
+        "TranslationBatchIterator",
+        "TranslationEvalBatches",
+        "make_host_translation_pipeline",
+        "make_translation_pipeline",
+    ),
     "tokenizer": (
         "CLS_ID",
         "MASK_ID",

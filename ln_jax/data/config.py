@@ -11,6 +11,9 @@
   `"wikipedia/20230601.en"` or `"wikipedia/20230601.en:1.0.0"`. It must be prepared in
   `data_dir` (or `download=True` lets TFDS try to prepare it).
 * `"textdir:/path/to/folder"`: a folder of `.txt` files, one document per file.
+* Translation (parallel text, `ln_jax.data.parallel`): `"ln_jax_gettext/de-en"`,
+  `"ln_jax_gettext/fr-en"`, `"wmt14_translate/de-en"`, `"wmt_t2t_translate/de-en"`,
+  `"wmt16_translate/de-en"`, `"paralleltext:PREFIX"`, `"synthetic:copy"`, `"synthetic:reverse"`.
 * A weighted mix, as a string of comma-separated entries each ending in `:weight`
   (`"wikipedia/20230601.en:0.9,textdir:/data/books:0.1"`) or as a tuple of
   `(name, weight)` pairs. A trailing `:x.y.z` is a TFDS version, a trailing `:0.9` a weight.
@@ -75,6 +78,8 @@ class DataConfig:
         GPU/TPU, 0 on CPU devices (whose memory is the host's).
       prepare_timeout_s: how long processes other than 0 wait for process 0 to write a pair
         index before they stop with an error.
+      max_tokens: translation only: padded tokens per global batch, max(source, target)
+        length x rows (the papers' "tokens per batch"; `ln_jax.data.translation`).
     """
 
     dataset: DatasetSpec = DEFAULT_DATASET
@@ -101,6 +106,7 @@ class DataConfig:
     worker_count: int = 0
     device_prefetch: int | None = None
     prepare_timeout_s: float = 3600.0
+    max_tokens: int = 4096
 
     def __post_init__(self):
         _check_types(self)
@@ -158,6 +164,7 @@ def _check_ranges(cfg: DataConfig) -> None:
     minimum = {"vocab_size": 6, "max_seq_length": 8, "max_predictions_per_seq": 1}
     minimum |= {"global_batch_size": 1, "tokenizer_max_documents": 1, "seed": 0}
     minimum |= {"worker_count": 0, "prepare_timeout_s": 0}
+    minimum |= {"max_tokens": 1}
     for name, low in minimum.items():
         if getattr(cfg, name) < low:
             raise ValueError(f"DataConfig.{name}={getattr(cfg, name)} must be >= {low}")

@@ -1,0 +1,280 @@
+"""Parallel text (source, target sentence pairs) behind `DataConfig.dataset`, for translation.
+
+Names `data.dataset` may hold for a translation run:
+
+* `ln_jax_gettext/de-en`, `ln_jax_gettext/fr-en` (the offline default): human translations of
+  the gettext catalogues installed on this machine, German/French -> English
+  (`ln_jax.data.gettext`), built locally as a TFDS dataset on first use.
+* `wmt14_translate/de-en`, `wmt_t2t_translate/de-en`, `wmt16_translate/de-en`: TFDS's WMT
+  builders, read German -> English. They must be prepared as array_record first (preparing them
+  imports TensorFlow); a dataset that is not prepared is a one-line error with the command.
+* `paralleltext:PREFIX`: prepared files `PREFIX.{train,valid,test}.{src,tgt}`, one sentence a
+  line, aligned (how IWSLT14 prepared by fairseq's recipe comes in).
+* `synthetic:copy`, `synthetic:reverse`: random symbol sequences (`w0 w5 w17 ...`, 3-12 symbols)
+  whose target is the source or the source reversed; a fixed corpus drawn from `data.seed`,
+  with its own symbol vocabulary (`SymbolTokenizer`), for tests and CI.
+
+Every source gives `pairs(split) -> list of (source, target)` strings for the splits "train",
+"validation" and "test" (TFDS slicing works for TFDS sources) and a `key` naming exactly the
+data (caches and iterator states are keyed by it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from etils import epath
+
+from ln_jax.validate import ConfigError, UserError, closest
+
+GETTEXT_PREFIX = "ln_jax_gettext"
+PARALLELTEXT_PREFIX = "paralleltext:"
+SYNTHETIC_PREFIX = "synthetic:"
+SYNTHETIC_TASKS = ("copy", "reverse")
+WMT_DATASETS = ("wmt14_translate/de-en", "wmt_t2t_translate/de-en", "wmt16_translate/de-en")
+GETTEXT_DATASETS = (f"{GETTEXT_PREFIX}/de-en", f"{GETTEXT_PREFIX}/fr-en")
+KNOWN_DATASETS = (
+    *GETTEXT_DATASETS,
+    *WMT_DATASETS,
+    *(f"{SYNTHETIC_PREFIX}{t}" for t in SYNTHETIC_TASKS),
+    f"{PARALLELTEXT_PREFIX}PREFIX",
+)
+SPLITS = ("train", "validation", "test")
+# paralleltext file infix of each split ("valid" as fairseq's recipes write it).
+_FILE_SPLITS = {"train": "train", "validation": "valid", "valid": "valid", "test": "test"}
+
+# The synthetic corpus: symbols w0..w{n-1} (ids 4..), 3-12 of them a sentence.
+SYNTHETIC_SYMBOLS = 32
+SYNTHETIC_LENGTHS = (3, 12)
+SYNTHETIC_SIZES = {"train": 20_000, "validation": 256, "test": 256}
+
+Pairs = list[tuple[str, str]]
+
+
+class ParallelDataError(UserError):
+    """Parallel-text files that cannot be read as aligned sentence pairs."""
+
+
+@dataclasses.dataclass
+class ParallelSource:
+    """One opened parallel dataset.
+
+    Attributes:
+      name: the name as given in `data.dataset`.
+      key: file-name-safe identity of exactly this data (builder config and version, a hash of
+        files, ...): caches and iterator states are keyed by it.
+      read: split name -> [(source sentence, target sentence), ...] in stored order.
+      cache_dir: where the joint tokenizer and the token ids are cached; None for the synthetic
+        source (no sentencepiece, nothing cached).
+      metadata: what the data was made from (for gettext: the catalogues), for the run's records.
+    """
+
+    name: str
+    key: str
+    read: Callable[[str], Pairs]
+    cache_dir: epath.Path | None
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def pairs(self, split: str) -> Pairs:
+        return self.read(split)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.name.startswith(SYNTHETIC_PREFIX)
+
+
+def is_translation_dataset(name: str) -> bool:
+    """True for the names `open_parallel` knows (translation sources), false for text corpora."""
+    return (
+        name in KNOWN_DATASETS
+        or name.startswith((PARALLELTEXT_PREFIX, SYNTHETIC_PREFIX, GETTEXT_PREFIX))
+        or name.split(":")[0] in WMT_DATASETS
+    )
+
+
+def open_parallel(cfg: Any) -> ParallelSource:
+    """Opens the parallel dataset of a DataConfig (`cfg.dataset`: one name, no mix).
+
+    Raises:
+      ConfigError: a mix, or a name that is no parallel dataset (naming the closest one).
+      DatasetNotPreparedError: a TFDS dataset that is not prepared (with the command).
+      ParallelDataError: paralleltext files missing or not aligned.
+    """
+    if not isinstance(cfg.dataset, str) or "," in cfg.dataset:
+        raise ConfigError(f"data.dataset={cfg.dataset!r}: translation reads one dataset, not a mix")
+    name = cfg.dataset
+    if name.startswith(SYNTHETIC_PREFIX):
+        return synthetic_source(name, cfg.seed, cfg.vocab_size)
+    if name.startswith(PARALLELTEXT_PREFIX):
+        return paralleltext_source(name, cfg.cache_dir)
+    if name.startswith(GETTEXT_PREFIX):
+        from ln_jax.data import gettext
+
+        return gettext.gettext_source(name, cfg.data_dir)
+    if name.split(":")[0] in WMT_DATASETS:
+        return wmt_source(name, cfg.data_dir, cfg.download)
+    hint = closest(name, KNOWN_DATASETS)
+    raise ConfigError(
+        f"data.dataset={name!r} is not a parallel dataset"
+        + (f"; did you mean {hint!r}?" if hint else "")
+        + f" Use one of {', '.join(KNOWN_DATASETS)}."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The synthetic copy / reverse task
+# --------------------------------------------------------------------------------------------
+
+
+def synthetic_symbols(vocab_size: int) -> int:
+    """Symbols of the synthetic vocabulary: SYNTHETIC_SYMBOLS, fewer if `vocab_size` is small."""
+    return max(2, min(SYNTHETIC_SYMBOLS, vocab_size - 4))
+
+
+def synthetic_pairs(task: str, split: str, seed: int, num_symbols: int) -> Pairs:
+    """The fixed synthetic corpus of one split: a pure function of (task, split, seed).
+
+    Sources are 3-12 symbols `w<k>` drawn uniformly; the target is the same sequence (copy) or
+    reversed (reverse).
+    """
+    import numpy as np
+
+    if split not in SYNTHETIC_SIZES:
+        raise ValueError(f"synthetic split {split!r}; use one of {tuple(SYNTHETIC_SIZES)}")
+    tag = int(hashlib.md5(f"{task}/{split}".encode()).hexdigest()[:8], 16)
+    rng = np.random.default_rng([seed, tag])
+    low, high = SYNTHETIC_LENGTHS
+    pairs = []
+    for _ in range(SYNTHETIC_SIZES[split]):
+        symbols = [f"w{k}" for k in rng.integers(0, num_symbols, rng.integers(low, high + 1))]
+        target = symbols if task == "copy" else symbols[::-1]
+        pairs.append((" ".join(symbols), " ".join(target)))
+    return pairs
+
+
+def synthetic_source(name: str, seed: int, vocab_size: int) -> ParallelSource:
+    task = name[len(SYNTHETIC_PREFIX) :]
+    if task not in SYNTHETIC_TASKS:
+        hint = closest(task, SYNTHETIC_TASKS)
+        raise ConfigError(
+            f"data.dataset={name!r}: no synthetic task {task!r}"
+            + (f"; did you mean {SYNTHETIC_PREFIX}{hint}?" if hint else "")
+            + f" Use {' or '.join(SYNTHETIC_PREFIX + t for t in SYNTHETIC_TASKS)}."
+        )
+    n = synthetic_symbols(vocab_size)
+    read = lambda split: synthetic_pairs(task, _canonical_split(split), seed, n)  # noqa: E731
+    return ParallelSource(name, f"synthetic-{task}-s{seed}-v{n}", read, None, {"symbols": n})
+
+
+def _canonical_split(split: str) -> str:
+    return "validation" if split == "valid" else split
+
+
+# --------------------------------------------------------------------------------------------
+# paralleltext:PREFIX
+# --------------------------------------------------------------------------------------------
+
+
+def paralleltext_files(prefix: str, split: str) -> tuple[str, str]:
+    """(source file, target file) of a split: `PREFIX.<train|valid|test>.<src|tgt>`."""
+    if split not in _FILE_SPLITS:
+        raise ValueError(f"paralleltext split {split!r}; use one of {SPLITS}")
+    infix = _FILE_SPLITS[split]
+    return f"{prefix}.{infix}.src", f"{prefix}.{infix}.tgt"
+
+
+def read_paralleltext(prefix: str, split: str) -> Pairs:
+    """The aligned lines of a split's two files (trailing newlines removed).
+
+    Raises:
+      ParallelDataError: a file is missing or the two files' line counts differ.
+    """
+    src_path, tgt_path = paralleltext_files(prefix, split)
+    sides = []
+    for path in (src_path, tgt_path):
+        if not os.path.isfile(path):
+            raise ParallelDataError(
+                f"paralleltext:{prefix}: {path} does not exist; prepare "
+                f"{prefix}.{{train,valid,test}}.{{src,tgt}}, one sentence a line, aligned."
+            )
+        with open(path, encoding="utf-8") as f:
+            sides.append(f.read().splitlines())
+    if len(sides[0]) != len(sides[1]):
+        raise ParallelDataError(
+            f"paralleltext:{prefix}: {src_path} has {len(sides[0])} lines but {tgt_path} has "
+            f"{len(sides[1])}; the files must be aligned line by line."
+        )
+    return list(zip(sides[0], sides[1], strict=True))
+
+
+def paralleltext_source(name: str, cache_dir: str | None) -> ParallelSource:
+    """A `paralleltext:PREFIX` source; its key hashes the six files' paths, sizes and times, and
+    its tokenizer and token ids are cached in `local_cache_root(cache_dir)/paralleltext-<key>`.
+
+    Raises:
+      ParallelDataError: a file is missing (checked here, before anything is trained).
+    """
+    from ln_jax.data import sources
+
+    prefix = os.path.abspath(os.path.expanduser(name[len(PARALLELTEXT_PREFIX) :]))
+    digest = hashlib.md5(prefix.encode())
+    for split in SPLITS:
+        for path in paralleltext_files(prefix, split):
+            if not os.path.isfile(path):
+                read_paralleltext(prefix, split)  # raises the one-line error
+            st = os.stat(path)
+            digest.update(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode())
+    key = f"paralleltext-{digest.hexdigest()[:12]}"
+    folder = epath.Path(os.fspath(sources.local_cache_root(cache_dir) / key))
+    read = lambda split: read_paralleltext(prefix, split)  # noqa: E731
+    return ParallelSource(name, key, read, folder, {"prefix": prefix})
+
+
+# --------------------------------------------------------------------------------------------
+# TFDS WMT builders
+# --------------------------------------------------------------------------------------------
+
+
+def wmt_source(name: str, data_dir: str | None, download: bool) -> ParallelSource:
+    """A prepared TFDS WMT dataset read German -> English (features `de`, `en`).
+
+    Raises:
+      DatasetNotPreparedError: not prepared under the data dir (the message gives the command
+        and says that preparing needs TensorFlow).
+    """
+    from ln_jax.data import sources
+
+    root = sources.default_data_dir(data_dir)
+    try:
+        builder = sources._prepared_tfds_builder(name, root, download)
+    except sources.DatasetNotPreparedError as e:
+        raise sources.DatasetNotPreparedError(
+            f"{e}\nThe WMT builders import TensorFlow to prepare (`pip install tensorflow`) and "
+            "download several GB; ln_jax then reads them without TensorFlow."
+        ) from None
+    sources.check_random_access(name, builder)
+    text = sources.TextSource(name, builder)
+    src_lang, tgt_lang = "de", "en"
+
+    def read(split: str) -> Pairs:
+        records = text.data_source(split)
+        rows = records.__getitems__(list(range(len(records)))) if len(records) else []
+        return [(_text(r[src_lang]), _text(r[tgt_lang])) for r in rows]
+
+    return ParallelSource(name, text.key, read, text.dataset_dir, {"tfds": name})
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def check_split_names(names: Sequence[str]) -> None:
+    """Raises ValueError for a split that no parallel source has (before any data is read)."""
+    for name in names:
+        base = name.split("[")[0]
+        if base not in _FILE_SPLITS:
+            raise ValueError(f"split {name!r}: parallel datasets have {SPLITS}")
