@@ -270,10 +270,10 @@ class GettextConfig(tfds.core.BuilderConfig):
 
 
 def gettext_config(
-    pair: str, roots: Sequence[str] | None = None, min_pairs: int = MIN_PAIRS
+    pair: str, roots: Sequence[str] | None = None, min_pairs: int | None = None
 ) -> GettextConfig:
     """The config of `pair` from the catalogues under `roots` (None = `search_roots()`); its
-    name hashes every catalogue's path and content."""
+    name hashes every catalogue's path and content. `min_pairs` None = `MIN_PAIRS`."""
     if pair not in PAIRS:
         hint = closest(pair, PAIRS)
         raise ConfigError(
@@ -290,7 +290,7 @@ def gettext_config(
         description=f"{pair}: {len(files)} catalogues under {', '.join(roots)}",
         pair=pair,
         catalogues=catalogues,
-        min_pairs=min_pairs,
+        min_pairs=MIN_PAIRS if min_pairs is None else min_pairs,
     )
 
 

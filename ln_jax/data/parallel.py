@@ -162,7 +162,7 @@ def synthetic_source(name: str, seed: int, vocab_size: int) -> ParallelSource:
         hint = closest(task, SYNTHETIC_TASKS)
         raise ConfigError(
             f"data.dataset={name!r}: no synthetic task {task!r}"
-            + (f"; did you mean {SYNTHETIC_PREFIX}{hint}?" if hint else "")
+            + (f"; did you mean {SYNTHETIC_PREFIX + hint!r}?" if hint else "")
             + f" Use {' or '.join(SYNTHETIC_PREFIX + t for t in SYNTHETIC_TASKS)}."
         )
     n = synthetic_symbols(vocab_size)
