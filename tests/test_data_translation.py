@@ -186,7 +186,10 @@ def test_unknown_names_and_unprepared_wmt(tmp_path):
         parallel.open_parallel(DataConfig(dataset="synthetic:cpy"))
     with pytest.raises(ConfigError, match="did you mean 'wmt14_translate/de-en'"):
         parallel.open_parallel(DataConfig(dataset="wmt14_translate/de-em"))
-    from ln_jax.data.sources import DatasetNotPreparedError
+    from ln_jax.data.sources import DatasetNotPreparedError, open_source
+
+    with pytest.raises(ConfigError, match="parallel text for the translation task"):
+        open_source("synthetic:copy")  # not a pretraining corpus
 
     cfg = DataConfig(dataset="wmt14_translate/de-en", data_dir=str(tmp_path))
     with pytest.raises(DatasetNotPreparedError, match="tfds build wmt14_translate/de-en") as e:
@@ -342,6 +345,11 @@ def test_eval_batches_cover_each_pair_once(mesh):
         seen.append(indices)
     assert seen[0] == seen[1] and sorted(seen[0]) == list(range(n))
     assert ev.num_truncated > 0
+    head = ev.head(50)
+    assert head.pairs == ev.pairs[:50]
+    assert sorted(i for b in head for i in np.asarray(b["index"]).tolist() if i >= 0) == list(
+        range(50)
+    )
 
 
 def test_gettext_through_the_entry_point(catalogues, tmp_path, mesh):

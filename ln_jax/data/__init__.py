@@ -30,6 +30,7 @@ _EXPORTS = {
         "make_host_pipeline",
         "make_pipeline",
     ),
+    "gettext": ("LnJaxGettext",),
     "joint_tokenizer": ("JointTokenizer", "SymbolTokenizer"),
     "parallel": ("ParallelDataError", "ParallelSource", "open_parallel"),
     "pretraining": ("PretrainingExamples",),

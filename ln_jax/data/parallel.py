@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from etils import epath
@@ -270,11 +270,3 @@ def wmt_source(name: str, data_dir: str | None, download: bool) -> ParallelSourc
 
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def check_split_names(names: Sequence[str]) -> None:
-    """Raises ValueError for a split that no parallel source has (before any data is read)."""
-    for name in names:
-        base = name.split("[")[0]
-        if base not in _FILE_SPLITS:
-            raise ValueError(f"split {name!r}: parallel datasets have {SPLITS}")

@@ -190,6 +190,7 @@ def open_source(
       DatasetNotPreparedError: a named dataset is not prepared (and could not be prepared).
       DatasetFormatError: it is prepared as TFRecord (the message gives the conversion).
     """
+    _reject_parallel(name)
     root = default_data_dir(data_dir)
     if name == corpus.LnJaxPydocs.name:
         builder, presplit = corpus.prepare(corpus.pydocs_builder(root)), True
@@ -204,6 +205,19 @@ def open_source(
     source = TextSource(name, builder, feature, presplit, cache_dir)
     check_random_access(name, source.builder)
     return source
+
+
+def _reject_parallel(name: str) -> None:
+    """Raises ConfigError for ln_jax's parallel-text names, which are no text corpora."""
+    from ln_jax.data import parallel
+
+    if name.startswith((parallel.GETTEXT_PREFIX, parallel.PARALLELTEXT_PREFIX,
+                        parallel.SYNTHETIC_PREFIX)):  # fmt: skip
+        raise ConfigError(
+            f"data.dataset={name!r} is parallel text for the translation task "
+            "(`ln_jax.data.translation`), not a text corpus; pretraining reads ln_jax_pydocs, "
+            "ln_jax_sitedocs, textdir:FOLDER or a TFDS text dataset."
+        )
 
 
 def _prepared_tfds_builder(name: str, root: str, download: bool) -> tfds.core.DatasetBuilder:

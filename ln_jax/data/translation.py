@@ -86,6 +86,17 @@ class EncodedPairs:
     def target(self, k: int) -> np.ndarray:
         return self.tgt[self.tgt_starts[k] : self.tgt_starts[k + 1]]
 
+    def head(self, n: int) -> EncodedPairs:
+        """The first n pairs."""
+        n = min(n, len(self))
+        src_end, tgt_end = int(self.src_starts[n]), int(self.tgt_starts[n])
+        return EncodedPairs(
+            self.src[:src_end],
+            self.src_starts[: n + 1],
+            self.tgt[:tgt_end],
+            self.tgt_starts[: n + 1],
+        )
+
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
         """(source, target) lengths with EOS: int64 [N] each."""
         return np.diff(self.src_starts) + 1, np.diff(self.tgt_starts) + 1
@@ -378,6 +389,13 @@ class TranslationEvalBatches:
 
     def __len__(self) -> int:
         return len(self._batches)
+
+    def head(self, n: int) -> TranslationEvalBatches:
+        """The same batching of the split's first n pairs (e.g. a fixed subset for BLEU)."""
+        encoded, pairs = self.encoded.head(n), self.pairs[:n]
+        return TranslationEvalBatches(
+            encoded, pairs, self.buckets, self.block, self.num_blocks, self.mesh
+        )
 
     def host_batch(self, n: int) -> Batch:
         """This process's rows of eval batch n (numpy)."""
