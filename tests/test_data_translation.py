@@ -79,8 +79,8 @@ def _all_pairs(source) -> dict[str, list[tuple[str, str]]]:
 
 
 def test_gettext_same_pairs_twice_and_splits_disjoint_by_source(catalogues, tmp_path):
-    first = gettext.gettext_source("ln_jax_gettext/de-en", str(tmp_path / "a"))
-    second = gettext.gettext_source("ln_jax_gettext/de-en", str(tmp_path / "b"))
+    first = parallel.gettext_source("ln_jax_gettext/de-en", str(tmp_path / "a"))
+    second = parallel.gettext_source("ln_jax_gettext/de-en", str(tmp_path / "b"))
     pairs = _all_pairs(first)
     assert pairs == _all_pairs(second) and first.key == second.key
     assert sum(map(len, pairs.values())) == 700  # the fuzzy entry is left out
@@ -134,7 +134,7 @@ def test_gettext_floor_is_a_one_line_error(tmp_path, monkeypatch):
     write_catalogues(tmp_path / "few", 20)
     monkeypatch.setenv(gettext.SEARCH_PATH_ENV, str(tmp_path / "few"))
     with pytest.raises(gettext.CatalogueError) as e:
-        gettext.gettext_source("ln_jax_gettext/de-en", str(tmp_path / "data"))
+        parallel.gettext_source("ln_jax_gettext/de-en", str(tmp_path / "data"))
     message = str(e.value)
     assert "\n" not in message and "40 clean pairs" in message
     assert "apt-get install" in message and "pip install django" in message

@@ -36,6 +36,8 @@ from ln_jax.validate import reject_unknown_keys
 
 DEFAULT_DATASET = "ln_jax_pydocs"
 TOKENIZER_TYPES = ("unigram", "bpe")
+# Name prefixes of the parallel-text (translation) datasets of `ln_jax.data.parallel`.
+TRANSLATION_PREFIXES = ("ln_jax_gettext", "paralleltext:", "synthetic:")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 
 DatasetSpec = str | tuple[tuple[str, float], ...]

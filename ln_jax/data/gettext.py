@@ -397,26 +397,3 @@ def gettext_builder(
 ) -> LnJaxGettext:
     """The (not necessarily prepared) builder of `pair` from this machine's catalogues."""
     return LnJaxGettext(data_dir=data_dir, config=config or gettext_config(pair))
-
-
-def gettext_source(name: str, data_dir: str | None = None):
-    """`ln_jax_gettext/<pair>` as a `parallel.ParallelSource`, prepared on first use.
-
-    Raises:
-      ConfigError: an unknown pair (naming the closest one).
-      CatalogueError: fewer clean pairs than `MIN_PAIRS`.
-    """
-    from ln_jax.data import parallel, sources
-
-    pair = name[len(NAME) + 1 :] if name.startswith(NAME + "/") else ""
-    root = sources.default_data_dir(data_dir)
-    builder = corpus.prepare(gettext_builder(pair, root))
-    text = sources.TextSource(name, builder)
-
-    def read(split: str) -> list[tuple[str, str]]:
-        records = text.data_source(split)
-        rows = records.__getitems__(list(range(len(records)))) if len(records) else []
-        return [(parallel._text(r["source"]), parallel._text(r["target"])) for r in rows]
-
-    metadata = {"catalogues": len(builder.builder_config.catalogues), "config": builder.info.name}
-    return parallel.ParallelSource(name, text.key, read, text.dataset_dir, metadata)

@@ -29,11 +29,11 @@ from typing import Any
 
 from etils import epath
 
+from ln_jax.data import corpus, gettext, sources
+from ln_jax.data.config import TRANSLATION_PREFIXES
 from ln_jax.validate import ConfigError, UserError, closest
 
-GETTEXT_PREFIX = "ln_jax_gettext"
-PARALLELTEXT_PREFIX = "paralleltext:"
-SYNTHETIC_PREFIX = "synthetic:"
+GETTEXT_PREFIX, PARALLELTEXT_PREFIX, SYNTHETIC_PREFIX = TRANSLATION_PREFIXES
 SYNTHETIC_TASKS = ("copy", "reverse")
 WMT_DATASETS = ("wmt14_translate/de-en", "wmt_t2t_translate/de-en", "wmt16_translate/de-en")
 GETTEXT_DATASETS = (f"{GETTEXT_PREFIX}/de-en", f"{GETTEXT_PREFIX}/fr-en")
@@ -112,9 +112,7 @@ def open_parallel(cfg: Any) -> ParallelSource:
     if name.startswith(PARALLELTEXT_PREFIX):
         return paralleltext_source(name, cfg.cache_dir)
     if name.startswith(GETTEXT_PREFIX):
-        from ln_jax.data import gettext
-
-        return gettext.gettext_source(name, cfg.data_dir)
+        return gettext_source(name, cfg.data_dir)
     if name.split(":")[0] in WMT_DATASETS:
         return wmt_source(name, cfg.data_dir, cfg.download)
     hint = closest(name, KNOWN_DATASETS)
@@ -123,6 +121,28 @@ def open_parallel(cfg: Any) -> ParallelSource:
         + (f"; did you mean {hint!r}?" if hint else "")
         + f" Use one of {', '.join(KNOWN_DATASETS)}."
     )
+
+
+def gettext_source(name: str, data_dir: str | None = None):
+    """`ln_jax_gettext/<pair>` as a `parallel.ParallelSource`, prepared on first use.
+
+    Raises:
+      ConfigError: an unknown pair (naming the closest one).
+      CatalogueError: fewer clean pairs than `gettext.MIN_PAIRS`.
+    """
+    prefix = GETTEXT_PREFIX + "/"
+    pair = name[len(prefix) :] if name.startswith(prefix) else ""
+    root = sources.default_data_dir(data_dir)
+    builder = corpus.prepare(gettext.gettext_builder(pair, root))
+    text = sources.TextSource(name, builder)
+
+    def read(split: str) -> list[tuple[str, str]]:
+        records = text.data_source(split)
+        rows = records.__getitems__(list(range(len(records)))) if len(records) else []
+        return [(_text(r["source"]), _text(r["target"])) for r in rows]
+
+    metadata = {"catalogues": len(builder.builder_config.catalogues), "config": builder.info.name}
+    return ParallelSource(name, text.key, read, text.dataset_dir, metadata)
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,8 +238,6 @@ def paralleltext_source(name: str, cache_dir: str | None) -> ParallelSource:
     Raises:
       ParallelDataError: a file is missing (checked here, before anything is trained).
     """
-    from ln_jax.data import sources
-
     prefix = os.path.abspath(os.path.expanduser(name[len(PARALLELTEXT_PREFIX) :]))
     digest = hashlib.md5(prefix.encode())
     for split in SPLITS:
@@ -246,8 +264,6 @@ def wmt_source(name: str, data_dir: str | None, download: bool) -> ParallelSourc
       DatasetNotPreparedError: not prepared under the data dir (the message gives the command
         and says that preparing needs TensorFlow).
     """
-    from ln_jax.data import sources
-
     root = sources.default_data_dir(data_dir)
     try:
         builder = sources._prepared_tfds_builder(name, root, download)

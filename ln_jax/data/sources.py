@@ -29,6 +29,7 @@ from etils import epath
 
 from ln_jax import paths
 from ln_jax.data import corpus, sitedocs
+from ln_jax.data.config import TRANSLATION_PREFIXES
 from ln_jax.validate import ConfigError, UserError
 
 TEXTDIR_PREFIX = "textdir:"
@@ -209,10 +210,7 @@ def open_source(
 
 def _reject_parallel(name: str) -> None:
     """Raises ConfigError for ln_jax's parallel-text names, which are no text corpora."""
-    from ln_jax.data import parallel
-
-    if name.startswith((parallel.GETTEXT_PREFIX, parallel.PARALLELTEXT_PREFIX,
-                        parallel.SYNTHETIC_PREFIX)):  # fmt: skip
+    if name.startswith(TRANSLATION_PREFIXES):
         raise ConfigError(
             f"data.dataset={name!r} is parallel text for the translation task "
             "(`ln_jax.data.translation`), not a text corpus; pretraining reads ln_jax_pydocs, "

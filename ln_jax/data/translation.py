@@ -48,8 +48,8 @@ import numpy as np
 
 from ln_jax import paths
 from ln_jax import sharding as sharding_lib
+from ln_jax.data import host_iterator, loader, parallel, sources
 from ln_jax.data import joint_tokenizer as tok_lib
-from ln_jax.data import parallel
 from ln_jax.data.config import DataConfig
 from ln_jax.validate import ConfigError
 
@@ -119,9 +119,8 @@ def _ids_folder(source: parallel.ParallelSource, split: str, tokenizer: Any, cac
     tag = hashlib.md5(f"{source.key}|{split}|{tokenizer.fingerprint}".encode()).hexdigest()[:12]
     folder = source.cache_dir
     if paths.is_url(folder):  # memory-mapped: a local folder of this host
-        from ln_jax.data.sources import local_cache_root
-
-        folder = local_cache_root(cache_dir) / hashlib.md5(str(folder).encode()).hexdigest()[:12]
+        digest = hashlib.md5(str(folder).encode()).hexdigest()[:12]
+        folder = sources.local_cache_root(cache_dir) / digest
     return pathlib.Path(os.fspath(folder)) / f"pair-ids-{tag}"
 
 
@@ -318,9 +317,7 @@ class HostTranslationBatches:
     def __call__(self, i: int) -> Batch:
         bucket, rows = self.plan.batch(i)
         b, s, t = self.plan.buckets.shape(bucket)
-        from ln_jax.data.loader import host_rows
-
-        mine = rows[host_rows(b, self.block, self.num_blocks)]
+        mine = rows[loader.host_rows(b, self.block, self.num_blocks)]
         return build_rows(self.encoded, mine, int(rows[0]), s, t)
 
 
@@ -333,13 +330,11 @@ class TranslationBatchIterator(Iterator[Batch]):
         self._ahead: collections.deque[tuple[dict[str, Any], Batch]] = collections.deque()
 
     def __next__(self) -> Batch:
-        from ln_jax.data.loader import to_global
-
         while len(self._ahead) <= self.prefetch:
             state = self.host.get_state()
             local = next(self.host)
             rows = len(local["src"]) * self.num_blocks
-            self._ahead.append((state, to_global(local, self.mesh, rows)))
+            self._ahead.append((state, loader.to_global(local, self.mesh, rows)))
         return self._ahead.popleft()[1]
 
     def get_state(self) -> dict[str, Any]:
@@ -399,24 +394,20 @@ class TranslationEvalBatches:
 
     def host_batch(self, n: int) -> Batch:
         """This process's rows of eval batch n (numpy)."""
-        from ln_jax.data.loader import host_rows
-
         bucket, rows = self._batches[n]
         b, s, t = self.buckets.shape(bucket)
-        mine = rows[host_rows(b, self.block, self.num_blocks)]
+        mine = rows[loader.host_rows(b, self.block, self.num_blocks)]
         batch = build_rows(self.encoded, mine, int(rows[0]), s, t)
         batch["index"] = mine.astype(np.int32)
         return batch
 
     def __iter__(self) -> Iterator[Batch]:
-        from ln_jax.data.loader import to_global
-
         for n in range(len(self._batches)):
             local = self.host_batch(n)
             if self.mesh is None:
                 yield local
             else:
-                yield to_global(local, self.mesh, len(local["src"]) * self.num_blocks)
+                yield loader.to_global(local, self.mesh, len(local["src"]) * self.num_blocks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,8 +462,6 @@ def _identity(cfg: DataConfig, data: SplitData, buckets: Buckets, seed: int) -> 
 def _host_pipeline(cfg, split, seed, data: SplitData, buckets, block, num_blocks, mesh=None):
     if split == "eval":
         return TranslationEvalBatches(data.encoded, data.pairs, buckets, block, num_blocks, mesh)
-    from ln_jax.data.host_iterator import HostBatchIterator
-
     plan = TrainPlan(data.encoded, buckets, seed)
     if plan.dropped:
         log.info(
@@ -481,7 +470,8 @@ def _host_pipeline(cfg, split, seed, data: SplitData, buckets, block, num_blocks
             len(data.encoded), buckets.max_source_length, buckets.max_target_length,
         )  # fmt: skip
     batches = HostTranslationBatches(data.encoded, plan, block, num_blocks)
-    return HostBatchIterator(batches, _identity(cfg, data, buckets, seed), threads=1, workers=0)
+    identity = _identity(cfg, data, buckets, seed)
+    return host_iterator.HostBatchIterator(batches, identity, threads=1, workers=0)
 
 
 def make_host_translation_pipeline(
@@ -538,8 +528,6 @@ def make_translation_pipeline(
       `.references` are the raw strings in split order; batch `index` maps rows to them).
       The tokenizer has encode(str) -> list[int], decode(ids) -> str, vocab_size.
     """
-    from ln_jax.data import loader
-
     multiple = sharding_lib.batch_divisor(mesh)
     buckets = Buckets.make(data_cfg.max_tokens, max_source_length, max_target_length, multiple)
     block, num_blocks = loader.mesh_rows(mesh, multiple)
