@@ -12,6 +12,23 @@ from ml_collections.config_dict import placeholder
 
 VARIANTS = ("base", "mini", "tiny")
 
+# Where base_config() departs from the typed configs' defaults (ln_jax/config.py and its
+# sections), which are the one source of every other value: the BERT-base pretraining recipe
+# (Devlin et al. phase 1 at batch 256, 10k warm-up) and its cadences. A test compares them.
+RECIPE = {
+    "name": "bert",
+    "total_steps": 1_000_000,
+    "eval_every": 10_000,
+    "checkpoint_every": 10_000,
+    "log_every": 100,
+    "eval_batches": 50,
+    "grad_accum_steps": 0,  # auto: the fewest micro-batches that fit (the dataclass: 1)
+    "model.size": "base",
+    "model.vocab_multiple": 128,  # GPU/TPU tiles (the library's modules: unpadded, 1)
+    "data.global_batch_size": 256,
+    "optim.warmup_steps": 10_000,
+}
+
 
 def base_config() -> ml_collections.ConfigDict:
     """BERT-base pretraining (Devlin et al. phase 1) with every field the trainer reads."""

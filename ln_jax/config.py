@@ -493,7 +493,10 @@ class TrainConfig:
         object.__setattr__(self, "task_options", TaskOptions(self.task_options or {}))
         if self.steps_per_epoch < 0:
             raise ValueError(f"steps_per_epoch={self.steps_per_epoch}: use 0 (none) or more.")
-        task_factory(self.task)  # an unknown or unimportable task is an error here
+        task_class = task_factory(self.task)  # an unknown or unimportable task: an error here
+        check = getattr(task_class, "check_config", None)
+        if check is not None:  # the task's own fields (task_options) are checked here too
+            check(self)
         check_choice("dropout_rng", self.dropout_rng, (*RNG_IMPLS, AUTO))
         if self.dropout_rng == AUTO:
             object.__setattr__(self, "dropout_rng", auto_dropout_rng(platform()))

@@ -26,9 +26,20 @@ Optional methods (a task without them trains as before; see `OPTIONAL`):
     def run_result(self, evals: Sequence[dict]) -> dict[str, float]:
         # The run's result from all its eval records, written once (split "result") after the
         # last step, e.g. the best and the last evaluation's scores.
+    def tokens_per_step(self) -> int:
+        # Tokens a step trains on, for the progress line's rate (default: data.global_batch_size
+        # x data.max_seq_length); translation: its token budget.
+    @staticmethod
+    def check_config(cfg) -> None:
+        # Raises ValueError for settings the task cannot run (its task_options), when the
+        # TrainConfig is built: a command line's error before anything is set up.
+    def sublayers(self, model) -> list[tuple[str, Any]]:
+        # Every residual sub-layer in order, ("[stack/]layer_NN/<name>", ResidualSublayer), for
+        # monitoring, Admin profiling and analyses (`ln_jax.nn.stack.stack_sublayers`).
 
 Fine-tuning (`ln_jax.models.bert.finetune.task.GlueClassification`, "glue_classification")
-has both; BERT pretraining and the toy of tests/toy_task.py have neither.
+has the first two; translation (`ln_jax.models.translation.task.Translation`) the last three,
+BERT pretraining `sublayers`; the toy of tests/toy_task.py none.
 """
 
 from __future__ import annotations
@@ -47,9 +58,10 @@ Batch = dict[str, Array]
 TASKS: dict[str, str] = {
     "bert_pretraining": "ln_jax.models.bert.pretraining:BertPretraining",
     "glue_classification": "ln_jax.models.bert.finetune.task:GlueClassification",
+    "translation": "ln_jax.models.translation.task:Translation",
 }
 # Methods the trainer calls when a task has them (see the module docstring).
-OPTIONAL = ("initialize", "run_result")
+OPTIONAL = ("initialize", "run_result", "tokens_per_step", "check_config", "sublayers")
 
 
 @runtime_checkable

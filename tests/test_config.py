@@ -56,6 +56,34 @@ def test_every_typed_field_is_declared_with_a_comment_in_common():
     assert set(declared) == {f.name for f in dataclasses.fields(config_lib.TrainConfig)}
 
 
+def _default(field: dataclasses.Field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory()
+
+
+def test_one_source_of_defaults_common_departs_only_where_the_recipe_says():
+    """configs/common.py = the typed configs' defaults, except its declared RECIPE."""
+    declared = common.base_config().to_dict()
+    sections = {**SECTIONS, "monitor": config_lib.MonitorConfig}
+    departures = {}
+    for f in dataclasses.fields(config_lib.TrainConfig):
+        if f.name in sections:
+            pairs = [
+                (f"{f.name}.{g.name}", declared[f.name][g.name], _default(g))
+                for g in dataclasses.fields(sections[f.name])
+            ]
+        else:
+            pairs = [(f.name, declared[f.name], _default(f))]
+        for dotted, value, default in pairs:
+            if value is None or isinstance(value, dict):  # "from size" placeholders; options
+                continue
+            value = tuple(value) if isinstance(value, list) else value
+            if value != default:
+                departures[dotted] = value
+    assert departures == common.RECIPE
+
+
 def test_the_section_classes_are_the_real_types():
     hints = {f.name: f.type for f in dataclasses.fields(config_lib.TrainConfig)}
     assert hints["optim"] in ("OptimConfig", config_lib.OptimConfig)

@@ -69,7 +69,7 @@ def test_matches_numpy_reference(placement, extra):
 def test_rmsnorm_matches_numpy():
     cfg = ln_jax.ModelConfig(**ODD, norm="rmsnorm")
     with nnx.use_eager_sharding(False):
-        layer = RMSNorm(12, cfg)
+        layer = RMSNorm(12, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype)
     layer.scale[...] = jax.random.normal(jax.random.key(0), (12,))
     x = np.random.default_rng(0).normal(2.0, 3.0, (4, 12)).astype(np.float32)
     expected = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)

@@ -14,6 +14,7 @@ from flax import nnx
 
 from ln_jax import sharding
 from ln_jax.nn.blocks import ResidualSublayer
+from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, FeedForward
 from ln_jax.nn.placements import PLACEMENTS
 
@@ -28,7 +29,8 @@ class ToyNet(nnx.Module):
         self.sublayers = nnx.List(
             [ResidualSublayer(FeedForward(cfg, rngs=rngs), cfg, rule) for _ in range(2)]
         )
-        self.head = Dense((cfg.hidden_size,), (1,), ("embed", None), cfg, rngs=rngs)
+        kw = dict(init=init_scheme(cfg), dtype=cfg.compute_dtype, rngs=rngs)
+        self.head = Dense((cfg.hidden_size,), (1,), ("embed", None), **kw)
 
     def __call__(self, x: jax.Array, record: bool = False) -> tuple[jax.Array, list]:
         records = []

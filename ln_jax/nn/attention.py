@@ -21,9 +21,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ln_jax.config import ModelConfig
 from ln_jax.nn import flash
+from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, LayerNorm, RMSNorm, dropout
+from ln_jax.nn.spec import StackConfig
 from ln_jax.sharding import constrain
 
 Array = jax.Array
@@ -62,11 +63,12 @@ def allowed(lengths: Array | None, q_len: int, k_len: int, causal: bool, offset=
     return ok
 
 
-def head_norm(cfg: ModelConfig) -> LayerNorm | RMSNorm | None:
+def head_norm(cfg: StackConfig) -> LayerNorm | RMSNorm | None:
     """QK-norm's normaliser over head_dim (`cfg.norm`, parameters [kv]), or None if off."""
     if not cfg.qk_norm:
         return None
-    return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(cfg.head_dim, cfg, name="kv")
+    norm = RMSNorm if cfg.norm == "rmsnorm" else LayerNorm
+    return norm(cfg.head_dim, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype, name="kv")
 
 
 def masked_attention(
@@ -90,15 +92,16 @@ class Attention(nnx.Module):
     and keys are normalised over head_dim (`query_norm`, `key_norm`) before the dot product.
     """
 
-    def __init__(self, cfg: ModelConfig, *, kind: str = "self", rngs: nnx.Rngs):
+    def __init__(self, cfg: StackConfig, *, kind: str = "self", rngs: nnx.Rngs):
         if kind not in KINDS:
             raise ValueError(f"attention kind {kind!r}: give one of {', '.join(KINDS)}.")
         d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
         qkv_names = ("embed", "heads", "kv")
-        self.query = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
-        self.key = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
-        self.value = Dense((d,), (n, h), qkv_names, cfg, rngs=rngs)
-        self.out = Dense((n, h), (d,), ("heads", "kv", "embed"), cfg, rngs=rngs)
+        kw = dict(init=init_scheme(cfg), dtype=cfg.compute_dtype, rngs=rngs)
+        self.query = Dense((d,), (n, h), qkv_names, **kw)
+        self.key = Dense((d,), (n, h), qkv_names, **kw)
+        self.value = Dense((d,), (n, h), qkv_names, **kw)
+        self.out = Dense((n, h), (d,), ("heads", "kv", "embed"), **kw)
         self.query_norm, self.key_norm = head_norm(cfg), head_norm(cfg)
         self.dropout_rate = cfg.attention_dropout
         self.impl = cfg.attention_impl
@@ -120,7 +123,7 @@ class Attention(nnx.Module):
         mask [batch, length] (1 = token, right-padded) masks x's padded keys ("self",
         "causal"); memory [batch, src, embed] with memory_mask [batch, src] are the keys' and
         values' source of "cross". Attention dropout (keyed by `dropout_key`) runs on the XLA
-        and Pallas paths; the config keeps it off cuDNN's (`ModelConfig.cudnn_problem`).
+        and Pallas paths; the config keeps it off cuDNN's (`StackConfig.cudnn_problem`).
         While a cache is set (decoding; see the module docstring) there is no dropout.
         """
         if self.cache is not None:

@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ln_jax.config import ModelConfig
 from ln_jax.nn.attention import Attention
 from ln_jax.nn.init import admin_closed_form, deepnorm_constants
 from ln_jax.nn.layers import DyT, FeedForward, LayerNorm, RMSNorm, dropout, split_key
 from ln_jax.nn.placements import PlacementRule
+from ln_jax.nn.spec import StackConfig
 from ln_jax.sharding import constrain
 
 Array = jax.Array
@@ -34,14 +34,14 @@ ACT = ("act_batch", "act_length", "act_embed")
 Norm = LayerNorm | RMSNorm | DyT
 
 
-def make_norm(cfg: ModelConfig, out_dtype: Any = None, kind: str = "model") -> Norm:
-    """The encoder's normaliser, output in `out_dtype` (None = compute dtype): `cfg.norm`, or
+def make_norm(cfg: StackConfig, out_dtype: Any = None, kind: str = "model") -> Norm:
+    """The stack's normaliser, output in `out_dtype` (None = compute dtype): `cfg.norm`, or
     DyT where the rule's `norm_kind` says "dyt"."""
+    dtype = out_dtype or cfg.compute_dtype
     if kind == "dyt":
-        return DyT(cfg.hidden_size, cfg, out_dtype=out_dtype)
-    return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(
-        cfg.hidden_size, cfg, out_dtype=out_dtype
-    )
+        return DyT(cfg.hidden_size, dtype=dtype)
+    norm = RMSNorm if cfg.norm == "rmsnorm" else LayerNorm
+    return norm(cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=dtype)
 
 
 # DeepNet scales these branch projections by beta at initialisation (not query and key).
@@ -80,7 +80,7 @@ class StackDepth:
         return cls(3 * decoder_layers, alpha, beta)
 
 
-def _admin_omega(cfg: ModelConfig, depth: StackDepth) -> nnx.Param:
+def _admin_omega(cfg: StackConfig, depth: StackDepth) -> nnx.Param:
     """Admin's omega [embed]: 1 until profiled, or the closed form."""
     value = admin_closed_form(depth.sublayers) if cfg.admin_omega == "closed_form" else 1.0
     return nnx.Param(jnp.full((cfg.hidden_size,), value), out_sharding=("embed",))
@@ -103,7 +103,7 @@ class ResidualSublayer(nnx.Module):
     def __init__(
         self,
         branch: nnx.Module,
-        cfg: ModelConfig,
+        cfg: StackConfig,
         rule: PlacementRule,
         depth: StackDepth | None = None,
     ):
@@ -139,7 +139,7 @@ class ResidualSublayer(nnx.Module):
         `depth` is the 1-based index of the layer (a traced int under scan_layers); only a rule
         with a `pre_norm_scale` reads it.
 
-        y is in the residual dtype (`ModelConfig.residual_dtype`): with a float32 residual the
+        y is in the residual dtype (`StackConfig.residual_dtype`): with a float32 residual the
         branch computes in the compute dtype and its output is added to the float32 sum.
 
         The intermediates (only when `record`) are, each [batch, length, embed]: `branch_out`
@@ -232,7 +232,7 @@ class EncoderLayer(Layer):
 
     def __init__(
         self,
-        cfg: ModelConfig,
+        cfg: StackConfig,
         rule: PlacementRule,
         *,
         rngs: nnx.Rngs,
@@ -250,7 +250,7 @@ class DecoderLayer(Layer):
 
     def __init__(
         self,
-        cfg: ModelConfig,
+        cfg: StackConfig,
         rule: PlacementRule,
         *,
         rngs: nnx.Rngs,

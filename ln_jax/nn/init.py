@@ -7,18 +7,19 @@ contracted with the input and whose trailing `n_out` axes are produced.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from jax.nn import initializers
 
-from ln_jax.config import ModelConfig
+from ln_jax.nn.spec import StackConfig
 
 # The width at which BERT's init_std = 0.02 was chosen (BERT-base); "bert_scaled" keeps the std
 # relative to 1/sqrt(d) that BERT-base has: 0.02 * sqrt(768 / d).
 BERT_WIDTH = 768
 
 
-def bert_std(cfg: ModelConfig) -> float | None:
+def bert_std(cfg: StackConfig) -> float | None:
     """The truncated normal's std of "bert" / "bert_scaled" (None for other initialisers)."""
     if cfg.init == "bert":
         return cfg.init_std
@@ -27,25 +28,34 @@ def bert_std(cfg: ModelConfig) -> float | None:
     return None
 
 
-def dense_init(cfg: ModelConfig, n_in: int = 1, n_out: int = 1) -> initializers.Initializer:
-    """Kernel initialiser of a dense layer with `n_in` input and `n_out` output axes."""
-    std = bert_std(cfg)
-    if std is not None:
-        # As BERT's TF code: a normal truncated at two standard deviations.
-        return initializers.truncated_normal(std)
-    in_axis = tuple(range(n_in))
-    out_axis = tuple(range(n_in, n_in + n_out))
-    # Xavier: Var = 2 / (fan_in + fan_out), i.e. 1/d for the d x d matrices of the theory.
-    return initializers.xavier_uniform(in_axis=in_axis, out_axis=out_axis)
+@dataclasses.dataclass(frozen=True)
+class InitScheme:
+    """What a layer's initialisers read of the config: BERT's truncated normal of std `std`,
+    or (std None) Xavier kernels and N(0, 1/width) embeddings."""
+
+    std: float | None
+    width: int
+
+    def dense(self, n_in: int = 1, n_out: int = 1) -> initializers.Initializer:
+        """Kernel initialiser of a dense layer with `n_in` input and `n_out` output axes."""
+        if self.std is not None:
+            # As BERT's TF code: a normal truncated at two standard deviations.
+            return initializers.truncated_normal(self.std)
+        in_axis = tuple(range(n_in))
+        out_axis = tuple(range(n_in, n_in + n_out))
+        # Xavier: Var = 2 / (fan_in + fan_out), i.e. 1/d for the d x d matrices of the theory.
+        return initializers.xavier_uniform(in_axis=in_axis, out_axis=out_axis)
+
+    def embed(self) -> initializers.Initializer:
+        """Embedding-table initialiser: the truncated normal, or N(0, 1/width) for Xavier."""
+        if self.std is not None:
+            return initializers.truncated_normal(self.std)
+        return initializers.normal(self.width**-0.5)
 
 
-def embed_init(cfg: ModelConfig) -> initializers.Initializer:
-    """Embedding-table initialiser: BERT's truncated normal (fixed or width-scaled std), or
-    N(0, 1/d) for "xavier"."""
-    std = bert_std(cfg)
-    if std is not None:
-        return initializers.truncated_normal(std)
-    return initializers.normal(cfg.hidden_size**-0.5)
+def init_scheme(cfg: StackConfig) -> InitScheme:
+    """The initialisers of `cfg` (`init`, `init_std`, `hidden_size`)."""
+    return InitScheme(bert_std(cfg), cfg.hidden_size)
 
 
 def admin_closed_form(num_sublayers: int) -> float:

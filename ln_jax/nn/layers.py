@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ln_jax.config import ModelConfig
-from ln_jax.nn.init import dense_init
+from ln_jax.nn.init import InitScheme, init_scheme
+from ln_jax.nn.spec import StackConfig
 from ln_jax.sharding import constrain
 
 Array = jax.Array
@@ -74,6 +75,7 @@ class Dense(nnx.Module):
       in_shape / out_shape: the contracted and produced kernel dimensions.
       names: logical axis names of the kernel (len(in_shape) + len(out_shape) of them); the
         bias takes the names of the output dimensions.
+      init: the kernel's initialisers (`ln_jax.nn.init.InitScheme`); dtype: the compute dtype.
     """
 
     def __init__(
@@ -81,13 +83,14 @@ class Dense(nnx.Module):
         in_shape: Sequence[int],
         out_shape: Sequence[int],
         names: Sequence[str | None],
-        cfg: ModelConfig,
         *,
+        init: InitScheme,
+        dtype: Any,
         rngs: nnx.Rngs,
         use_bias: bool = True,
     ):
         in_shape, out_shape = tuple(in_shape), tuple(out_shape)
-        init = dense_init(cfg, len(in_shape), len(out_shape))
+        init = init.dense(len(in_shape), len(out_shape))
         self.kernel = nnx.Param(init(rngs.params(), in_shape + out_shape), out_sharding=names)
         self.bias = (
             nnx.Param(jnp.zeros(out_shape), out_sharding=tuple(names[len(in_shape) :]))
@@ -95,7 +98,7 @@ class Dense(nnx.Module):
             else None
         )
         self.n_in = len(in_shape)
-        self.dtype = cfg.compute_dtype
+        self.dtype = dtype
 
     def __call__(self, x: Array) -> Array:
         kernel = self.kernel[...].astype(self.dtype)
@@ -190,11 +193,11 @@ class LayerNorm(nnx.Module):
     """LayerNorm over the last axis, statistics in float32, output in `out_dtype` (default:
     the compute dtype; the residual dtype where the output is the residual stream)."""
 
-    def __init__(self, dim: int, cfg: ModelConfig, *, name: str = "embed", out_dtype=None):
+    def __init__(self, dim: int, *, eps: float, dtype: Any, name: str = "embed"):
         self.scale = nnx.Param(jnp.ones((dim,)), out_sharding=(name,))
         self.bias = nnx.Param(jnp.zeros((dim,)), out_sharding=(name,))
-        self.eps = cfg.layer_norm_eps
-        self.dtype = out_dtype or cfg.compute_dtype
+        self.eps = eps
+        self.dtype = dtype
 
     def __call__(self, x: Array) -> Array:
         """x [..., dim] -> [..., dim] in the output dtype."""
@@ -206,10 +209,10 @@ class RMSNorm(nnx.Module):
     """RMSNorm over the last axis (scale only, no bias), statistics in float32; output dtype
     as LayerNorm's."""
 
-    def __init__(self, dim: int, cfg: ModelConfig, *, name: str = "embed", out_dtype=None):
+    def __init__(self, dim: int, *, eps: float, dtype: Any, name: str = "embed"):
         self.scale = nnx.Param(jnp.ones((dim,)), out_sharding=(name,))
-        self.eps = cfg.layer_norm_eps
-        self.dtype = out_dtype or cfg.compute_dtype
+        self.eps = eps
+        self.dtype = dtype
 
     def __call__(self, x: Array) -> Array:
         """x [..., dim] -> [..., dim] in the output dtype."""
@@ -222,13 +225,11 @@ class DyT(nnx.Module):
     alpha a learned scalar (init `alpha0`), gamma/beta per channel (init 1/0); output dtype as
     LayerNorm's."""
 
-    def __init__(
-        self, dim: int, cfg: ModelConfig, *, name: str = "embed", out_dtype=None, alpha0=0.5
-    ):
+    def __init__(self, dim: int, *, dtype: Any, name: str = "embed", alpha0: float = 0.5):
         self.alpha = nnx.Param(jnp.full((1,), alpha0), out_sharding=(None,))
         self.scale = nnx.Param(jnp.ones((dim,)), out_sharding=(name,))
         self.bias = nnx.Param(jnp.zeros((dim,)), out_sharding=(name,))
-        self.dtype = out_dtype or cfg.compute_dtype
+        self.dtype = dtype
 
     def __call__(self, x: Array) -> Array:
         """x [..., dim] -> [..., dim] in the output dtype (tanh in float32)."""
@@ -239,9 +240,10 @@ class DyT(nnx.Module):
 class FeedForward(nnx.Module):
     """act(x W1 + b1) W2 + b2; W1 [embed, mlp], W2 [mlp, embed]."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.wi = Dense((cfg.hidden_size,), (cfg.mlp_dim,), ("embed", "mlp"), cfg, rngs=rngs)
-        self.wo = Dense((cfg.mlp_dim,), (cfg.hidden_size,), ("mlp", "embed"), cfg, rngs=rngs)
+    def __init__(self, cfg: StackConfig, *, rngs: nnx.Rngs):
+        kw = dict(init=init_scheme(cfg), dtype=cfg.compute_dtype, rngs=rngs)
+        self.wi = Dense((cfg.hidden_size,), (cfg.mlp_dim,), ("embed", "mlp"), **kw)
+        self.wo = Dense((cfg.mlp_dim,), (cfg.hidden_size,), ("mlp", "embed"), **kw)
         self.activation = cfg.activation
 
     reads = ()  # the inputs a branch takes besides x (`ln_jax.nn.blocks.ResidualSublayer`)

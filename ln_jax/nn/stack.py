@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ln_jax.config import ModelConfig
 from ln_jax.nn.attention import Attention
 from ln_jax.nn.blocks import DecoderLayer, EncoderLayer, Layer, Record, StackDepth, make_norm
 from ln_jax.nn.layers import split_key
+from ln_jax.nn.spec import StackConfig
 
 Array = jax.Array
 
@@ -31,7 +31,7 @@ _REMAT_POLICIES = {
 }
 
 
-def _layer_fn(cfg: ModelConfig, inputs: dict, record: bool, decoding: bool) -> Any:
+def _layer_fn(cfg: StackConfig, inputs: dict, record: bool, decoding: bool) -> Any:
     """(layer, x, key, depth) -> (y, rec), rematerialised in the backward pass if configured
     (not while decoding); depth is the layer's 1-based index."""
 
@@ -55,7 +55,7 @@ class Stack(nnx.Module):
 
     def __init__(
         self,
-        cfg: ModelConfig,
+        cfg: StackConfig,
         *,
         rngs: nnx.Rngs,
         layer: type[Layer] = EncoderLayer,
@@ -111,7 +111,7 @@ class Stack(nnx.Module):
 class Encoder(Stack):
     """The encoder: `cfg.num_layers` [self-attention, feed-forward] layers."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, depth: StackDepth | None = None):
+    def __init__(self, cfg: StackConfig, *, rngs: nnx.Rngs, depth: StackDepth | None = None):
         super().__init__(cfg, rngs=rngs, layer=EncoderLayer, depth=depth)
 
 
@@ -119,7 +119,7 @@ class Decoder(Stack):
     """The decoder: `cfg.num_layers` [causal self-attention, cross-attention, feed-forward]
     layers; called with `memory` and `memory_mask` (or, decoding, after `init_decoding`)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, depth: StackDepth | None = None):
+    def __init__(self, cfg: StackConfig, *, rngs: nnx.Rngs, depth: StackDepth | None = None):
         depth = depth or StackDepth.of("decoder", 0, cfg.num_layers)
         super().__init__(cfg, rngs=rngs, layer=DecoderLayer, depth=depth)
 
@@ -154,7 +154,7 @@ class DynamicCombination(nnx.Module):
     initialised to averages, W[l, k] = 1/(l+1). The last layer's output goes to the final norm.
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: StackConfig):
         n = cfg.num_layers
         rows = jnp.tril(jnp.ones((n, n)))
         self.weights = nnx.Param(
@@ -200,7 +200,7 @@ def _scan_layers(
 
 
 def _stacked_layers(
-    cfg: ModelConfig, layer: type[Layer], depth: StackDepth | None, rngs: nnx.Rngs
+    cfg: StackConfig, layer: type[Layer], depth: StackDepth | None, rngs: nnx.Rngs
 ) -> Layer:
     """`num_layers` layers whose parameters are stacked on a leading "layers" axis."""
 
@@ -231,7 +231,7 @@ def layer_state(stack: Stack, index: int) -> nnx.State:
 @runtime_checkable
 class Stacked(Protocol):
     """A model whose placement set-up (Admin's profiling) and analyses see its stacks: BERT's
-    models, the translation model. `cfg` is the ModelConfig the placement is read from."""
+    models, the translation model. `cfg` is the StackConfig the placement is read from."""
 
     cfg: Any
 

@@ -249,7 +249,7 @@ def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption) -> dict
         if is_main:  # the run starts (or goes on) here: from now on the workdir is this run's
             run_identity.record_config(workdir, config_dict)
         writer = MetricsWriter(workdir, enabled=is_main, resume_step=start)
-        tokens = cfg.data.global_batch_size * cfg.data.max_seq_length
+        tokens = tokens_per_step(run.task)
         progress = Progress(cfg.total_steps, tokens, start, enabled=is_main)
         result = {"step": start, "train": {}, "eval": {}, "result": {}, "preempted": None}
         result["already_done"] = False
@@ -263,6 +263,15 @@ def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption) -> dict
         ckpt.close()
         if writer is not None:
             writer.close()
+
+
+def tokens_per_step(task: Task) -> int:
+    """The tokens one step trains on, for the progress line's rate: the task's
+    `tokens_per_step()` (translation: the token budget), else batch x sequence length."""
+    own = getattr(task, "tokens_per_step", None)
+    if own is not None:
+        return int(own())
+    return task.cfg.data.global_batch_size * task.cfg.data.max_seq_length
 
 
 def _check_identity(config_dict, workdir, ckpt, accept_changes) -> int | None:

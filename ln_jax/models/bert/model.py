@@ -9,7 +9,7 @@ from flax import nnx
 
 from ln_jax.config import ModelConfig
 from ln_jax.nn.blocks import ACT, EncoderLayer, Record, StackDepth
-from ln_jax.nn.init import embed_init
+from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, LayerNorm, activation, custom_backwards, dropout, split_key
 from ln_jax.nn.stack import Encoder
 from ln_jax.sharding import constrain
@@ -25,7 +25,7 @@ class Embeddings(nnx.Module):
     """Token + position + segment embeddings, optional LayerNorm, dropout."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        init = embed_init(cfg)
+        init = init_scheme(cfg).embed()
         d = cfg.hidden_size
         self.word = nnx.Param(
             init(rngs.params(), (cfg.padded_vocab_size, d)), out_sharding=("vocab", "embed")
@@ -39,7 +39,9 @@ class Embeddings(nnx.Module):
         )
         # The embedding output starts the residual stream: in the residual dtype.
         self.norm = (
-            LayerNorm(d, cfg, out_dtype=cfg.residual_dtype) if cfg.embedding_layernorm else None
+            LayerNorm(d, eps=cfg.layer_norm_eps, dtype=cfg.residual_dtype)
+            if cfg.embedding_layernorm
+            else None
         )
         self.dropout_rate = cfg.hidden_dropout
         self.max_len = cfg.max_position_embeddings
@@ -110,8 +112,9 @@ class MlmHead(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d = cfg.hidden_size
-        self.transform = Dense((d,), (d,), ("embed", "embed_proj"), cfg, rngs=rngs)
-        self.norm = LayerNorm(d, cfg, name="embed_proj")
+        kw = dict(init=init_scheme(cfg), dtype=cfg.compute_dtype, rngs=rngs)
+        self.transform = Dense((d,), (d,), ("embed", "embed_proj"), **kw)
+        self.norm = LayerNorm(d, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype, name="embed_proj")
         self.bias = nnx.Param(jnp.zeros((cfg.padded_vocab_size,)), out_sharding=("vocab",))
         self.activation = cfg.activation
         self.dtype = cfg.compute_dtype
@@ -174,8 +177,9 @@ class NspHead(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d = cfg.hidden_size
-        self.pooler = Dense((d,), (d,), ("embed", "embed_proj"), cfg, rngs=rngs)
-        self.classifier = Dense((d,), (2,), ("embed_proj", "classes"), cfg, rngs=rngs)
+        kw = dict(init=init_scheme(cfg), dtype=cfg.compute_dtype, rngs=rngs)
+        self.pooler = Dense((d,), (d,), ("embed", "embed_proj"), **kw)
+        self.classifier = Dense((d,), (2,), ("embed_proj", "classes"), **kw)
 
     def __call__(self, hidden: Array) -> Array:
         """hidden [batch, length, embed] -> float32 logits [batch, 2]."""

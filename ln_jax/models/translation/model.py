@@ -20,7 +20,7 @@ from flax import nnx
 from ln_jax.config import ModelConfig
 from ln_jax.models.translation.options import PAD, TranslationOptions
 from ln_jax.nn.blocks import ACT, Record, StackDepth
-from ln_jax.nn.init import embed_init
+from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, LayerNorm, dropout, split_key
 from ln_jax.nn.stack import Decoder, Encoder
 from ln_jax.sharding import constrain
@@ -45,15 +45,17 @@ class TokenEmbedder(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, options: TranslationOptions, *, rngs: nnx.Rngs):
         d = cfg.hidden_size
-        table = embed_init(cfg)(rngs.params(), (cfg.padded_vocab_size, d))
+        table = init_scheme(cfg).embed()(rngs.params(), (cfg.padded_vocab_size, d))
         self.word = nnx.Param(table.at[PAD].set(0.0), out_sharding=("vocab", "embed"))
         self.position = None
         if options.positions == "learned":
-            init = embed_init(cfg)(rngs.params(), (cfg.max_position_embeddings, d))
+            init = init_scheme(cfg).embed()(rngs.params(), (cfg.max_position_embeddings, d))
             self.position = nnx.Param(init, out_sharding=("position", "embed"))
         self.scale = float(d**0.5) if options.scale_embeddings else 1.0
         self.norm = (
-            LayerNorm(d, cfg, out_dtype=cfg.residual_dtype) if cfg.embedding_layernorm else None
+            LayerNorm(d, eps=cfg.layer_norm_eps, dtype=cfg.residual_dtype)
+            if cfg.embedding_layernorm
+            else None
         )
         self.max_len = cfg.max_position_embeddings
         self.dropout_rate = cfg.hidden_dropout
@@ -90,7 +92,15 @@ class Translator(nnx.Module):
         self.output = (
             None
             if options.tie_output
-            else Dense((d,), (v,), ("embed", "vocab"), cfg, rngs=rngs, use_bias=False)
+            else Dense(
+                (d,),
+                (v,),
+                ("embed", "vocab"),
+                init=init_scheme(cfg),
+                dtype=cfg.compute_dtype,
+                rngs=rngs,
+                use_bias=False,
+            )
         )
         self.vocab_size = cfg.vocab_size
 

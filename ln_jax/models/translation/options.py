@@ -30,7 +30,8 @@ class TranslationOptions:
       tie_output: the output projection is the embedding table (shared vocabulary).
       label_smoothing: epsilon of the label-smoothed cross-entropy (the papers: 0.1).
       max_source_length / max_target_length: tokens (with EOS) kept per side in training.
-      eval_bleu_sentences: validation sentences decoded for BLEU at each evaluation (0 = none).
+      eval_bleu: decode the evaluation batches (`eval_batches` of the validation split) and
+        report their corpus BLEU at each evaluation.
       eval_beam: beam of that decoding (1 = greedy); eval_lenpen its length penalty.
     """
 
@@ -41,7 +42,7 @@ class TranslationOptions:
     label_smoothing: float = 0.1
     max_source_length: int = 64
     max_target_length: int = 64
-    eval_bleu_sentences: int = 200
+    eval_bleu: bool = True
     eval_beam: int = 1
     eval_lenpen: float = 1.0
 

@@ -15,6 +15,7 @@ from flax import nnx
 
 from ln_jax.config import ModelConfig
 from ln_jax.models.bert.model import BertEncoder
+from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, dropout, split_key
 
 Array = jax.Array
@@ -27,8 +28,9 @@ class BertClassifier(nnx.Module):
         d = cfg.hidden_size
         self.cfg = cfg
         self.bert = BertEncoder(cfg, rngs=rngs)
-        self.pooler = Dense((d,), (d,), ("embed", "embed_proj"), cfg, rngs=rngs)
-        self.classifier = Dense((d,), (num_labels,), ("embed_proj", "classes"), cfg, rngs=rngs)
+        kw = dict(init=init_scheme(cfg), dtype=cfg.compute_dtype, rngs=rngs)
+        self.pooler = Dense((d,), (d,), ("embed", "embed_proj"), **kw)
+        self.classifier = Dense((d,), (num_labels,), ("embed_proj", "classes"), **kw)
         self.dropout_rate = classifier_dropout
 
     def __call__(

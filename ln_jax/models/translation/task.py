@@ -1,0 +1,235 @@
+"""Translation as a `ln_jax.task.Task`: the encoder-decoder trained by the one trainer.
+
+Batch keys (global arrays, leading axis the sentences): src, src_mask [batch, src_len] int32;
+tgt_in, tgt_out [batch, tgt_len] int32 (BOS + target / target + EOS); tgt_mask [batch, tgt_len]
+float32. The loss is fairseq's label-smoothed cross-entropy over the batch's target tokens
+(token-weighted under accumulation); evaluation sums the smoothed and plain NLL over every
+validation batch and decodes the same batches (greedy, or beam `task_options.eval_beam`) for
+corpus BLEU with sacrebleu against the raw references.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ln_jax import sharding
+from ln_jax.models.translation.model import Translator, label_smoothed_nll
+from ln_jax.models.translation.options import TranslationOptions
+from ln_jax.models.translation.search import Search, translate
+from ln_jax.nn.blocks import DecoderLayer, EncoderLayer
+from ln_jax.nn.stack import stack_sublayers
+from ln_jax.train import monitor
+from ln_jax.validate import ConfigError
+
+Array = jax.Array
+Batch = dict[str, Array]
+log = logging.getLogger(__name__)
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a"):
+    """sacrebleu's corpus BLEU -> (score, signature)."""
+    import sacrebleu
+
+    metric = sacrebleu.BLEU(tokenize=tokenize)
+    score = metric.corpus_score(list(hypotheses), [list(references)])
+    return score.score, str(metric.get_signature())
+
+
+class Translation:
+    """The task of `configs/mt.py` (`--config.task=translation`)."""
+
+    name = "translation"
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.options = TranslationOptions.from_mapping(cfg.task_options, cfg.model)
+        self.tokenizer = None  # set by `pipelines`
+        self.references: list[str] | None = None
+
+    @staticmethod
+    def check_config(cfg: Any) -> None:
+        """Raises ValueError for task_options the model cannot run (called by TrainConfig)."""
+        TranslationOptions.from_mapping(cfg.task_options, cfg.model)
+
+    # ----------------------------------------------------------------- model and loss
+
+    def build(self, rngs: Any) -> Translator:
+        return Translator(self.cfg.model, self.options, rngs=rngs)
+
+    def search(self) -> Search:
+        """The decoding of the evaluations' BLEU."""
+        o = self.options
+        return Search(
+            beam=o.eval_beam,
+            max_length=o.max_target_length + 1,
+            lenpen=o.eval_lenpen,
+            max_len_a=1.2,
+            max_len_b=10,
+            greedy=o.eval_beam == 1,
+        )
+
+    def abstract_batch(self, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
+        """The longest bucket's training batch (`ln_jax.data.translation.Buckets`)."""
+        from ln_jax.data.translation import Buckets
+
+        o = self.options
+        buckets = Buckets.make(
+            self.cfg.data.max_tokens,
+            o.max_source_length,
+            o.max_target_length,
+            sharding.batch_divisor(mesh),
+        )
+        rows, s, t = buckets.shape(len(buckets.lengths) - 1)
+        sh = sharding.batch_sharding(mesh)
+        spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+        return {
+            "src": spec((rows, s)),
+            "src_mask": spec((rows, s)),
+            "tgt_in": spec((rows, t)),
+            "tgt_out": spec((rows, t)),
+            "tgt_mask": spec((rows, t), jnp.float32),
+        }
+
+    def tokens_per_step(self) -> int:
+        """The token budget of a batch (`data.max_tokens`; padded tokens count)."""
+        return int(self.cfg.data.max_tokens)
+
+    def normalizers(self, batch: Batch) -> dict[str, Array]:
+        """Losses divide by the whole batch's target tokens."""
+        return {"tokens": jnp.maximum(batch["tgt_mask"].astype(jnp.float32).sum(), 1.0)}
+
+    def loss(
+        self,
+        model: Translator,
+        batch: Batch,
+        key: Array | None,
+        normalizers: Mapping[str, Array],
+        record: bool = False,
+    ) -> tuple[Array, dict[str, Array], dict]:
+        outputs = model(
+            batch["src"], batch["src_mask"], batch["tgt_in"], dropout_key=key, record=record
+        )
+        smoothed, nll = self._sums(model, outputs["logits"], batch)
+        n = normalizers["tokens"]
+        return smoothed / n, {"loss": smoothed / n, "nll_loss": nll / n}, outputs
+
+    def _sums(self, model: Translator, logits: Array, batch: Batch) -> tuple[Array, Array]:
+        eps = self.options.label_smoothing
+        return label_smoothed_nll(
+            logits, batch["tgt_out"], batch["tgt_mask"], eps, model.vocab_size
+        )
+
+    # ----------------------------------------------------------------- evaluation
+
+    def eval_batch(self, model: Translator, batch: Batch) -> dict[str, Array]:
+        """Summed losses, the token count and (with BLEU) the batch's decoded hypotheses
+        [batch, max_target_length + 1] with each row's position in the split (`index` [batch],
+        -1 on padding rows)."""
+        logits = model(batch["src"], batch["src_mask"], batch["tgt_in"])["logits"]
+        smoothed, nll = self._sums(model, logits, batch)
+        out = {"loss": smoothed, "nll_loss": nll, "tokens": batch["tgt_mask"].sum()}
+        if self.options.eval_bleu:
+            decoded = translate(model, batch["src"], batch["src_mask"], self.search())
+            out["hypotheses"] = decoded["tokens"]
+            rows = batch["src"].shape[0]
+            out["index"] = batch.get("index", jnp.arange(rows, dtype=jnp.int32))
+        return out
+
+    def eval_metrics(self, outputs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+        """loss and nll_loss per target token, perplexity exp(nll_loss), and BLEU (sacrebleu,
+        13a) of the decoded batches against the raw references, in order."""
+        tokens = max(sum(float(o["tokens"]) for o in outputs), 1.0)
+        out = {k: sum(float(o[k]) for o in outputs) / tokens for k in ("loss", "nll_loss")}
+        out["perplexity"] = math.exp(min(out["nll_loss"], 50.0))
+        if self.options.eval_bleu and self.tokenizer is not None:
+            found = {
+                int(i): self.tokenizer.decode([int(t) for t in row])
+                for o in outputs
+                for row, i in zip(o["hypotheses"], o["index"], strict=True)
+                if i >= 0
+            }
+            order = sorted(found)
+            refs = [self.references[i] for i in order]
+            out["bleu"], signature = bleu([found[i] for i in order], refs)
+            log.info("BLEU %.2f on %d sentences (%s)", out["bleu"], len(order), signature)
+        return out
+
+    # ----------------------------------------------------------------- data
+
+    def pipelines(self, mesh: Any) -> tuple[Any, Any]:
+        from ln_jax.data import make_translation_pipeline
+
+        cfg, o = self.cfg, self.options
+        lengths = dict(max_source_length=o.max_source_length, max_target_length=o.max_target_length)
+        train, tokenizer = make_translation_pipeline(
+            cfg.data, split="train", seed=cfg.data.seed, mesh=mesh, **lengths
+        )
+        if tokenizer.vocab_size != cfg.model.vocab_size:
+            train.close()
+            raise ConfigError(
+                f"the tokenizer has {tokenizer.vocab_size} pieces but model.vocab_size="
+                f"{cfg.model.vocab_size}; set them equal (data.vocab_size sets both)."
+            )
+        evals, _ = make_translation_pipeline(
+            cfg.data, split="eval", seed=cfg.data.seed, mesh=mesh, **lengths
+        )
+        self.tokenizer, self.references = tokenizer, evals.references
+        return train, evals
+
+    # ----------------------------------------------------------------- measurements
+
+    def views(self) -> list[monitor.StackView]:
+        """The monitor's view of each stack (names encoder/..., decoder/...)."""
+        m, o = self.cfg.model, self.options
+        return [
+            monitor.StackView(
+                ("encoder", "layers"), m.num_layers, EncoderLayer.names, None, "encoder"
+            ),
+            monitor.StackView(
+                ("decoder", "layers"), o.decoder_layers, DecoderLayer.names, None, "decoder"
+            ),
+        ]
+
+    def forward_measures(self, model: Translator, outputs: dict, batch: Batch) -> dict:
+        rec = outputs["intermediates"]
+        enc, dec = self.views()
+        memory, src_mask = outputs["memory"], batch["src_mask"]
+        tgt_mask = batch["tgt_mask"]
+        out = monitor.forward_stats(rec["encoder"], memory, model.encoder, src_mask, enc)
+        hidden = _stack_output(rec["decoder"], DecoderLayer.names[-1])
+        out.update(
+            monitor.forward_stats(
+                rec["decoder"],
+                hidden,
+                model.decoder,
+                tgt_mask,
+                dec,
+                memory=memory,
+                memory_mask=src_mask,
+            )
+        )
+        return out
+
+    def parameter_measures(self, grads: Any, updates: Any, params: Any) -> dict:
+        out = {}
+        for view in self.views():
+            out.update(monitor.parameter_stats(grads, updates, params, view))
+        return out
+
+    def sublayers(self, model: Translator) -> list[tuple[str, Any]]:
+        """Every residual sub-layer, "encoder/layer_NN/<name>" then "decoder/...", in order."""
+        return stack_sublayers(model.encoder, "encoder/") + stack_sublayers(
+            model.decoder, "decoder/"
+        )
+
+
+def _stack_output(rec: dict, last: str) -> Array:
+    """A stack's output from its records: the final norm's, else the last sub-layer's."""
+    return rec["final_norm_out"] if "final_norm_out" in rec else rec[f"{last}/output"][-1]
