@@ -369,3 +369,30 @@ def test_bert_scaled_init_keeps_berts_std_relative_to_width():
     # At BERT-base's width it is BERT's initialiser: init_std itself.
     wide = ln_jax.ModelConfig(**dict(base, hidden_size=768, num_heads=12), init="bert_scaled")
     assert bert_std(wide) == pytest.approx(0.02) and bert_std(wide.replace(init="xavier")) is None
+
+
+def test_each_norm_decomposes_itself_as_the_residual_analysis_needs():
+    """norm(x) = f(x) + b with f additive over parts of x (the statistics of x held fixed)."""
+    from ln_jax import sharding
+
+    with sharding.use_mesh(sharding.single_device_mesh()):
+        _check_decompositions()
+
+
+def _check_decompositions():
+    from ln_jax.nn.layers import LayerNorm
+
+    rng = np.random.default_rng(0)
+    x = jax.numpy.asarray(rng.normal(size=(3, 5, 8)), jax.numpy.float32)
+    part = jax.numpy.asarray(rng.normal(size=(3, 5, 8)), jax.numpy.float32)
+    for norm in (
+        LayerNorm(8, eps=1e-6, dtype=jax.numpy.float32),
+        RMSNorm(8, eps=1e-6, dtype=jax.numpy.float32),
+        DyT(8, dtype=jax.numpy.float32),
+    ):
+        norm.scale[...] = jax.numpy.linspace(0.5, 1.5, 8)
+        if hasattr(norm, "bias"):
+            norm.bias[...] = jax.numpy.linspace(-0.2, 0.2, 8)
+        f, b = norm.decompose(x)
+        np.testing.assert_allclose(f(x) + b, norm(x), atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(f(part) + f(x - part), f(x), atol=1e-5, rtol=1e-5)

@@ -5,6 +5,7 @@ errors."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import pytest
 from flax import nnx
 
 from ln_jax import sharding
+from ln_jax import translate as translate_cli
 from ln_jax.config_front import build_config, load_config, override
 from ln_jax.task import make_task
 from ln_jax.train import trainer
@@ -48,12 +50,41 @@ def records(workdir, split="train") -> list[dict]:
     return [r for r in map(json.loads, lines) if r["split"] == split]
 
 
-def test_a_copy_task_learns_to_translate(tmp_path):
-    cfg = mt_config(total_steps=260, eval_every=260, checkpoint_every=260, log_every=130)
-    out = trainer.train_and_evaluate(cfg, str(tmp_path))
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory):
+    """The copy task trained 260 steps (checkpoints at 130 and 260)."""
+    workdir = tmp_path_factory.mktemp("copy")
+    cfg = mt_config(total_steps=260, eval_every=260, checkpoint_every=130, log_every=130)
+    return workdir, trainer.train_and_evaluate(cfg, str(workdir))
+
+
+def test_a_copy_task_learns_to_translate(copy_run):
+    _, out = copy_run
     assert out["eval"]["bleu"] > 90.0, out["eval"]  # measured: 99.8 at step 250
     assert out["eval"]["nll_loss"] < 0.3
     assert out["eval"]["perplexity"] == pytest.approx(2.718281828 ** out["eval"]["nll_loss"])
+
+
+def test_the_translate_command_scores_and_reads_stdin(copy_run, capsys, monkeypatch):
+    workdir, _ = copy_run
+    assert translate_cli.main([f"--workdir={workdir}", "--beam=3", "--average_last=2"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("BLEU ") and "checkpoints [130, 260]" in line and "tok:13a" in line
+    assert float(line.split()[1]) > 90.0, line
+    monkeypatch.setattr("sys.stdin", io.StringIO("w5 w9 w7 w30\nw12 w4\n"))
+    assert translate_cli.main([f"--workdir={workdir}", "--input=-", "--beam=1"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["w5 w9 w7 w30", "w12 w4"]
+
+
+def test_the_translate_command_errors_are_one_line(copy_run, tmp_path, capsys):
+    workdir, _ = copy_run
+    assert translate_cli.main([f"--workdir={workdir}", "--beam=99"]) == 2
+    assert "wider than the vocabulary (36 tokens)" in capsys.readouterr().err
+    assert translate_cli.main([f"--workdir={workdir}", "--average_last=5"]) == 2
+    assert "holds 2 checkpoints" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps({"task": "bert_pretraining"}))
+    assert translate_cli.main([f"--workdir={tmp_path}"]) == 2
+    assert "not a translation run" in capsys.readouterr().err
 
 
 def test_the_mesh_does_not_change_the_losses_and_resume_is_exact(tmp_path):

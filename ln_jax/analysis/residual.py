@@ -126,16 +126,11 @@ def output_change(
 # --------------------------------------------------------------------------- dependency
 
 
-def _norm_linear(comps: jax.Array, const: jax.Array, y: jax.Array, norm: nnx.Module, cfg):
-    """Applies the post-norm of input y [B, T, d] to the components [K, B, T, d] and const."""
-    y = y.astype(jnp.float32)
-    scale = norm.scale[...]
-    if cfg.norm == "rmsnorm":
-        inv = jax.lax.rsqrt(jnp.square(y).mean(-1, keepdims=True) + cfg.layer_norm_eps)
-        return comps * inv * scale, const * inv * scale
-    inv = jax.lax.rsqrt(y.var(-1, keepdims=True) + cfg.layer_norm_eps)
-    centre = lambda c: c - c.mean(-1, keepdims=True)
-    return centre(comps) * inv * scale, centre(const) * inv * scale + norm.bias[...]
+def _norm_linear(comps: jax.Array, const: jax.Array, y: jax.Array, norm: nnx.Module):
+    """Applies the post-norm of input y [B, T, d] to the components [K, B, T, d] and const,
+    as the norm decomposes itself (`decompose`: LayerNorm, RMSNorm, DyT)."""
+    f, offset = norm.decompose(y)
+    return f(comps), f(const) + offset
 
 
 def _masked_var(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -178,7 +173,7 @@ def dependency_shares(model: AnyModel, batch: Batch) -> dict[str, jax.Array]:
         comps = (comps * skip).at[i + 1].set(summed - skip * x_in)
         const = const * skip
         if post:
-            comps, const = _norm_linear(comps, const, summed, post, cfg)
+            comps, const = _norm_linear(comps, const, summed, post)
         out = rec[f"{name}/output"][layer].astype(jnp.float32)
         total = _masked_var(out, mask)
         shares.append(_masked_var(comps, mask) / total)

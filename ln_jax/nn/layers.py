@@ -204,6 +204,15 @@ class LayerNorm(nnx.Module):
         y = normalize(x.astype(jnp.float32), self.eps)
         return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
 
+    def decompose(self, x: Array) -> tuple[Any, Array]:
+        """The norm at input x [..., dim] as a linear map plus an offset, the statistics of x
+        held fixed: (f, b) with LN(x) = f(x) + b, f additive over parts of x (float32); what
+        the residual decomposition of `ln_jax.analysis.residual` applies to each part."""
+        x = x.astype(jnp.float32)
+        inv = jax.lax.rsqrt(x.var(-1, keepdims=True) + self.eps)
+        f = lambda c: (c - c.mean(-1, keepdims=True)) * inv * self.scale[...]
+        return f, jnp.broadcast_to(self.bias[...], x.shape)
+
 
 class RMSNorm(nnx.Module):
     """RMSNorm over the last axis (scale only, no bias), statistics in float32; output dtype
@@ -218,6 +227,12 @@ class RMSNorm(nnx.Module):
         """x [..., dim] -> [..., dim] in the output dtype."""
         y = rms_normalize(x.astype(jnp.float32), self.eps)
         return (y * self.scale[...]).astype(self.dtype)
+
+    def decompose(self, x: Array) -> tuple[Any, Array]:
+        """As `LayerNorm.decompose`: RMSNorm(x) = f(x), no offset."""
+        x = x.astype(jnp.float32)
+        inv = jax.lax.rsqrt(jnp.square(x).mean(-1, keepdims=True) + self.eps)
+        return (lambda c: c * inv * self.scale[...]), jnp.zeros_like(x)
 
 
 class DyT(nnx.Module):
@@ -235,6 +250,16 @@ class DyT(nnx.Module):
         """x [..., dim] -> [..., dim] in the output dtype (tanh in float32)."""
         y = jnp.tanh(self.alpha[...] * x.astype(jnp.float32))
         return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
+
+    def decompose(self, x: Array) -> tuple[Any, Array]:
+        """As `LayerNorm.decompose`, with tanh's secant at x: each element scaled by
+        tanh(alpha x) / x (alpha where x = 0), so the parts add up to DyT(x) exactly."""
+        x = x.astype(jnp.float32)
+        a = self.alpha[...]
+        safe = jnp.where(jnp.abs(x) > 1e-12, x, 1.0)
+        secant = jnp.where(jnp.abs(x) > 1e-12, jnp.tanh(a * x) / safe, a)
+        f = lambda c: c * secant * self.scale[...]
+        return f, jnp.broadcast_to(self.bias[...], x.shape)
 
 
 class FeedForward(nnx.Module):
