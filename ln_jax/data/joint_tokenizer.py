@@ -13,7 +13,6 @@ one of the user's own (it must have those four ids).
 from __future__ import annotations
 
 import hashlib
-import io
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -116,41 +115,22 @@ class JointTokenizer:
 def train_joint_sentencepiece(
     sentences: Iterable[str], *, vocab_size: int, model_type: str, corpus_name: str
 ) -> bytes:
-    """Trains one sentencepiece model on `sentences` (both languages); returns its bytes.
+    """Trains one sentencepiece model on `sentences` (both languages) with PAD 0, UNK 1, BOS 2,
+    EOS 3; returns its bytes.
 
     Raises:
       ConfigError: if the corpus cannot support `vocab_size` pieces, naming a size that fits.
     """
-    import sentencepiece as spm
+    from ln_jax.data.tokenizer import train_sentencepiece
 
-    writer = io.BytesIO()
-    spm.set_random_generator_seed(0)
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=writer,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            character_coverage=1.0,  # German and French letters are all kept
-            input_sentence_size=MAX_TRAINING_SENTENCES,
-            shuffle_input_sentence=True,
-            num_threads=1,  # reproducible
-            minloglevel=2,
-        )
-    except RuntimeError as e:
-        match = _TOO_LARGE.search(str(e))
-        if not match:
-            raise
-        raise ConfigError(
-            f"data.vocab_size={vocab_size} is too large for {corpus_name}: sentencepiece "
-            f"({model_type}) can make at most {match.group(2)} pieces from it; use "
-            f"data.vocab_size <= {match.group(2)}."
-        ) from e
-    return writer.getvalue()
+    specials = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+    return train_sentencepiece(
+        sentences,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        corpus_name=corpus_name,
+        specials=specials,
+    )
 
 
 def both_sides(pairs: Sequence[tuple[str, str]], max_pairs: int) -> Iterator[str]:

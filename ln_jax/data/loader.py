@@ -295,9 +295,14 @@ class GlobalBatchIterator(Iterator[Batch]):
     def __next__(self) -> Batch:
         while len(self._ahead) <= self.prefetch:
             state = self.host.get_state()
-            batch = to_global(next(self.host), self.mesh, self.global_batch_size)
+            local = next(self.host)
+            batch = to_global(local, self.mesh, self.global_rows(local))
             self._ahead.append((state, batch))
         return self._ahead.popleft()[1]
+
+    def global_rows(self, local: Batch) -> int:
+        """B of the global batch `local` (this host's rows) is part of."""
+        return self.global_batch_size
 
     def get_state(self) -> dict[str, Any]:
         return self._ahead[0][0] if self._ahead else self.host.get_state()

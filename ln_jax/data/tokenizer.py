@@ -98,17 +98,36 @@ def _check_specials(sp: spm.SentencePieceProcessor, path: Any) -> None:
         )
 
 
+# BERT's special pieces: [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3 (sentencepiece's pad/unk/bos/eos
+# slots) and [MASK] 4.
+BERT_SPECIALS = {
+    "pad_id": PAD_ID,
+    "unk_id": UNK_ID,
+    "bos_id": CLS_ID,
+    "eos_id": SEP_ID,
+    "pad_piece": "[PAD]",
+    "unk_piece": "[UNK]",
+    "bos_piece": "[CLS]",
+    "eos_piece": "[SEP]",
+    "control_symbols": ["[MASK]"],
+}
+
+
 def train_sentencepiece(
     sentences: Iterable[str],
     *,
     vocab_size: int,
     model_type: str = "unigram",
     corpus_name: str = "corpus",
+    specials: dict | None = None,
 ) -> bytes:
-    """Trains a sentencepiece model with BERT's special tokens; returns the serialised model.
+    """Trains a sentencepiece model; returns the serialised model. `specials`: sentencepiece's
+    special-token settings (default BERT's, `BERT_SPECIALS`; translation: PAD 0, UNK 1, BOS 2,
+    EOS 3). Every character seen is kept, from a uniform sample of larger corpora, on one
+    thread (the model differs with the thread count; one thread is reproducible).
 
     Raises:
-      ValueError: if the corpus cannot support `vocab_size` pieces, naming a size that fits.
+      ConfigError: if the corpus cannot support `vocab_size` pieces, naming a size that fits.
     """
     writer = io.BytesIO()
     spm.set_random_generator_seed(0)  # sentence sampling of large corpora, reproducibly
@@ -118,20 +137,12 @@ def train_sentencepiece(
             model_writer=writer,
             vocab_size=vocab_size,
             model_type=model_type,
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=CLS_ID,
-            eos_id=SEP_ID,
-            pad_piece="[PAD]",
-            unk_piece="[UNK]",
-            bos_piece="[CLS]",
-            eos_piece="[SEP]",
-            control_symbols=["[MASK]"],
-            character_coverage=1.0,  # English: keep every character seen (~, |, ...)
-            input_sentence_size=MAX_TRAINING_SENTENCES,  # a uniform sample of larger corpora
+            character_coverage=1.0,
+            input_sentence_size=MAX_TRAINING_SENTENCES,
             shuffle_input_sentence=True,
-            num_threads=1,  # the model differs with the thread count; one thread is reproducible
+            num_threads=1,
             minloglevel=2,
+            **(BERT_SPECIALS if specials is None else specials),
         )
     except RuntimeError as e:
         match = _TOO_LARGE.search(str(e))

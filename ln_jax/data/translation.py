@@ -31,7 +31,6 @@ bucket in split order; `.pairs` holds the raw (source, reference) strings in spl
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -321,32 +320,17 @@ class HostTranslationBatches:
         return build_rows(self.encoded, mine, int(rows[0]), s, t)
 
 
-class TranslationBatchIterator(Iterator[Batch]):
+class TranslationBatchIterator(loader.GlobalBatchIterator):
     """Training batches as global jax.Arrays (B = the bucket's rows): endless, with
     `get_state`/`set_state`/`close` (the state is the next global batch's number)."""
 
     def __init__(self, host: Any, mesh: jax.sharding.Mesh, num_blocks: int, prefetch: int = 0):
-        self.host, self.mesh, self.num_blocks, self.prefetch = host, mesh, num_blocks, prefetch
-        self._ahead: collections.deque[tuple[dict[str, Any], Batch]] = collections.deque()
+        super().__init__(host, mesh, 0, prefetch)
+        self.num_blocks = num_blocks
 
-    def __next__(self) -> Batch:
-        while len(self._ahead) <= self.prefetch:
-            state = self.host.get_state()
-            local = next(self.host)
-            rows = len(local["src"]) * self.num_blocks
-            self._ahead.append((state, loader.to_global(local, self.mesh, rows)))
-        return self._ahead.popleft()[1]
-
-    def get_state(self) -> dict[str, Any]:
-        return self._ahead[0][0] if self._ahead else self.host.get_state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._ahead.clear()
-        self.host.set_state(state)
-
-    def close(self) -> None:
-        self._ahead.clear()
-        self.host.close()
+    def global_rows(self, local: Batch) -> int:
+        """Every host reads the same bucket's share: B = its rows x the hosts' blocks."""
+        return len(local["src"]) * self.num_blocks
 
 
 # --------------------------------------------------------------------------------------------
