@@ -156,3 +156,16 @@ def test_search_errors_are_one_clear_line():
         make(options={"positions": "rotary"})
     with pytest.raises(ValueError, match="exceed model.max_position_embeddings"):
         make(options={"max_source_length": 40})
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_cached_search_equals_recomputing_the_prefix(greedy):
+    """The caches change the work, not the result: the search without them (the benchmark's
+    baseline) decodes the same tokens with the same scores."""
+    model = make(seed=6, scale=2.0, scan_layers=True)
+    src, src_mask, _ = batch()
+    beam = 1 if greedy else 3
+    cached = translate(model, src, src_mask, Search(beam, 7, greedy=greedy))
+    again = translate(model, src, src_mask, Search(beam, 7, greedy=greedy, cache=False))
+    np.testing.assert_array_equal(again["tokens"], cached["tokens"])
+    np.testing.assert_allclose(again["scores"], cached["scores"], rtol=1e-5, atol=1e-5)

@@ -44,6 +44,8 @@ class Search:
       max_len_a, max_len_b: per-sentence limit a * src_len + b (fairseq's default a=0, b=200).
       stop: "bound" or "first" (module docstring).
       greedy: argmax decoding (beam must be 1).
+      cache: decode incrementally with the caches (False: recompute the whole prefix at
+        every step, the baseline `bench/bench_translate.py` measures the caches against).
     """
 
     beam: int = 5
@@ -54,6 +56,7 @@ class Search:
     max_len_b: int = 200
     stop: str = "bound"
     greedy: bool = False
+    cache: bool = True
 
     def check(self, vocab_size: int) -> None:
         if self.stop not in STOPS:
@@ -101,21 +104,45 @@ def _translate(graphdef, state, src, src_mask, search: Search) -> dict[str, Arra
     model = nnx.merge(graphdef, state)  # a copy inside the trace: caches never leak out
     memory, _ = model.encode(src, src_mask)
     rows = src.shape[0] * search.beam
-    init_decoding(model.decoder, rows, search.max_length, memory, src_mask)
-    graphdef, caches, rest = nnx.split(model, nnx.Cache, ...)
-    step = functools.partial(_next_logprobs, graphdef, rest)
+    if search.cache:
+        init_decoding(model.decoder, rows, search.max_length, memory, src_mask)
+        graphdef, caches, rest = nnx.split(model, nnx.Cache, ...)
+        carry = {"caches": caches, "rest": rest}  # through the loop: its variables, its trace
+        step = functools.partial(_next_logprobs, graphdef)
+    else:
+        graphdef, state = nnx.split(model)
+        carry = {"state": state, "memory": memory, "src_mask": src_mask}
+        step = functools.partial(_recomputed_logprobs, graphdef, search.beam)
     if search.greedy:
-        return _greedy(step, caches, limits(src_mask, search), search)
-    return _beam(step, caches, limits(src_mask, search), search, graphdef, rest)
+        return _greedy(step, carry, limits(src_mask, search), search)
+    return _beam(step, carry, limits(src_mask, search), search, graphdef)
 
 
-def _next_logprobs(graphdef, rest, caches, tokens: Array, t: Array):
-    """tokens [rows] at position t -> (log-probabilities [rows, vocab_padded], caches)."""
-    model = nnx.merge(graphdef, caches, rest)
-    logits, _ = model.decode(tokens[:, None], None, None, offset=t)
+def _banned(logp: Array) -> Array:
+    """PAD and BOS are never generated."""
+    vocab = jnp.arange(logp.shape[-1])
+    return jnp.where((vocab == PAD) | (vocab == BOS), NEG, logp)
+
+
+def _next_logprobs(graphdef, carry: dict, tokens: Array, t: Array):
+    """tokens [rows, max_length + 1] (position t is the newest) -> (log-probabilities of
+    position t + 1 [rows, vocab_padded], the carry with the advanced caches): the cached
+    decoder reads one position."""
+    model = nnx.merge(graphdef, carry["caches"], carry["rest"])
+    logits, _ = model.decode(tokens[:, t][:, None], None, None, offset=t)
     logp = jax.nn.log_softmax(logits[:, 0], axis=-1)
-    banned = (jnp.arange(logp.shape[-1]) == PAD) | (jnp.arange(logp.shape[-1]) == BOS)
-    return jnp.where(banned, NEG, logp), nnx.state(model, nnx.Cache)
+    return _banned(logp), {**carry, "caches": nnx.state(model, nnx.Cache)}
+
+
+def _recomputed_logprobs(graphdef, beam: int, carry: dict, tokens: Array, t: Array):
+    """As `_next_logprobs`, recomputing the decoder over the whole (fixed-length) prefix with
+    the memory copied per hypothesis: the work a decoder without caches does."""
+    model = nnx.merge(graphdef, carry["state"])
+    memory = jnp.repeat(carry["memory"], beam, 0)
+    src_mask = jnp.repeat(carry["src_mask"], beam, 0)
+    logits, _ = model.decode(tokens[:, :-1], memory, src_mask)
+    logp = jax.nn.log_softmax(jnp.take(logits, t, axis=1), axis=-1)
+    return _banned(logp), carry
 
 
 def _force_eos(logp: Array, t: Array, limit: Array) -> Array:
@@ -136,7 +163,7 @@ def _greedy(step, caches, limit: Array, search: Search) -> dict[str, Array]:
     }
 
     def body(s):
-        logp, caches = step(s["caches"], s["tokens"][:, s["t"]], s["t"])
+        logp, caches = step(s["caches"], s["tokens"], s["t"])
         logp = _force_eos(logp, s["t"], limit)
         token = jnp.where(s["done"], PAD, logp.argmax(-1)).astype(jnp.int32)
         best = jnp.take_along_axis(logp, token[:, None], -1)[:, 0]
@@ -158,7 +185,7 @@ def _result(tokens: Array, raw: Array | None, search: Search, scores: Array | No
     return {"tokens": tokens, "scores": scores, "lengths": lengths}
 
 
-def _beam(step, caches, limit: Array, search: Search, graphdef, rest) -> dict[str, Array]:
+def _beam(step, caches, limit: Array, search: Search, graphdef) -> dict[str, Array]:
     b, k, n = limit.shape[0], search.beam, search.max_length
     start = jnp.full((b, k, n + 1), PAD, jnp.int32).at[:, :, 0].set(BOS)
     state = {
@@ -169,7 +196,7 @@ def _beam(step, caches, limit: Array, search: Search, graphdef, rest) -> dict[st
         "fin": jnp.full((b, k), NEG, jnp.float32),  # normalised scores of finished ones
         "caches": caches,
     }
-    advance = functools.partial(_beam_step, step, limit, search, graphdef, rest)
+    advance = functools.partial(_beam_step, step, limit, search, graphdef)
     cond = lambda s: (s["t"] < n) & ~jnp.all(_finished(s, limit, search))
     s = jax.lax.while_loop(cond, lambda s: advance(s), state)
     best = jnp.argmax(s["fin"], axis=-1)
@@ -192,12 +219,12 @@ def _finished(s: dict, limit: Array, search: Search) -> Array:
     return full & ((s["fin"].min(-1) >= best_live) | dead)
 
 
-def _beam_step(step, limit, search: Search, graphdef, rest, s: dict) -> dict:
+def _beam_step(step, limit, search: Search, graphdef, s: dict) -> dict:
     """One token for every live hypothesis: the top 2*beam continuations, EOS ones to the
     finished set (kept top `beam` by normalised score), the others the new live beams."""
     b, k = s["live"].shape
     t = s["t"]
-    logp, caches = step(s["caches"], s["tokens"][:, :, t].reshape(-1), t)
+    logp, caches = step(s["caches"], s["tokens"].reshape(b * k, -1), t)
     v = logp.shape[-1]
     logp = _force_eos(logp.reshape(b, k, v), t, limit)
     cand = (s["live"][:, :, None] + logp).reshape(b, k * v)
@@ -222,13 +249,13 @@ def _beam_step(step, limit, search: Search, graphdef, rest, s: dict) -> dict:
         "live": live,
         "fin_tokens": fin_tokens,
         "fin": fin,
-        "caches": _reorder(graphdef, rest, caches, rows),
+        "caches": _reorder(graphdef, caches, rows) if "caches" in caches else caches,
     }
 
 
-def _reorder(graphdef, rest, caches, rows: Array):
+def _reorder(graphdef, carry: dict, rows: Array) -> dict:
     """The self-attention caches gathered to the surviving beams' rows [batch * beam]."""
-    model = nnx.merge(graphdef, caches, rest)
+    model = nnx.merge(graphdef, carry["caches"], carry["rest"])
     axis = 1 if model.decoder.cfg.scan_layers else 0
     layers = [model.decoder.layers] if model.decoder.cfg.scan_layers else model.decoder.layers
     for layer in layers:
@@ -237,4 +264,4 @@ def _reorder(graphdef, rest, caches, rows: Array):
             if isinstance(branch, Attention) and branch.kind == "causal":
                 branch.cache.key[...] = jnp.take(branch.cache.key[...], rows, axis=axis)
                 branch.cache.value[...] = jnp.take(branch.cache.value[...], rows, axis=axis)
-    return nnx.state(model, nnx.Cache)
+    return {**carry, "caches": nnx.state(model, nnx.Cache)}
