@@ -124,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--average_last", type=int, default=1, help="average the last N checkpoints")
     p.add_argument("--input", help="a file of source lines, or - for stdin (default: --split)")
     p.add_argument("--split", default="validation", choices=sorted(SPLITS), help="scored split")
+    p.add_argument("--max_sentences", type=int, help="only the split's first N sentences")
     p.add_argument("--output", help="write the hypotheses here, one per line")
     p.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
     p.add_argument("--lenpen", type=float, default=1.0, help="fairseq's length penalty")
@@ -180,7 +181,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _sources(args, split) -> tuple[list[str], list[str] | None]:
     if args.input is None:
-        return [s for s, _ in split.pairs], [t for _, t in split.pairs]
+        pairs = split.pairs[: args.max_sentences]
+        return [s for s, _ in pairs], [t for _, t in pairs]
     stream = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
     with stream:
         return [line.rstrip("\n") for line in stream], None

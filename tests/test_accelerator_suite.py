@@ -21,7 +21,9 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, 
     out = tmp_path / "suite"
     env = dict(os.environ, TFDS_DATA_DIR=data_dir, PYTHON=sys.executable)
     run = subprocess.run(
-        ["bash", "bench/accelerator_suite.sh", "--cpu", "--out", str(out), "--budget", "400"],
+        # Three of the arms (each compiles its own step: the others add CI minutes, not checks)
+        ["bash", "bench/accelerator_suite.sh", "--cpu", "--out", str(out), "--budget", "400",
+         "--arms", "default,pallas_hash,main"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -36,9 +38,9 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, 
     assert all(": rc=0 " in line for line in status), status
 
     arms = json.loads((out / "arms.json").read_text())["arms"]
-    assert list(arms) == ["default", "pallas", "hash", "pallas_hash", "main"]
-    assert arms["pallas"]["config"]["attention_impl"] == "pallas"
-    assert arms["hash"]["config"]["dropout_rng"] == "hash"
+    assert list(arms) == ["default", "pallas_hash", "main"]
+    assert arms["pallas_hash"]["config"]["attention_impl"] == "pallas"
+    assert arms["pallas_hash"]["config"]["dropout_rng"] == "hash"
     assert arms["default"]["config"]["dropout_rng"] == "threefry"  # "auto" on a CPU
     assert arms["default"]["config"]["attention_impl"] == "xla"
     assert arms["main"]["shape"]["vocab"] == 8000 and arms["default"]["shape"]["vocab"] == 30522

@@ -67,9 +67,11 @@ def test_a_copy_task_learns_to_translate(copy_run):
 
 def test_the_translate_command_scores_and_reads_stdin(copy_run, capsys, monkeypatch):
     workdir, _ = copy_run
-    assert translate_cli.main([f"--workdir={workdir}", "--beam=3", "--average_last=2"]) == 0
+    args = [f"--workdir={workdir}", "--beam=3", "--average_last=2", "--max_sentences=48"]
+    assert translate_cli.main(args) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("BLEU ") and "checkpoints [130, 260]" in line and "tok:13a" in line
+    assert line.startswith("BLEU ") and "on 48 sentences" in line
+    assert "checkpoints [130, 260]" in line and "tok:13a" in line
     assert float(line.split()[1]) > 90.0, line
     monkeypatch.setattr("sys.stdin", io.StringIO("w5 w9 w7 w30\nw12 w4\n"))
     assert translate_cli.main([f"--workdir={workdir}", "--input=-", "--beam=1"]) == 0
