@@ -12,6 +12,10 @@ needs of them:
   local copy and uploaded whole at most every `sync_secs` and when closed. A local folder is
   written in place.
 
+A run given no `--workdir` goes to `default_workdir(name)`: `$LN_JAX_WORKDIRS/<name>`, else
+`workdirs/<name>` in the working directory (the test suite points the variable at a temporary
+folder, so that it never writes into a checkout's own `workdirs/`).
+
 This module imports nothing from ln_jax.
 """
 
@@ -41,6 +45,7 @@ GCS_AUTH_HINT = (
     "GOOGLE_APPLICATION_CREDENTIALS to a service account's JSON key (on a Cloud TPU or GCE VM "
     "the VM's service account is used: give it write access to the bucket)"
 )
+WORKDIRS_ENV = "LN_JAX_WORKDIRS"  # the folder of the default workdirs (else ./workdirs)
 _MAX_CAUSE = 300
 # Loggers of the cloud clients: a failing first request logs tracebacks (gcsfs: one per retry).
 _CLOUD_LOGGERS = ("gcsfs", "fsspec", "google", "urllib3", "aiohttp")
@@ -56,6 +61,12 @@ def as_path(path: str | os.PathLike) -> epath.Path:
     if is_url(path):
         return epath.Path(os.fspath(path))
     return epath.Path(os.path.expanduser(os.fspath(path)))
+
+
+def default_workdir(name: str) -> str:
+    """The workdir of run `name` when none is given: `$LN_JAX_WORKDIRS/name` (a folder or a
+    URL), else `workdirs/name` relative to the working directory."""
+    return os.path.join(os.environ.get(WORKDIRS_ENV) or "workdirs", name)
 
 
 def cause(err: BaseException) -> str:

@@ -5,6 +5,11 @@ lives for one test session (or in JAX_COMPILATION_CACHE_DIR if it is set already
 the program itself, so the many tests that build the same tiny model or train step, in this
 process or in the `train.py` subprocesses (which inherit the variables), compile it once:
 on 2 CPU cores compiling, not running, is most of the suite's time.
+
+Nothing the tests run writes into the checkout or the user's folders: the default workdirs
+(of `train.py` without `--workdir`), the TFDS data dir and ln_jax's cache point into a folder
+that lives for one test session (tests/hermetic.py), and the session fails, naming the paths,
+if it changed the checkout's `workdirs/` or left a new ignored file in the tree.
 """
 
 import atexit
@@ -12,7 +17,12 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
+from tests import hermetic
 from tests.xla_env import xla_flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Must be set before JAX initialises its backends (first jax import anywhere in the session).
 # 8 devices unless XLA_FLAGS names a count; fast-compile flags added (see tests/xla_env.py).
@@ -27,3 +37,45 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
 # Programs that compile faster than this are not worth a file (JAX's default is 1 s).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+# One home per session: xdist's workers (and the tests' subprocesses) inherit the controller's.
+if hermetic.HOME_ENV not in os.environ:
+    _home = tempfile.mkdtemp(prefix="ln_jax_tests_home_")
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
+    os.environ[hermetic.HOME_ENV] = _home
+hermetic.point_defaults_at(os.environ[hermetic.HOME_ENV])
+
+_TREE_BEFORE = pytest.StashKey[dict]()
+_TREE_CHANGES = pytest.StashKey[list]()
+
+
+def _checks_the_tree(config) -> bool:
+    """Only the process that sees the whole session: not an xdist worker."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    if _checks_the_tree(session.config):
+        session.config.stash[_TREE_BEFORE] = hermetic.tree_state(ROOT)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = session.config.stash.get(_TREE_BEFORE, None)
+    if before is None:
+        return
+    changes = hermetic.tree_changes(before, hermetic.tree_state(ROOT))
+    session.config.stash[_TREE_CHANGES] = changes
+    if changes and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    changes = config.stash.get(_TREE_CHANGES, [])
+    if changes:
+        terminalreporter.section("the tests wrote into the checkout", red=True)
+        for line in changes[:50]:
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(
+            "a test wrote where the defaults point (train.py without --workdir, a relative "
+            "path): give it a tmp_path (tests/hermetic.py)."
+        )

@@ -244,7 +244,9 @@ def test_5_a_user_error_is_one_line_and_exit_2(data_dir, tmp_path, args, expecte
 
 
 def test_5_the_traceback_is_shown_on_request(tmp_path):
-    out = _train_py("--config=configs/bert_preln.py:tiny", "--config.mesh.data=3", "--traceback")
+    # Its own workdir: the default one (workdirs/bert_preln_tiny) may hold the README's run.
+    args = ["--config=configs/bert_preln.py:tiny", "--config.mesh.data=3", "--traceback"]
+    out = _train_py(*args, f"--workdir={tmp_path}")
     assert out.returncode == 2 and "Traceback" in out.stderr and "resolve_mesh_shape" in out.stderr
 
 

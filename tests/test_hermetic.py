@@ -1,0 +1,101 @@
+"""The suite stays out of the checkout and the user's folders (tests/hermetic.py): its default
+folders point into the session's temporary home, here and in the subprocesses the tests start,
+and the session's check of the tree names what a run would have left in it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ln_jax import paths
+from ln_jax.data import sources
+from tests import hermetic
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULTS_CODE = (
+    "from ln_jax import paths; from ln_jax.data import sources; "
+    "print(paths.default_workdir('bert_preln_tiny')); print(sources.default_data_dir(None)); "
+    "print(sources.local_cache_root())"
+)
+
+
+def _outside_the_user_folders(path: str) -> bool:
+    home = Path(os.environ[hermetic.HOME_ENV]).resolve()
+    resolved = Path(path).resolve()
+    return resolved.is_relative_to(home) and not resolved.is_relative_to(ROOT)
+
+
+def test_the_default_folders_point_into_the_sessions_home():
+    home = Path(os.environ[hermetic.HOME_ENV])
+    assert home.is_dir() and not home.resolve().is_relative_to(ROOT)
+    found = [
+        paths.default_workdir("bert_preln_tiny"),
+        sources.default_data_dir(None),
+        str(sources.local_cache_root()),
+    ]
+    assert found == [
+        str(home / "workdirs" / "bert_preln_tiny"),
+        str(home / "tensorflow_datasets"),
+        str(home / "cache"),
+    ]
+    assert all(_outside_the_user_folders(path) for path in found), found
+
+
+def test_subprocesses_inherit_the_default_folders(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-c", DEFAULTS_CODE],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    found = out.stdout.split()
+    assert len(found) == 3 and all(_outside_the_user_folders(path) for path in found), found
+
+
+def test_the_default_workdir_without_the_variable_is_workdirs_in_the_working_directory(
+    monkeypatch,
+):
+    monkeypatch.delenv(paths.WORKDIRS_ENV)
+    assert paths.default_workdir("glue_mrpc") == os.path.join("workdirs", "glue_mrpc")
+    monkeypatch.setenv(paths.WORKDIRS_ENV, "gs://bucket/runs")
+    assert paths.default_workdir("glue_mrpc") == "gs://bucket/runs/glue_mrpc"
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, timeout=60)
+
+
+def test_the_tree_check_names_what_a_test_left_in_a_checkout(tmp_path):
+    repo = tmp_path / "checkout"
+    (repo / "workdirs" / "readme_run").mkdir(parents=True)
+    (repo / ".gitignore").write_text("/workdirs/\n__pycache__/\n/studies/\n")
+    (repo / "train.py").write_text("print('train')\n")
+    (repo / "workdirs" / "readme_run" / "train.log").write_text("the README's run\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".gitignore", "train.py")
+    before = hermetic.tree_state(repo)
+    assert before.keys() == {"workdirs/readme_run/train.log"}
+
+    (repo / "train.py").write_text("print('edited')\n")  # a source edit: not the tests' output
+    (repo / "__pycache__").mkdir()
+    (repo / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    with open(repo / "workdirs" / "readme_run" / "train.log", "a") as log:
+        log.write("a second run appended\n")
+    (repo / "workdirs" / "bert_preln_tiny" / "checkpoints").mkdir(parents=True)
+    (repo / "workdirs" / "bert_preln_tiny" / "train.log").write_text("stub\n")
+    (repo / "studies" / "depth").mkdir(parents=True)
+    (repo / "studies" / "depth" / "results.json").write_text("{}\n")
+    assert hermetic.tree_changes(before, hermetic.tree_state(repo)) == [
+        "new studies/",
+        "new workdirs/bert_preln_tiny/train.log",
+        "changed workdirs/readme_run/train.log",
+    ]
+    assert hermetic.tree_changes(before, before) == []
+
+
+def test_the_tree_check_works_in_a_copy_without_git(tmp_path):
+    (tmp_path / "workdirs" / "run").mkdir(parents=True)
+    before = hermetic.tree_state(tmp_path)
+    (tmp_path / "workdirs" / "run" / "metrics.jsonl").write_text("{}\n")
+    changes = hermetic.tree_changes(before, hermetic.tree_state(tmp_path))
+    assert changes == ["new workdirs/run/metrics.jsonl"]
