@@ -147,7 +147,7 @@ def test_gettext_config_name_follows_the_catalogues(catalogues):
     write_mo(catalogues / "de" / "LC_MESSAGES" / "app.mo", dict([sentence_pair(9999)]))
     assert gettext.gettext_config("de-en").name != before.name
     assert gettext.gettext_config("fr-en").catalogues == ()
-    with pytest.raises(ConfigError, match="did you mean ln_jax_gettext/de-en"):
+    with pytest.raises(ConfigError, match="did you mean .ln_jax_gettext/de-en."):
         gettext.gettext_config("de-eng")
 
 

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import tensorflow_datasets as tfds
 
 from ln_jax.data import corpus
-from ln_jax.validate import ConfigError, UserError, closest
+from ln_jax.validate import UserError, check_choice
 
 NAME = "ln_jax_gettext"
 PAIRS = {"de-en": "de", "fr-en": "fr"}
@@ -274,13 +274,12 @@ def gettext_config(
 ) -> GettextConfig:
     """The config of `pair` from the catalogues under `roots` (None = `search_roots()`); its
     name hashes every catalogue's path and content. `min_pairs` None = `MIN_PAIRS`."""
-    if pair not in PAIRS:
-        hint = closest(pair, PAIRS)
-        raise ConfigError(
-            f"{NAME}/{pair}: no such language pair"
-            + (f"; did you mean {NAME}/{hint}?" if hint else "")
-            + f" Use one of {', '.join(f'{NAME}/{p}' for p in PAIRS)}."
-        )
+    check_choice(
+        "language pair",
+        f"{NAME}/{pair}",
+        [f"{NAME}/{p}" for p in PAIRS],
+        config_field="data.dataset",
+    )
     roots = search_roots() if roots is None else tuple(roots)
     files = find_catalogues(PAIRS[pair], roots)
     catalogues = tuple((p, os.path.getsize(p), _md5(p)) for p in files)

@@ -31,7 +31,7 @@ from etils import epath
 
 from ln_jax.data import corpus, gettext, sources
 from ln_jax.data.config import TRANSLATION_PREFIXES
-from ln_jax.validate import ConfigError, UserError, closest
+from ln_jax.validate import ConfigError, UserError, check_choice, unknown_choice
 
 GETTEXT_PREFIX, PARALLELTEXT_PREFIX, SYNTHETIC_PREFIX = TRANSLATION_PREFIXES
 SYNTHETIC_TASKS = ("copy", "reverse")
@@ -115,11 +115,8 @@ def open_parallel(cfg: Any) -> ParallelSource:
         return gettext_source(name, cfg.data_dir)
     if name.split(":")[0] in WMT_DATASETS:
         return wmt_source(name, cfg.data_dir, cfg.download)
-    hint = closest(name, KNOWN_DATASETS)
-    raise ConfigError(
-        f"data.dataset={name!r} is not a parallel dataset"
-        + (f"; did you mean {hint!r}?" if hint else "")
-        + f" Use one of {', '.join(KNOWN_DATASETS)}."
+    raise unknown_choice(
+        "data.dataset", name, KNOWN_DATASETS, config_field="data.dataset", shown=KNOWN_DATASETS
     )
 
 
@@ -178,13 +175,12 @@ def synthetic_pairs(task: str, split: str, seed: int, num_symbols: int) -> Pairs
 
 def synthetic_source(name: str, seed: int, vocab_size: int) -> ParallelSource:
     task = name[len(SYNTHETIC_PREFIX) :]
-    if task not in SYNTHETIC_TASKS:
-        hint = closest(task, SYNTHETIC_TASKS)
-        raise ConfigError(
-            f"data.dataset={name!r}: no synthetic task {task!r}"
-            + (f"; did you mean {SYNTHETIC_PREFIX + hint!r}?" if hint else "")
-            + f" Use {' or '.join(SYNTHETIC_PREFIX + t for t in SYNTHETIC_TASKS)}."
-        )
+    check_choice(
+        "data.dataset",
+        name,
+        [SYNTHETIC_PREFIX + t for t in SYNTHETIC_TASKS],
+        config_field="data.dataset",
+    )
     n = synthetic_symbols(vocab_size)
     read = lambda split: synthetic_pairs(task, _canonical_split(split), seed, n)  # noqa: E731
     return ParallelSource(name, f"synthetic-{task}-s{seed}-v{n}", read, None, {"symbols": n})

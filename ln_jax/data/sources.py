@@ -30,7 +30,7 @@ from etils import epath
 from ln_jax import paths
 from ln_jax.data import corpus, sitedocs
 from ln_jax.data.config import TRANSLATION_PREFIXES
-from ln_jax.validate import ConfigError, UserError
+from ln_jax.validate import ConfigError, Fix, UserError, check_choice
 
 TEXTDIR_PREFIX = "textdir:"
 ARRAY_RECORD = "array_record"  # the random-access format ln_jax reads
@@ -39,10 +39,18 @@ _READ_CHUNK = 1024
 _TFDS_CATEGORIES = ("text", "summarization", "question_answering", "translate")
 CACHE_DIR_ENV = "LN_JAX_CACHE_DIR"  # the per-host cache folder of URL data dirs
 DEFAULT_CACHE_ROOT = "~/.cache/ln_jax"
+# ln_jax's own corpora, prepared here from this installation
+_FIELD = "--config.data.dataset"
+LOCAL_DATASETS = (corpus.LnJaxPydocs.name, sitedocs.LnJaxSitedocs.name)
 
 
 class DatasetNotPreparedError(UserError, FileNotFoundError):
     """A named dataset is neither prepared in the data dir nor obtainable from here."""
+
+
+class UnknownDatasetError(DatasetNotPreparedError):
+    """A dataset name that neither ln_jax nor this installation's TFDS knows (a misspelling):
+    the message suggests the closest known names."""
 
 
 class DatasetFormatError(UserError):
@@ -105,7 +113,8 @@ class TextSource:
             known = ", ".join(self.builder.info.splits.keys())
             raise ValueError(
                 f"dataset {self.name!r} has no split {split!r} (its splits: {known}); set "
-                "DataConfig.train_split / eval_split, e.g. 'train[:99.5%]' and 'train[99.5%:]'."
+                "--config.data.train_split and --config.data.eval_split, e.g. 'train[:99.5%]' "
+                "and 'train[99.5%:]'."
             ) from e
 
     def num_documents(self, split: str) -> int:
@@ -135,7 +144,7 @@ class TextSource:
         if self.text_feature not in record:
             raise KeyError(
                 f"dataset {self.name!r} has no feature {self.text_feature!r}; its features are "
-                f"{sorted(record)}: set DataConfig.text_feature."
+                f"{sorted(record)}: set --config.data.text_feature."
             )
         text = record[self.text_feature]
         text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
@@ -269,8 +278,79 @@ def _tfds_builder(name: str, root: str) -> tfds.core.DatasetBuilder:
             continue
     try:
         return _builder_or_config_error(name, root)
-    except tfds.core.registered.DatasetNotFoundError as e:
-        raise DatasetNotPreparedError(not_prepared_message(name, root, None)) from e
+    except tfds.core.registered.DatasetNotFoundError:
+        raise unknown_dataset(name, root) from None
+
+
+def known_datasets() -> list[str]:
+    """Every dataset name `open_source` knows: ln_jax's own corpora, then the TFDS datasets
+    this installation registers (their text categories imported)."""
+    registered = tfds.list_builders(with_community_datasets=False)
+    # ln_jax's own builders are named by their specs (textdir:FOLDER, the parallel names).
+    return [*LOCAL_DATASETS, *(n for n in registered if not n.startswith("ln_jax"))]
+
+
+def unknown_dataset(name: str, root: str) -> UnknownDatasetError:
+    """The error of a dataset name nobody knows: the closest known names (a misspelling is
+    the usual cause), where it looked, and what names work."""
+    base = name.split("/")[0].split(":")[0]
+    note = (
+        f"It is neither ln_jax's ({', '.join(LOCAL_DATASETS)}, {TEXTDIR_PREFIX}FOLDER) nor a "
+        f"TFDS dataset this installation knows, nor prepared under data_dir={root!r} (looked "
+        f"for {os.path.join(root, name)})."
+    )
+    try:
+        check_choice(
+            "data.dataset",
+            base,
+            known_datasets(),
+            config_field="data.dataset",
+            error=UnknownDatasetError,
+        )
+    except UnknownDatasetError as err:
+        fix = err.fix and Fix(
+            set={"--config.data.dataset": err.fix.set[_FIELD] + name[len(base) :]}
+        )
+        return UnknownDatasetError(f"{err} {note}", fix=fix)
+    return UnknownDatasetError(f"data.dataset {name!r}: {note}")
+
+
+def check_datasets(cfg: Any) -> None:
+    """Checks, before anything is created or prepared, that every dataset of DataConfig `cfg`
+    can be opened: a known name (ln_jax's corpora, a TFDS dataset), a `textdir:` folder that
+    exists, a TFDS dataset prepared (or `cfg.download`). Parallel-text names are left to the
+    translation task.
+
+    Raises:
+      UnknownDatasetError: a misspelt name (suggesting the closest known ones).
+      DatasetNotPreparedError: a TFDS dataset not prepared (with the command that prepares it).
+      ConfigError: a `textdir:` folder that does not exist.
+    """
+    root = default_data_dir(cfg.data_dir)
+    single = len(cfg.sources) == 1
+    for name, _ in cfg.sources:
+        if name in LOCAL_DATASETS or name.startswith(TRANSLATION_PREFIXES):
+            continue
+        if name.startswith(TEXTDIR_PREFIX):
+            _check_textdir(name[len(TEXTDIR_PREFIX) :])
+            continue
+        try:
+            builder = _tfds_builder(name, root)
+        except UnknownDatasetError as err:
+            if not single:  # a mix: the fix of one entry is not the whole field's value
+                err.fix = None
+            raise
+        if not builder.is_prepared() and not cfg.download:
+            raise DatasetNotPreparedError(not_prepared_message(name, root, builder))
+
+
+def _check_textdir(folder: str) -> None:
+    if paths.is_url(folder) or os.path.isdir(os.path.expanduser(folder)):
+        return
+    raise ConfigError(
+        f"data.dataset='{TEXTDIR_PREFIX}{folder}': no such folder; give a folder of .txt files "
+        f"(--config.data.dataset={TEXTDIR_PREFIX}/path/to/folder)."
+    )
 
 
 def _builder_or_config_error(name: str, root: str) -> tfds.core.DatasetBuilder:
@@ -340,7 +420,7 @@ def not_prepared_message(
     if cause is not None:
         notes.append(f"Preparing it here failed: {type(cause).__name__}: {cause}")
     else:
-        notes.append("Or set DataConfig.download=True to let TFDS try from this process.")
+        notes.append("Or add --config.data.download=True to let TFDS try from this process.")
     return "\n".join([head, cmd, *notes])
 
 
