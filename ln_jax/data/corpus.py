@@ -17,7 +17,10 @@ are array_record, readable with `tfds.data_source` / `builder.as_data_source()`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
+import io
+import logging
 import os
 import pathlib
 import re
@@ -340,9 +343,59 @@ def pydocs_builder(data_dir: str | None = None) -> LnJaxPydocs:
 
 
 def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
-    """Generates a local builder's data once; later calls find it prepared and return at once."""
-    if not builder.is_prepared():
+    """Generates a local builder's data once; later calls find it prepared and return at once.
+
+    Nothing is downloaded, so TFDS's own output (its "Downloading and preparing dataset
+    Unknown size" and "prepared" lines, progress bars, and the warning about the empty
+    version folder it has just made) goes to the log file instead; one line says what is
+    being prepared, and where.
+    """
+    with _tfds_output_to_log():  # is_prepared warns about the version folder it looks at
+        if builder.is_prepared():
+            return builder
+        _log.info("preparing %s in %s (generated locally, once)", builder.name, builder.data_dir)
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(try_download_gcs=False)
         )
     return builder
+
+
+_log = logging.getLogger(__name__)
+_tfds_log = logging.getLogger("tensorflow_datasets")  # another library: the log file only
+
+
+class _LineLogger(io.TextIOBase):
+    """A text stream whose lines go to `_tfds_log` at INFO (what TFDS prints)."""
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if line.strip():
+                _tfds_log.info("%s", line.strip())
+        return len(text)
+
+
+class _DemoteWarnings(logging.Filter):
+    """Lowers TFDS's WARNING records to INFO (the log file, not the terminal)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+@contextlib.contextmanager
+def _tfds_output_to_log() -> Iterator[None]:
+    """While a local corpus is generated: TFDS's printed lines to the log, its progress bars
+    off, and its warnings (absl's logger) demoted to INFO."""
+    from tensorflow_datasets.core.utils import tqdm_utils
+
+    bars = tqdm_utils._active
+    absl_logger, demote = logging.getLogger("absl"), _DemoteWarnings()
+    tqdm_utils.display_progress_bar(False)
+    absl_logger.addFilter(demote)
+    try:
+        with contextlib.redirect_stdout(_LineLogger()):
+            yield
+    finally:
+        absl_logger.removeFilter(demote)
+        tqdm_utils.display_progress_bar(bars)

@@ -16,9 +16,11 @@ Failures are `CheckpointError`s that name the step directory and the cause:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,7 +32,8 @@ from etils import epath
 
 from ln_jax import paths
 from ln_jax.config import CheckpointConfig
-from ln_jax.validate import UserError
+from ln_jax.train.run_identity import fresh_workdir
+from ln_jax.validate import Fix, UserError
 
 log = logging.getLogger(__name__)
 ITEMS = ("state", "data_iter", "config")
@@ -49,9 +52,29 @@ def abstract_like(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
+# Parts of tensorstore's messages that say nothing to a user: the JSON spec of the store and
+# C++ source locations, and the Python reprs inside such specs (`<bound method pybind11_...>`).
+_SPEC_JUNK = re.compile(r"\s*\[(?:tensorstore_spec|source locations)=.*?'\]", re.DOTALL)
+_REPR_START = "<bound method "
+
+
+def _without_reprs(text: str) -> str:
+    """`text` without `<bound method ...>` reprs (nested angle brackets included)."""
+    while (start := text.find(_REPR_START)) >= 0:
+        depth, end = 0, len(text)
+        for i in range(start, len(text)):
+            depth += {"<": 1, ">": -1}.get(text[i], 0)
+            if depth == 0:
+                end = i + 1
+                break
+        text = text[:start] + "<...>" + text[end:]
+    return text
+
+
 def _cause(err: BaseException) -> str:
-    """`Type: message`, on one line and bounded."""
-    text = " ".join(str(err).split())
+    """`Type: message`, on one line and bounded, without tensorstore's spec dumps."""
+    text = _without_reprs(_SPEC_JUNK.sub("", str(err)))
+    text = " ".join(text.split(" [tensorstore_spec=")[0].split())  # a spec cut short
     if len(text) > _MAX_CAUSE:
         text = text[:_MAX_CAUSE] + " [...]"
     return f"{type(err).__name__}: {text}"
@@ -209,19 +232,21 @@ class Checkpointer:
             except Exception as err:  # orbax raises many types for a bad file
                 errors.append(f"{path}: {_cause(err)}")
                 broken.append(step)
-                log.warning("checkpoint %s could not be read: %s", path, _cause(err))
+                if self.cfg.fallback:  # without it, the error below says the same
+                    log.warning("checkpoint %s could not be read: %s", path, _cause(err))
                 continue
             if mismatch:
                 raise _incompatible_error(path, mismatch)
             self._set_aside(broken)
             return restored
-        hint = (
-            ""
-            if self.cfg.fallback
-            else " Set --config.checkpoint.fallback=True to fall back to the previous checkpoint,"
-            " or delete the broken step directory."
+        message = "cannot restore checkpoint " + "; ".join(errors)[:2000] + "."
+        if self.cfg.fallback:
+            raise CheckpointError(message + " No earlier checkpoint can be read either.")
+        raise CheckpointError(
+            message + " Set --config.checkpoint.fallback=True to set it aside and resume from "
+            "the previous checkpoint (or delete the broken step directory).",
+            fix=Fix(set={"--config.checkpoint.fallback": "True"}),
         )
-        raise CheckpointError("cannot restore checkpoint " + "; ".join(errors)[:2000] + "." + hint)
 
     def restore_step(self, step: int, target: Any) -> Any:
         """The state of checkpoint `step` (not necessarily the latest) in `target`'s shapes and
@@ -329,36 +354,61 @@ def _mismatch(stored: Any, target: Any) -> str:
 
 
 def _incompatible_error(path: epath.Path, mismatch: str) -> CheckpointError:
+    fresh = fresh_workdir(str(path.parent.parent))  # WORKDIR/checkpoints/<step>
     return CheckpointError(
         f"checkpoint {path} was written by a different model config (another placement, size "
         f"or dtype): {mismatch}. It reads fine and was left as it is. To train this config, "
-        "use a new --workdir; to resume that run, use the config it was started with."
+        f"use a new --workdir (e.g. --workdir={fresh}); to resume that run, use the config it "
+        "was started with.",
+        fix=Fix(set={"--workdir": fresh}),
     )
 
 
-def _drop_closed_loop_reports(previous: Callable[[Any], None]) -> Callable[[Any], None]:
-    """An unraisable hook that drops "Event loop is closed" reports and passes on the rest."""
+_stray_log = logging.getLogger("tensorstore")  # another library: train.log, not the terminal
+
+
+def _is_stray_read_report(unraisable: Any) -> bool:
+    """Whether an unraisable report is one of a failed restore's leftover reads: "Event loop
+    is closed", or any exception ignored in a coroutine (orbax's reads are coroutines)."""
+    err = unraisable.exc_value
+    closed = isinstance(err, RuntimeError) and str(err) == "Event loop is closed"
+    return closed or inspect.iscoroutine(unraisable.object)
+
+
+def _stray_reads_to_log(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An unraisable hook that logs stray-read reports (to train.log, one line each with
+    the traceback in the file) and passes on the rest."""
 
     def hook(unraisable: Any) -> None:
-        err = unraisable.exc_value
-        if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
+        if not _is_stray_read_report(unraisable):
             previous(unraisable)
+            return
+        err = unraisable.exc_value
+        _stray_log.info(
+            "ignored after a failed checkpoint read: %s %r",
+            unraisable.err_msg or "Exception ignored in",
+            unraisable.object,
+            exc_info=(type(err), err, unraisable.exc_traceback) if err else None,
+        )
 
-    hook.drops_closed_loop_reports = True
+    hook.logs_stray_reads = True
     return hook
 
 
 class _OrphanedReadFilter(logging.Filter):
-    """Drops asyncio's "Task/Future exception was never retrieved" reports of tensorstore
-    reads: the same leftover reads of a failed restore as below, when their task is collected
-    before the loop closes (the restore's own error already names the checkpoint)."""
+    """Demotes asyncio's "Task/Future exception was never retrieved" reports of tensorstore
+    reads to the log file: the same leftover reads of a failed restore as below, when their
+    task is collected before the loop closes (the restore's own error already names the
+    checkpoint)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        return not ("exception was never retrieved" in text and "tensorstore" in text)
+        if "exception was never retrieved" in text and "tensorstore" in text:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
 
 
-def _drop_orphaned_read_errors() -> None:
+def _demote_orphaned_read_errors() -> None:
     logger = logging.getLogger("asyncio")
     if not any(isinstance(f, _OrphanedReadFilter) for f in logger.filters):
         logger.addFilter(_OrphanedReadFilter())
@@ -366,22 +416,23 @@ def _drop_orphaned_read_errors() -> None:
 
 @contextlib.contextmanager
 def _quiet_stray_reads() -> Iterator[None]:
-    """Silences the "Event loop is closed" reports of a failed restore's leftover reads.
+    """Sends the reports of a failed restore's leftover reads to the log file.
 
     Orbax runs a restore's tensorstore reads (and those of its metadata: the arrays' shapes and
     dtypes) in an event loop of its own and closes that loop as soon as one read fails; the
-    reads still in flight finish afterwards and tensorstore, unable to hand their results to
-    the closed loop, reports one unraisable `RuntimeError: Event loop is closed` per read
-    (thousands for a model, some of them at exit). Their results were to be discarded anyway.
-    Such reports are dropped while the restore runs and, if it fails, for the rest of the
-    process (they come late); every other unraisable report is passed on.
+    reads still in flight finish afterwards and, unable to hand their results to the closed
+    loop, each is reported as an unraisable exception ignored in a coroutine (thousands for a
+    model, many after the restore has returned: a fallback restores the previous checkpoint
+    while they come, some come at exit). Their results were to be discarded anyway. The hook
+    that logs them is set while a restore runs and, once one has failed, for the rest of the
+    process; every other unraisable report is passed on.
     """
-    _drop_orphaned_read_errors()
+    _demote_orphaned_read_errors()
     previous = sys.unraisablehook
-    if getattr(previous, "drops_closed_loop_reports", False):
+    if getattr(previous, "logs_stray_reads", False):
         yield
         return
-    sys.unraisablehook = hook = _drop_closed_loop_reports(previous)
+    sys.unraisablehook = hook = _stray_reads_to_log(previous)
     yield  # an exception propagates from here and leaves the hook in place
     if sys.unraisablehook is hook:
         sys.unraisablehook = previous

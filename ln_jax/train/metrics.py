@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pathlib
@@ -153,8 +154,13 @@ def format_duration(seconds: float) -> str:
 class Progress:
     """A progress line: step, steps/s, tokens/s, ETA and the latest loss.
 
-    The first step of a process includes compiling the train step, so its line shows that
-    step's time instead of an ETA; rates and ETAs start with the next window.
+    A window (the steps since the previous line) in which something other than steady
+    training took time, say compiling a program (the first step of a process, the first step
+    of the train step without measurements after a measured one) or an evaluation, is
+    *disturbed* (`disturb`): its line shows the window's time and what it included, and it
+    does not count for the ETA. The ETA is the remaining steps times the median seconds per
+    step of the last `window` steady windows, so one slow window does not swing it; before
+    the first steady window there is none.
     """
 
     def __init__(
@@ -164,6 +170,7 @@ class Progress:
         start_step: int = 0,
         stream: TextIO = sys.stdout,
         enabled: bool = True,
+        window: int = 20,
     ):
         self.total = total_steps
         self.tokens_per_step = tokens_per_step
@@ -172,23 +179,56 @@ class Progress:
         self._first_step = start_step + 1
         self._mark_step = start_step
         self._mark_time = time.perf_counter()
+        self._steady: collections.deque[float] = collections.deque(maxlen=window)
+        self._pending: list[str] = []  # what disturbs the window being measured
+        self._shown: list[str] = []  # what disturbed the window `rates` closed last
+        self._window = (0, 0.0)  # (steps, seconds) of that window
+
+    def disturb(self, reason: str) -> None:
+        """Marks the current window as not steady: `reason` ("compilation", "evaluation")
+        took time in it."""
+        if reason not in self._pending:
+            self._pending.append(reason)
 
     def rates(self, step: int) -> tuple[float, float]:
-        """(steps/s, tokens/s) since the previous call; resets the window."""
+        """(steps/s, tokens/s) since the previous call; resets the window (a steady one
+        counts for the ETA)."""
         now = time.perf_counter()
         steps = step - self._mark_step
         elapsed = max(now - self._mark_time, 1e-9)
         self._mark_step, self._mark_time = step, now
+        self._shown, self._pending = self._pending, []
+        self._window = (steps, elapsed)
+        if not self._shown and step != self._first_step and steps > 0:
+            self._steady.append(elapsed / steps)
         return steps / elapsed, steps * self.tokens_per_step / elapsed
+
+    def eta(self, step: int, steps_per_s: float | None = None) -> float | None:
+        """Seconds to the last step from the steady windows (None before the first one);
+        `steps_per_s`: the rate of a steady window not yet recorded by `rates`."""
+        per_step = list(self._steady)
+        if not per_step and steps_per_s:
+            per_step = [1.0 / steps_per_s]
+        if not per_step:
+            return None
+        return (self.total - step) * float(np.median(per_step))
 
     def line(self, step: int, steps_per_s: float, tokens_per_s: float, loss: float) -> str:
         """The progress line of `step`, given the rates of the window ending there."""
         head = f"step {step:>{len(str(self.total))}}/{self.total}"
+        took = 1.0 / steps_per_s if steps_per_s > 0 else float("inf")
         if step == self._first_step:
-            took = 1.0 / steps_per_s if steps_per_s > 0 else float("inf")
             return f"{head} | first step {took:.1f} s (compilation included) | loss {loss:.4f}"
-        eta = (self.total - step) / steps_per_s if steps_per_s > 0 else float("inf")
-        eta_text = format_duration(eta) if np.isfinite(eta) else "?"
+        if self._shown:  # a disturbed window: its time, and the ETA of the steady ones
+            steps, seconds = self._window
+            eta = self.eta(step)
+            return (
+                f"{head} | {steps} step{'s' * (steps != 1)} in {seconds:.1f} s "
+                f"({' and '.join(self._shown)} included) | loss {loss:.4f}"
+                + (f" | ETA {format_duration(eta)}" if eta is not None else "")
+            )
+        eta = self.eta(step, steps_per_s if not self._steady else None)
+        eta_text = format_duration(eta) if eta is not None and np.isfinite(eta) else "?"
         return (
             f"{head} | {steps_per_s:6.2f} steps/s | {tokens_per_s:9.0f} tokens/s | "
             f"loss {loss:.4f} | ETA {eta_text}"

@@ -1,9 +1,11 @@
 """A run's identity: the config a workdir was started with, and what may change on resume.
 
 `WORKDIR/config.json` holds the config of the run in that workdir. Resuming with another config
-is a `RunMismatchError` listing the fields that differ, unless every difference is one a run
-can safely continue with (cadences, mesh, checkpointing, a longer run) and the user accepted
-them (`train.py --accept_changes`); a changed schedule is shown before it is accepted.
+continues when every difference is a free one (cadences, checkpointing, monitoring: nothing
+the run computes), and with `train.py --accept_changes` when the others are safe but change
+numbers (mesh, accumulation, a longer run: the schedule change is shown); otherwise it is a
+`RunMismatchError` listing the fields that differ. The table is `FREE_FIELDS` /
+`CONSENT_FIELDS` below, with the reason for each.
 """
 
 from __future__ import annotations
@@ -16,47 +18,68 @@ from collections.abc import Mapping
 from typing import Any
 
 from ln_jax import paths
-from ln_jax.validate import UserError
+from ln_jax.validate import Fix, UserError
 
 CONFIG_FILE = "config.json"
 
-# Fields a run may continue with when they change: they alter no parameter, no batch and no
-# update of the steps already run.
-SAFE_FIELDS = frozenset(
+# What may change when a run resumes, decided field by field from the typed configs
+# (`ln_jax.config.TrainConfig` and its sections). Three kinds:
+#
+# FREE_FIELDS change without asking: they alter no parameter, no batch and no update, only
+# how the run is recorded, watched, saved and fed.
+#   name                        a label (the default workdir's name).
+#   log_every, eval_every,      cadences: when records, evaluations and checkpoints are
+#   checkpoint_every            written, not what is trained.
+#   nan_policy                  "skip" and "stop" train alike until a non-finite step, where
+#                               "stop" ends the run: a run that finishes computed the same.
+#   checkpoint.*                how checkpoints are kept, written and restored (`fallback`:
+#                               the way back from a corrupt one).
+#   monitor.*                   what is measured and warned about (cadence, thresholds).
+#   data.cache_dir, download,   how the same batches are fetched: caches are rebuilt
+#   worker_count,               identically, the batches are the same for any number of
+#   device_prefetch,            workers (tested), prefetching and waiting change no value.
+#   prepare_timeout_s
+# CONSENT_FIELDS are safe to continue with, but change numbers the run reports or computes,
+# so they need `--accept_changes` (the message says so, with the whole command):
+#   total_steps, optim.total_steps   the learning-rate schedule of the remaining steps (shown).
+#   grad_accum_steps            the same batch split otherwise: equal to float round-off (1e-5).
+#   mesh.*                      the same program on other devices: reductions in another order.
+#   data.data_dir               where the prepared data is read: another folder may hold
+#                               another preparation.
+#   eval_batches, data.eval_batch_size, data.eval_num_batches
+#                               the evaluation set: later evals are not comparable with earlier.
+# Every other field (model, seed, optimizer, data, task) cannot change within a run.
+FREE_SECTIONS = ("checkpoint.", "monitor.")
+FREE_FIELDS = frozenset(
     {
         "name",
         "log_every",
         "eval_every",
         "checkpoint_every",
-        "eval_batches",
-        "grad_accum_steps",  # the same batch, split otherwise (equal to 1e-5, tested)
         "nan_policy",
-        "checkpoint.keep",
-        "checkpoint.async_save",
-        "checkpoint.fallback",
+        "data.cache_dir",
+        "data.download",
+        "data.worker_count",
+        "data.device_prefetch",
+        "data.prepare_timeout_s",
+    }
+)
+CONSENT_FIELDS = frozenset(
+    {
+        "grad_accum_steps",
         "mesh.data",
         "mesh.fsdp",
         "mesh.tensor",
         "data.data_dir",
-        "data.cache_dir",  # where caches of a URL data dir go; they are rebuilt identically
-        "data.download",
+        "eval_batches",
         "data.eval_batch_size",
         "data.eval_num_batches",
-        "data.worker_count",  # the same batches for any number of workers (tested)
-        "data.device_prefetch",
-        "data.prepare_timeout_s",
-        "monitor.every",  # what is measured and warned about, not what is trained
-        "monitor.window",
-        "monitor.loss_spike",
-        "monitor.grad_jump",
-        "monitor.collapse",
-        "monitor.keep_checkpoint",
     }
 )
 # Fields added after runs were recorded, with the value those runs had: a config.json without
 # the field matches a config that has this value.
 ADDED_FIELDS: dict[str, Any] = {"task": "bert_pretraining", "steps_per_epoch": 0}
-# Safe too, but they move the learning-rate schedule: the change is shown before it is taken.
+# Consent fields that move the learning-rate schedule: the change is shown before it is taken.
 SCHEDULE_FIELDS = frozenset({"total_steps", "optim.total_steps"})
 
 
@@ -68,6 +91,9 @@ class WorkdirError(UserError):
     """The workdir cannot be created or written."""
 
 
+MISSING = "(unset)"  # how a field one side lacks is shown (a field added since, or removed)
+
+
 @dataclasses.dataclass(frozen=True)
 class Change:
     """One field that differs between the workdir's config and the one given."""
@@ -77,11 +103,30 @@ class Change:
     new: Any
 
     @property
+    def kind(self) -> str:
+        """ "free" (resumes as it is), "consent" (needs --accept_changes) or "unsafe"."""
+        return kind_of(self.field)
+
+    @property
     def safe(self) -> bool:
-        return self.field in SAFE_FIELDS or self.field in SCHEDULE_FIELDS
+        return self.kind != "unsafe"
 
     def __str__(self) -> str:
-        return f"{self.field}: {self.old!r} -> {self.new!r}"
+        shown = lambda v: MISSING if v is _ABSENT else repr(v)
+        return f"{self.field}: {shown(self.old)} -> {shown(self.new)}"
+
+
+_ABSENT = object()
+
+
+def kind_of(field: str) -> str:
+    """What a change of `field` (dotted, e.g. "checkpoint.fallback") needs on resume: "free",
+    "consent" or "unsafe" (the table above)."""
+    if field in FREE_FIELDS or field.startswith(FREE_SECTIONS):
+        return "free"
+    if field in CONSENT_FIELDS or field in SCHEDULE_FIELDS:
+        return "consent"
+    return "unsafe"
 
 
 def as_dict(cfg: Any) -> dict[str, Any]:
@@ -104,8 +149,7 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     """The fields whose values differ (a field only one side has counts as a change)."""
     a, b = flatten(old), flatten(new)
     a = {**{k: v for k, v in ADDED_FIELDS.items() if k not in a}, **a}
-    missing = object()
-    changes = [Change(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))]
+    changes = [Change(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in sorted(set(a) | set(b))]
     return [c for c in changes if c.old != c.new]
 
 
@@ -190,33 +234,48 @@ def check_resume(
     workdir: str,
     accept_changes: bool = False,
 ) -> list[str]:
-    """Checks that `new` may continue the run of `old` in `workdir` from `resume_step`.
+    """Checks that `new` may continue the run of `old` in `workdir` from `resume_step`: free
+    changes always may, consent ones with `accept_changes`, unsafe ones never.
 
     Returns:
-      Notes to log: one per accepted change (empty when nothing changed).
+      Notes to log: one per change taken (empty when nothing changed).
 
     Raises:
-      RunMismatchError: listing the differing fields and what to do.
+      RunMismatchError: listing the differing fields, what to do, and (`fix`) the change to
+        the command line that works: `--accept_changes`, or a new `--workdir`.
     """
     changes = differences(old, new) if old is not None else []
-    if not changes:
-        return []
     notes = [str(c) for c in changes]
     step = resume_step or 0
     if any(c.field in SCHEDULE_FIELDS for c in changes):
         notes.append(schedule_change(old, new, step))
-    unsafe = [c for c in changes if not c.safe]
-    if accept_changes and not unsafe:
+    unsafe = [c for c in changes if c.kind == "unsafe"]
+    needs_consent = any(c.kind == "consent" for c in changes)
+    if not unsafe and (accept_changes or not needs_consent):
         return notes
     where = f"at step {step}" if resume_step else "(no checkpoint yet)"
     listed = "; ".join(notes)
     if unsafe:
-        fix = (
+        fresh = fresh_workdir(workdir)
+        fix = Fix(set={"--workdir": fresh})
+        advice = (
             f"{', '.join(c.field for c in unsafe)} cannot change within a run: give a new "
-            "--workdir for the new config (or remove the override to continue the old run)."
+            f"--workdir for the new config, e.g. --workdir={fresh} (or remove the override to "
+            "continue the old run)."
         )
     else:
-        fix = "If these changes are meant, continue with them by adding --accept_changes."
+        fix = Fix(set={"--accept_changes": "True"})
+        advice = "If these changes are meant, continue with them by adding --accept_changes."
     raise RunMismatchError(
-        f"workdir {workdir} holds a run of another config {where}: {listed}. {fix}"
+        f"workdir {workdir} holds a run of another config {where}: {listed}. {advice}", fix=fix
     )
+
+
+def fresh_workdir(workdir: str) -> str:
+    """`workdir` with the first suffix _2, _3, ... that names no existing folder."""
+    base = workdir.rstrip("/")
+    for n in range(2, 1000):
+        candidate = f"{base}_{n}"
+        if not paths.as_path(candidate).exists():
+            return candidate
+    return f"{base}_new"

@@ -8,9 +8,8 @@ family only through `cfg.task` (`ln_jax.task`). The state and the jitted steps c
 use); step 0's parameters from the task's `initialize` (a warm start, fresh runs only) or else
 a placement's set-up (Admin's profiling, `ln_jax.nn.placement_setup`).
 
-WORKDIR holds `config.json`, `metrics.jsonl` (split "train" every `log_every` steps, at every
-evaluation and at steps 1-2; "eval" every `eval_every` steps with the task's metrics, and
-`epoch` when `steps_per_epoch` is set; "result" once at the end if the task has `run_result`),
+WORKDIR holds `config.json`, `metrics.jsonl` (splits "train", "eval", "monitor",
+"warning/<rule>" and "result": docs/usage.md, "metrics.jsonl", lists each record's fields),
 `checkpoints/` and `tensorboard/`.
 """
 
@@ -36,7 +35,7 @@ from ln_jax.train.early_warning import EarlyWarning
 from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, Progress, read_records
 from ln_jax.train.preemption import Preemption
 from ln_jax.train.workdir_lock import run_lock
-from ln_jax.validate import ConfigError
+from ln_jax.validate import ConfigError, Fix
 
 __all__ = [
     "CheckpointError",
@@ -54,7 +53,12 @@ State = dict[str, Any]
 
 
 class NonFiniteError(RuntimeError):
-    """Training produced a NaN/Inf loss or gradient (nan_policy="stop")."""
+    """Training produced a NaN/Inf loss or gradient (nan_policy="stop"); `fix`: the change to
+    the command line that goes on past it (`--config.nan_policy=skip`)."""
+
+    def __init__(self, *args: Any, fix: Fix | None = None):
+        super().__init__(*args)
+        self.fix = fix
 
 
 # --------------------------------------------------------------------------- set-up
@@ -150,8 +154,9 @@ def _check_finite(run: Run, ckpt: Checkpointer) -> None:
         where = f"the checkpoint of step {kept} is kept ({ckpt.directory / str(kept)})"
     raise NonFiniteError(
         f"non-finite loss or gradient at step {bad}: that update was dropped and training "
-        f"stopped; {where}. Lower optim.peak_lr, add warm-up, or set "
-        "--config.nan_policy=skip to drop such updates."
+        f"stopped; {where}. Lower optim.peak_lr, add warm-up (a new --workdir), or set "
+        "--config.nan_policy=skip to drop such updates and go on.",
+        fix=Fix(set={"--config.nan_policy": "skip"}),
     )
 
 
@@ -265,6 +270,23 @@ def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption) -> dict
             writer.close()
 
 
+def eval_line(result: dict[str, Any]) -> str | None:
+    """What a command prints about a run's last evaluation (None if it had none), naming the
+    step evaluated: after a stop (SIGTERM, Ctrl-C) that is the last eval before the saved
+    step, not the saved step itself (an eval of the stop's step would be a record an
+    uninterrupted run does not write)."""
+    record = result.get("eval") or {}
+    if not record:
+        return None
+    evaluated, last = record.get("step", result["step"]), result["step"]
+    scalars = ", ".join(
+        f"{k}={v:.4f}" for k, v in record.items() if isinstance(v, float) and k != "time"
+    )
+    if evaluated == last:
+        return f"final eval at step {evaluated}: {scalars}"
+    return f"last eval at step {evaluated} (training stopped at step {last}): {scalars}"
+
+
 def tokens_per_step(task: Task) -> int:
     """The tokens one step trains on, for the progress line's rate: the task's
     `tokens_per_step()` (translation: the token budget), else batch x sequence length."""
@@ -285,7 +307,7 @@ def _check_identity(config_dict, workdir, ckpt, accept_changes) -> int | None:
         except Exception:  # an unreadable checkpoint: the restore will say so
             old = None
     for note in run_identity.check_resume(old, config_dict, latest, workdir, accept_changes):
-        log.warning("continuing %s with a changed config: %s", workdir, note)
+        log.info("continuing %s with a changed config: %s", workdir, note)
     return latest
 
 
@@ -352,11 +374,20 @@ class _Loop:
         self.config_dict, self.preemption, self.hooks = config_dict, preemption, hooks
         self.watcher = EarlyWarning(run.cfg.monitor) if run.monitor_step is not None else None
         self.evals = _earlier_evals(workdir) if hasattr(run.task, "run_result") else []
+        self.compiled: set[str] = set()  # the train programs this process has run
+
+    def _note_compilation(self, measured: bool) -> None:
+        """A train program's first step in this process compiles it: not a steady step."""
+        program = "measured" if measured else "train"
+        if program not in self.compiled:
+            self.compiled.add(program)
+            self.progress.disturb("compilation")
 
     def steps(self, start: int, result: dict[str, Any]) -> dict[str, Any]:
         run, cfg, last = self.run, self.run.cfg, self.run.cfg.total_steps
         for step in range(start + 1, last + 1):
             measured = _measured(run, step)
+            self._note_compilation(measured)
             train_step = run.monitor_step if measured else run.train_step
             run.state, metrics = train_step(run.state, run.rest, next(run.train_iter))
             for hook in self.hooks:
@@ -372,6 +403,7 @@ class _Loop:
             if evaluated:
                 _check_finite(run, self.ckpt)
                 result["eval"] = self._evaluate(step)
+                self.progress.disturb("evaluation")  # its time falls in the next window
             if _due(step, cfg.checkpoint_every, last) or stop:
                 _save(run, self.ckpt, step, self.config_dict)
             result["step"] = step
