@@ -22,20 +22,21 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app, flags
+from ln_jax import cli
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: workdirs/<name>).")
-_ACCEPT = flags.DEFINE_bool(
+COMMAND = cli.Command("python train.py", __doc__, cli.train_config_front())
+_WORKDIR = COMMAND.string("workdir", None, "Run directory (default: workdirs/<name>).")
+_ACCEPT = COMMAND.boolean(
     "accept_changes",
     False,
     "Resume a workdir with a config that differs only in fields safe to change within a run "
     "(cadences, mesh, checkpointing, total_steps: the schedule change is shown).",
 )
-_TRACEBACK = flags.DEFINE_bool("traceback", False, "Show the traceback of a user error too.")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize().")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_TRACEBACK = COMMAND.boolean("traceback", False, "Show the traceback of a user error too.")
+_DISTRIBUTED = COMMAND.boolean("distributed", False, "Call jax.distributed.initialize().")
+_COORDINATOR = COMMAND.string("coordinator_address", None, "host:port of process 0.")
+_NUM_PROCESSES = COMMAND.integer("num_processes", None, "Processes in the job.")
+_PROCESS_ID = COMMAND.integer("process_id", None, "This process's index.")
 
 
 def _init_distributed() -> None:
@@ -52,23 +53,58 @@ def _init_distributed() -> None:
     )
 
 
-def main(argv: list[str], values: dict) -> int:
-    del argv
+def main(inv: cli.Invocation) -> int:
+    """The command's body: the run, its user errors in one line (exit 2), a SIGTERM during
+    set-up in one line (exit 143)."""
     from ln_jax import console
+    from ln_jax.train.preemption import EXIT_SIGTERM, SetupInterrupted
     from ln_jax.train.trainer import NonFiniteError
 
-    return console.run_command(lambda: _train(values), _TRACEBACK.value, (NonFiniteError,))
+    try:
+        return console.run_command(
+            lambda: inv.call(lambda: _train(inv)), _TRACEBACK.value, (NonFiniteError,)
+        )
+    except SetupInterrupted as stop:
+        print(stop, file=sys.stderr, flush=True)
+        return EXIT_SIGTERM
 
 
-def _train(values: dict) -> int:
+def _distributed() -> bool:
+    return bool(_COORDINATOR.value or _DISTRIBUTED.value)
+
+
+def _train(inv: cli.Invocation) -> int:
+    from ln_jax.train.preemption import SetupSignals
+
+    # A multi-process job leaves SIGTERM to JAX's preemption service.
+    with SetupSignals("setting up", enabled=not _distributed()) as signals:
+        _init_distributed()  # before the config: its "auto" fields ask JAX for the platform
+        cfg = inv.config()
+        workdir = _WORKDIR.value or os.path.join("workdirs", cfg.name)
+        signals.what = f"setting up the run in {workdir}"
+        _preflight(cfg)  # user errors before anything is created
+        with cli.no_stub_workdir(workdir):
+            result = _train_in(cfg, workdir)
+    _report(cfg, workdir, result)
+    return 0
+
+
+def _preflight(cfg) -> None:
+    """The mesh and the datasets checked before the workdir is created, so that a user error
+    there leaves nothing behind (the trainer checks them again)."""
+    from ln_jax import sharding
+    from ln_jax.data import sources
+
+    sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    if cfg.task == "bert_pretraining":
+        sources.check_datasets(cfg.data)
+
+
+def _train_in(cfg, workdir: str) -> dict:
     from ln_jax import console
-    from ln_jax.config_front import build_config
     from ln_jax.train import run_identity
     from ln_jax.train.trainer import train_and_evaluate
 
-    _init_distributed()  # before the config: its "auto" fields ask JAX for the platform
-    cfg = build_config(values)
-    workdir = _WORKDIR.value or os.path.join("workdirs", cfg.name)
     run_identity.prepare_workdir(workdir)
     log_file = _log_file_of_this_process(workdir)
     console.configure_logging(log_file)
@@ -77,7 +113,10 @@ def _train(values: dict) -> int:
         f"{cfg.total_steps} steps, workdir {workdir} (library logs: {log_file})",
         flush=True,
     )
-    result = train_and_evaluate(cfg, workdir, accept_changes=_ACCEPT.value)
+    return train_and_evaluate(cfg, workdir, accept_changes=_ACCEPT.value)
+
+
+def _report(cfg, workdir: str, result: dict) -> None:
     if result["already_done"]:
         print(
             f"nothing to train: {workdir} already holds step {result['step']} of "
@@ -88,7 +127,6 @@ def _train(values: dict) -> int:
         print(f"{result['preempted']}: saved step {result['step']}; run the same command to resume")
     if result["eval"]:
         print(f"final eval at step {result['step']}: " + _scalars(result["eval"]))
-    return 0
 
 
 def _log_file_of_this_process(workdir: str) -> str:
@@ -121,19 +159,9 @@ def command_config(argv: list[str]) -> tuple[dict, list[str]]:
     return values, line.rest
 
 
-def run() -> None:
-    from ln_jax import console
-
-    parsed = {}
-
-    def parse() -> int:
-        parsed["values"], parsed["rest"] = command_config(sys.argv[1:])
-        return 0
-
-    if console.run_reporting_errors(parse, "--traceback" in sys.argv):
-        sys.exit(console.EXIT_USER_ERROR)
-    rest = parsed["rest"]
-    app.run(lambda argv: main(argv, parsed["values"]), argv=[sys.argv[0], *rest])
+def run(argv: list[str] | None = None) -> None:
+    """The command line (sys.argv by default); exits with the run's status."""
+    sys.exit(COMMAND.run(main, argv))
 
 
 if __name__ == "__main__":

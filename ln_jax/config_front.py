@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ln_jax.config import TrainConfig
-from ln_jax.validate import ConfigError, closest
+from ln_jax.validate import ConfigError, Fix, closest
 
 __all__ = [
     "CommandLine",
@@ -40,6 +40,7 @@ __all__ = [
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_PREFIX = "--config."
+EXAMPLE_CONFIG = "configs/bert_preln.py:tiny"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,10 +89,20 @@ def resolve_config_path(path: str) -> pathlib.Path:
     for candidate in (given, REPO_ROOT / given):
         if candidate.is_file():
             return candidate.resolve()
+    raise _no_config_file(path)
+
+
+def _no_config_file(path: str) -> ConfigError:
+    """The error of a config path that is no file: the closest shipped config, if any."""
     places = dict.fromkeys([os.getcwd(), str(REPO_ROOT)])  # once each, in order
-    raise ConfigError(
-        f"--config={path!r}: no such file (looked in {' and '.join(places)}); give a "
-        "config file such as configs/bert_preln.py:tiny."
+    found = (REPO_ROOT / "configs").glob("[!_]*.py")
+    shipped = sorted(str(p.relative_to(REPO_ROOT)) for p in found)
+    near = closest(path, shipped)
+    hint = f" Did you mean {near!r}?" if near else ""
+    return ConfigError(
+        f"--config={path!r}: no such file (looked in {' and '.join(places)}).{hint} Give a "
+        f"config file such as {EXAMPLE_CONFIG} (the shipped ones: {', '.join(shipped)}).",
+        fix=Fix(set={"--config": near}) if near else None,
     )
 
 
@@ -102,7 +113,12 @@ def load_config(spec: str) -> dict[str, Any]:
       ConfigError: a missing file, a file without `get_config`, or an unknown variant.
     """
     path_text, _, variant = spec.partition(":")
-    path = resolve_config_path(path_text)
+    try:
+        path = resolve_config_path(path_text)
+    except ConfigError as err:
+        if err.fix is not None and variant:  # the variant asked for, with the file's fix
+            err.fix = Fix(set={"--config": f"{err.fix.set['--config']}:{variant}"})
+        raise
     root = str(path.parent.parent)  # configs/*.py import their siblings as `configs.common`
     if root not in sys.path:
         sys.path.insert(0, root)
@@ -145,7 +161,7 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
         node, path = out, dotted.split(".")
         for depth, key in enumerate(path):
             if not isinstance(node, dict) or key not in node:
-                raise ConfigError(_unknown_field(path[:depth], key, node))
+                raise _unknown_field(path[:depth], key, node, dotted)
             if depth < len(path) - 1:
                 node = node[key]
         leaf = path[-1]
@@ -159,16 +175,23 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _unknown_field(parents: list[str], key: str, node: Any) -> str:
+def _unknown_field(parents: list[str], key: str, node: Any, dotted: str) -> ConfigError:
+    """The error of an unknown field: the closest declared one, with the command line's fix
+    (`--config.<dotted>` renamed)."""
     where = ".".join(parents)
     if not isinstance(node, dict):
-        return f"config.{where} is a field, not a section: it has no field {key!r}."
+        return ConfigError(f"config.{where} is a field, not a section: it has no field {key!r}.")
     near = closest(key, node)
-    full = lambda name: ".".join([*parents, name])
+    full = lambda name: ".".join([*parents, name])  # noqa: E731
     hint = f" Did you mean {full(near)!r}?" if near else ""
-    return (
+    fix = None
+    if near:
+        rest = dotted.split(".")[len(parents) + 1 :]
+        fix = Fix(rename={CONFIG_PREFIX + dotted: CONFIG_PREFIX + ".".join([full(near), *rest])})
+    return ConfigError(
         f"unknown config field {full(key)!r}.{hint} The fields of "
-        f"{where or 'the config'} are: {', '.join(node)} (see configs/common.py)."
+        f"{where or 'the config'} are: {', '.join(node)} (see configs/common.py).",
+        fix=fix,
     )
 
 
@@ -204,7 +227,7 @@ def build_config(values: Mapping[str, Any]) -> TrainConfig:
     try:
         return TrainConfig.from_mapping(_plain(values))
     except (ValueError, TypeError) as err:
-        raise ConfigError(str(err)) from None
+        raise ConfigError(str(err), fix=getattr(err, "fix", None)) from None
 
 
 def config_from_command_line(
@@ -220,6 +243,9 @@ def config_from_command_line(
     """
     line = parse_command_line(argv, default_spec)
     if line.spec is None:
-        raise ConfigError("give a config: --config=FILE[:variant], e.g. configs/bert_preln.py.")
+        raise ConfigError(
+            f"give a config: --config=FILE[:variant], e.g. {EXAMPLE_CONFIG}.",
+            fix=Fix(set={"--config": EXAMPLE_CONFIG}),
+        )
     values = override(load_config(line.spec), dict(defaults))
     return override(values, line.overrides), line

@@ -208,6 +208,7 @@ def open_source(
         builder, presplit = corpus.prepare(sitedocs.sitedocs_builder(root)), True
     elif name.startswith(TEXTDIR_PREFIX):
         folder = name[len(TEXTDIR_PREFIX) :]
+        _check_textdir(folder)
         builder, presplit = corpus.prepare(corpus.textdir_builder(folder, root)), True
     else:
         builder, presplit = _prepared_tfds_builder(name, root, download), False
@@ -345,12 +346,20 @@ def check_datasets(cfg: Any) -> None:
 
 
 def _check_textdir(folder: str) -> None:
-    if paths.is_url(folder) or os.path.isdir(os.path.expanduser(folder)):
-        return
-    raise ConfigError(
-        f"data.dataset='{TEXTDIR_PREFIX}{folder}': no such folder; give a folder of .txt files "
-        f"(--config.data.dataset={TEXTDIR_PREFIX}/path/to/folder)."
-    )
+    """Raises ConfigError unless `folder` is a local folder holding .txt files."""
+    if not paths.is_url(folder) and not os.path.isdir(os.path.expanduser(folder)):
+        raise ConfigError(
+            f"data.dataset='{TEXTDIR_PREFIX}{folder}': no such folder; give a folder of .txt "
+            f"files (--config.data.dataset={TEXTDIR_PREFIX}/path/to/folder)."
+        )
+    try:
+        corpus.textdir_config(folder)  # lists the files (no reading): a URL is refused here
+    except FileNotFoundError:
+        raise ConfigError(
+            f"data.dataset='{TEXTDIR_PREFIX}{folder}': the folder holds no .txt files (one "
+            "document per file, searched recursively); put the texts there or give another "
+            "folder."
+        ) from None
 
 
 def _builder_or_config_error(name: str, root: str) -> tfds.core.DatasetBuilder:

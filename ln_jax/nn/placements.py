@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ln_jax.validate import check_choice
+from ln_jax.validate import ConfigError, Fix, check_choice
 
 __all__ = ["NOT_ROWS", "PLACEMENTS", "PlacementRule", "parse_placement"]
 
@@ -113,15 +113,15 @@ def parse_placement(placement: str | tuple[str, ...], num_layers: int) -> tuple[
       A tuple of `num_layers` names from `PLACEMENTS`.
     """
     if placement == "mixln":
-        quarter = num_layers // 4
-        return ("post",) * quarter + ("pre",) * (num_layers - quarter)
+        return _mixln(num_layers)
     items = placement if isinstance(placement, tuple) else tuple(placement.split(","))
     names: list[str] = []
     for item in items:
         name, _, count = item.strip().partition("*")
         if name in NOT_ROWS:
             raise ValueError(f"model.placement={name!r}: {NOT_ROWS[name]}")
-        check_choice("placement", name, (*PLACEMENTS, "mixln"))
+        whole = "model.placement" if len(items) == 1 and not count else None  # fixable
+        check_choice("model.placement", name, (*PLACEMENTS, "mixln"), config_field=whole)
         if name == "mixln":  # a rule for the whole stack, not one layer's placement
             raise ValueError(
                 f"model.placement={placement!r}: 'mixln' names the whole stack's rule and "
@@ -142,3 +142,21 @@ def parse_placement(placement: str | tuple[str, ...], num_layers: int) -> tuple[
             f"{num_layers}; give one name, or one per layer (e.g. 'post*3,pre*9')."
         )
     return tuple(names)
+
+
+def _mixln(num_layers: int) -> tuple[str, ...]:
+    """Mix-LN: Post-LN for the first num_layers // 4 layers, Pre-LN after.
+
+    Raises:
+      ConfigError: under 4 layers, where no layer would be Post-LN: the model would be Pre-LN
+        under another name (a comparison of "mixln" with "pre" would compare one model twice).
+    """
+    quarter = num_layers // 4
+    if quarter == 0:
+        raise ConfigError(
+            f"model.placement='mixln' on {num_layers} layer(s) is plain Pre-LN (Mix-LN makes "
+            f"the first num_layers // 4 = 0 layers Post-LN); give 4 or more layers, list the "
+            "layers (e.g. 'post,pre'), or say --config.model.placement=pre.",
+            fix=Fix(set={"--config.model.placement": "pre"}),
+        )
+    return ("post",) * quarter + ("pre",) * (num_layers - quarter)

@@ -20,12 +20,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ln_jax.validate import reject_unknown_keys
+from ln_jax.validate import ConfigError, Fix, check_choice, reject_unknown_keys
 
 OPTIMIZERS = ("adam", "adamw", "radam", "sgd")
 SCHEDULES = ("linear_decay", "warmup_linear_decay", "warmup_rsqrt", "decay_rsqrt", "constant")
 # Schedules that accept warmup_steps > 0 (linear_decay is by definition without warm-up).
 WARMUP_SCHEDULES = ("warmup_linear_decay", "warmup_rsqrt", "decay_rsqrt", "constant")
+# A run's optim.total_steps is its total_steps unless set (`TrainConfig.from_mapping`).
+TOTAL_STEPS_NOTE = " (it follows --config.total_steps unless set)."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,17 +87,23 @@ class OptimConfig:
         ]
         for name, ok, rule in checks:
             if not ok:
-                raise ValueError(f"OptimConfig.{name} {rule}, got {getattr(self, name)!r}")
+                raise ConfigError(
+                    f"optim.{name}={getattr(self, name)!r} {rule}: set --config.optim.{name}"
+                    + (TOTAL_STEPS_NOTE if name == "total_steps" else ".")
+                )
         if self.schedule in WARMUP_SCHEDULES and self.warmup_steps > self.total_steps:
-            raise ValueError(
-                f"OptimConfig.warmup_steps ({self.warmup_steps}) must be <= total_steps "
-                f"({self.total_steps})"
+            raise ConfigError(
+                f"optim.warmup_steps={self.warmup_steps} must be <= optim.total_steps="
+                f"{self.total_steps}: lower --config.optim.warmup_steps or raise "
+                "--config.total_steps."
             )
         if self.schedule == "linear_decay" and self.warmup_steps > 0:
             # Silently ignoring a requested warm-up would invalidate a warm-up ablation.
-            raise ValueError(
-                "OptimConfig.warmup_steps must be 0 for schedule 'linear_decay' "
-                "(use 'warmup_linear_decay' for a warm-up)"
+            raise ConfigError(
+                f"optim.warmup_steps={self.warmup_steps} needs a schedule with a warm-up; "
+                "optim.schedule='linear_decay' has none: set "
+                "--config.optim.schedule=warmup_linear_decay (or --config.optim.warmup_steps=0).",
+                fix=Fix(set={"--config.optim.schedule": "warmup_linear_decay"}),
             )
 
     @classmethod
@@ -117,8 +125,8 @@ class OptimConfig:
 
 
 def _check_choice(field: str, value: str, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ValueError(f"Unknown OptimConfig.{field} {value!r}; valid names: {list(valid)}")
+    shown = [repr(v) for v in valid]
+    check_choice(f"optim.{field}", value, valid, config_field=f"optim.{field}", shown=shown)
 
 
 def _warmup_ramp(step: jax.Array, warmup_steps: int) -> jax.Array:

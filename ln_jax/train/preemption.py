@@ -3,7 +3,9 @@
 Used by pretraining (`ln_jax.train.trainer`) and fine-tuning (`ln_jax.models.bert.finetune.run`):
 the loop asks
 `stop_after(step)` after every step, saves, and returns with the signal's name; rerunning the
-same command resumes from that step.
+same command resumes from that step. Before the loop (set-up: data, compilation, restoring),
+`SetupSignals` turns a SIGTERM into `SetupInterrupted`: one line saying what was interrupted
+and that nothing was saved, exit 143.
 """
 
 from __future__ import annotations
@@ -14,6 +16,52 @@ import threading
 from typing import Any
 
 from jax.experimental import multihost_utils
+
+EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, the status a SIGTERM-killed process reports
+
+
+class SetupInterrupted(BaseException):
+    """SIGTERM arrived before the run's first step: nothing of this run was saved. A
+    BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it."""
+
+
+class SetupSignals:
+    """While a run sets up (before `Preemption` takes over, after it hands back), a SIGTERM
+    raises `SetupInterrupted` naming `what` was interrupted, instead of killing the process
+    without a word; the command prints it and exits `EXIT_SIGTERM`. Once a `Preemption` has
+    been entered, the run has saved what it will: a later SIGTERM ends the process as before.
+
+    Only in the main thread of a single-process run: a multi-process job leaves SIGTERM to
+    JAX's preemption service.
+    """
+
+    active: SetupSignals | None = None  # the one installed, for `Preemption` to find
+
+    def __init__(self, what: str, enabled: bool = True):
+        self.what, self.enabled, self.loop_started = what, enabled, False
+        self._previous: Any = None
+
+    def __enter__(self):
+        if self.enabled and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            SetupSignals.active = self
+        return self
+
+    def _handle(self, signum, frame):
+        del frame
+        if self.loop_started:  # the run has saved: end as an unhandled SIGTERM would
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise SetupInterrupted(
+            f"SIGTERM while {self.what}, before the first step: nothing was saved (checkpoints "
+            "already in the workdir are kept); run the same command to start or resume the run."
+        )
+
+    def __exit__(self, *exc):
+        if SetupSignals.active is self:
+            signal.signal(signal.SIGTERM, self._previous)
+            SetupSignals.active = None
 
 
 class Preemption:
@@ -37,6 +85,8 @@ class Preemption:
         if threading.current_thread() is threading.main_thread():
             caught = (signal.SIGINT,) if self.shared else (signal.SIGTERM, signal.SIGINT)
             self._previous = {sig: signal.signal(sig, self._handle) for sig in caught}
+        if SetupSignals.active is not None:
+            SetupSignals.active.loop_started = True
         return self
 
     def _handle(self, signum, frame):
