@@ -401,8 +401,12 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MonitorConfig:
-    """Training-time measurements per layer (`ln_jax.train.monitor`) and the early-warning rule
-    (`ln_jax.train.early_warning`).
+    """Training-time measurements per layer (`ln_jax.train.monitor`) and the early-warning rules
+    (`ln_jax.train.early_warning`). A rule speaks as a warning (the run is likely failing: a
+    WARNING in train.log, split "warning/<rule>") or as a note (a transient state healthy runs
+    also show: INFO, split "note/<rule>"). The defaults are calibrated on recorded runs: they
+    warn on the studies' failed runs and not on those that recovered
+    (docs/monitor/calibration.md, `python -m ln_jax.train.warning_replay`).
 
     Attributes:
       every: measure every N steps (and at steps 1 and the last); None = at the logging
@@ -411,19 +415,27 @@ class MonitorConfig:
       loss_spike: warn when the loss exceeds the median of the window by this many robust
         standard deviations (1.4826 x the median absolute deviation, at least 1% of the
         median); 0 = off.
-      grad_jump: warn when a gradient norm (global or a sub-layer's) exceeds this multiple of
-        its median over the window; 0 = off.
-      collapse: warn when a layer's mean cosine between positions crosses this value upwards
-        (rank collapse); 0 = off.
-      keep_checkpoint: on a warning, keep the latest checkpoint from before it from the
-        deletion of old checkpoints (`checkpoint.keep`).
+      grad_jump: a gradient norm (global or a sub-layer's) above this multiple of its median
+        over the window is a warning when it is also above every value of the window, a note
+        when it returns to a level the window has seen; 0 = off.
+      collapse: a layer's mean cosine between positions (rank collapse) at or above this value
+        is a note when it crosses it; 0 = off.
+      collapse_steps: ... and a warning when it has stayed there for this many steps (in every
+        record) while the loss fell by less than `collapse_loss_drop`.
+      collapse_loss_drop: the fraction of the loss level at the start of the collapse by which
+        the loss must fall over it for a persistent collapse to stay a note (the level: median
+        of the last 5 logged losses); 1 = warn on persistence alone.
+      keep_checkpoint: on a warning (not a note), keep the latest checkpoint from before it from
+        the deletion of old checkpoints (`checkpoint.keep`).
     """
 
     every: int | None = None
     window: int = 20
     loss_spike: float = 6.0
     grad_jump: float = 10.0
-    collapse: float = 0.99
+    collapse: float = 0.9
+    collapse_steps: int = 200
+    collapse_loss_drop: float = 0.05
     keep_checkpoint: bool = True
 
     def __post_init__(self) -> None:
@@ -431,6 +443,14 @@ class MonitorConfig:
             raise ValueError(f"monitor.every={self.every}: use 0 (off), N > 0 or None.")
         if self.window < 2:
             raise ValueError(f"monitor.window={self.window} must be at least 2.")
+        if not 0 <= self.collapse <= 1:
+            raise ValueError(f"monitor.collapse={self.collapse}: use a cosine in (0, 1], 0 = off.")
+        if self.collapse_steps < 0:
+            raise ValueError(f"monitor.collapse_steps={self.collapse_steps} must be >= 0.")
+        if not 0 <= self.collapse_loss_drop <= 1:
+            raise ValueError(
+                f"monitor.collapse_loss_drop={self.collapse_loss_drop}: use a fraction in [0, 1]."
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,14 +1,26 @@
 """Early warning: a run that is becoming unstable, named by measurement and layer.
 
-Three rules (`MonitorConfig`), checked on every logged step against the values logged before:
-- loss spike: loss > median + `loss_spike` x robust std of the last `window` logged losses
-  (robust std = 1.4826 x median absolute deviation, at least 1% of the median, so a flat
-  plateau does not make every wiggle a spike);
+Each rule (`MonitorConfig`) is checked on every logged step against the values logged before,
+and speaks at one of two levels: a **warning** (the run is likely failing: the trainer logs it
+as a WARNING, split "warning/<rule>" in metrics.jsonl, and keeps the checkpoint before it) or a
+**note** (a state healthy runs also pass through: logged at INFO, split "note/<rule>").
+
+- loss spike (warning): loss > median + `loss_spike` x robust std of the last `window` logged
+  losses (robust std = 1.4826 x median absolute deviation, at least 1% of the median, so a flat
+  plateau does not make every wiggle a spike), or a non-finite loss;
 - gradient-norm jump: the global gradient norm, or a sub-layer's (`grad_norm/layer_NN/...`),
-  > `grad_jump` x its median over the window (the largest such jump is named);
-- rank collapse: a layer's mean cosine between positions (`collapse/layer_NN`) crosses
-  `collapse` upwards (the lowest such layer is named; once per crossing).
-At least 3 earlier values are needed before the spike rules speak.
+  > `grad_jump` x its median over the window (the largest such jump is named). A warning when
+  it is also above every value of the window (a new high); a note when the norm only returns
+  to a level the window has seen (e.g. gradients coming back after a transient collapse);
+- rank collapse: a mean cosine between positions (`collapse/layer_NN`, `collapse/output`)
+  crossing `collapse` upwards is a note (healthy runs pass through it early in training); it
+  becomes a warning when it has stayed at or above `collapse` in every record for at least
+  `collapse_steps` steps and the loss fell by less than the fraction `collapse_loss_drop` over
+  the last `collapse_steps` steps (the loss level: the median of the last 5 logged losses);
+  once per episode, which ends when the measure falls below `collapse`.
+At least 3 earlier values are needed before the spike rules speak. The thresholds and their
+defaults were calibrated by replaying recorded runs (`ln_jax.train.warning_replay`,
+docs/monitor/calibration.md).
 """
 
 from __future__ import annotations
@@ -24,14 +36,17 @@ from ln_jax.config import MonitorConfig
 from ln_jax.train.monitor import LAYER_NAME
 
 MIN_HISTORY = 3
-__all__ = ["Alert", "EarlyWarning"]
+LOSS_LEVEL_RECORDS = 5  # the loss level of a step: median of its last 5 logged losses
+LEVELS = ("note", "warning")
+__all__ = ["LEVELS", "Alert", "EarlyWarning"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Alert:
-    """One warning: `rule` ("loss_spike", "grad_jump", "collapse"), the `measurement` named
+    """One alert: `rule` ("loss_spike", "grad_jump", "collapse"), the `measurement` named
     (e.g. "grad_norm/layer_03/ffn"), its `layer` (None for whole-model measures), its `value`
-    and the `reference` it was compared with, and a one-line `message`."""
+    and the `reference` it was compared with, a one-line `message`, and its `level`: "warning"
+    (the run is likely failing) or "note" (a transient state healthy runs also show)."""
 
     step: int
     rule: str
@@ -40,11 +55,31 @@ class Alert:
     value: float
     reference: float
     message: str
+    level: str = "warning"
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"Alert.level={self.level!r}: use one of {LEVELS}.")
+
+    @property
+    def split(self) -> str:
+        """The metrics.jsonl split of the alert: "warning/<rule>" or "note/<rule>"."""
+        return f"{self.level}/{self.rule}"
 
     def record(self) -> dict[str, Any]:
-        """The fields metrics.jsonl holds (split "warning/<rule>": one record per rule and step,
-        as readers key records by split and step)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("step", "rule")}
+        """The fields metrics.jsonl holds (the split, `split`, names the level and the rule: one
+        record per rule, level and step, as readers key records by split and step)."""
+        drop = ("step", "rule", "level")
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in drop}
+
+
+@dataclasses.dataclass
+class _Episode:
+    """A collapse measure at or above the threshold since `start` (its first record there);
+    `warned` once the episode has warned."""
+
+    start: int
+    warned: bool = False
 
 
 def _layer(name: str) -> int | None:
@@ -61,28 +96,31 @@ class EarlyWarning:
         self._history: dict[str, collections.deque] = collections.defaultdict(
             lambda: collections.deque(maxlen=cfg.window)
         )
-        self._collapsed: set[str] = set()  # layers above the collapse threshold
+        self._episodes: dict[str, _Episode] = {}  # collapse measures above the threshold
+        self._levels: collections.deque = collections.deque()  # (step, loss level), recent
         # True when the last check warned and the one before did not: an episode starts.
         self.episode_start = False
         self._warned = False
 
     def check(self, step: int, values: dict[str, float]) -> list[Alert]:
-        """The warnings of `step`, from its train metrics and monitor measurements
-        (`ln_jax.train.monitor.named`); then remembers the values."""
+        """The alerts (warnings and notes) of `step`, from its train metrics and monitor
+        measurements (`ln_jax.train.monitor.named`); then remembers the values."""
+        self._remember_level(step, values)
         found = [
-            w
-            for w in (
+            a
+            for a in (
                 self._loss_spike(step, values),
                 self._grad_jump(step, values),
-                self._collapse(step, values),
+                *self._collapse(step, values),
             )
-            if w is not None
+            if a is not None
         ]
         for name, value in values.items():
             if _watched(name) and math.isfinite(value):
                 self._history[name].append(value)
-        self.episode_start = bool(found) and not self._warned
-        self._warned = bool(found)
+        warned = any(a.level == "warning" for a in found)
+        self.episode_start = warned and not self._warned
+        self._warned = warned
         return found
 
     def _loss_spike(self, step: int, values: dict[str, float]) -> Alert | None:
@@ -115,33 +153,118 @@ class EarlyWarning:
         if worst is None:
             return None
         ratio, name, value, median = worst
+        past = self._history[name]
+        new_high = not math.isfinite(value) or value > max(past)
         where = f" in layer {_layer(name)}" if _layer(name) is not None else ""
         message = (
             f"gradient-norm jump at step {step}{where}: {name} = {value:.4g}, {ratio:.1f}x its "
-            f"median {median:.4g} over the last {len(self._history[name])} logged steps"
+            f"median {median:.4g} over the last {len(past)} logged steps"
         )
-        return Alert(step, "grad_jump", name, _layer(name), value, median, message)
+        if not new_high:
+            message += f" (below the window's high of {max(past):.4g}: a return, not a new high)"
+        level = "warning" if new_high else "note"
+        return Alert(step, "grad_jump", name, _layer(name), value, median, message, level)
 
-    def _collapse(self, step: int, values: dict[str, float]) -> Alert | None:
+    def _collapse(self, step: int, values: dict[str, float]) -> list[Alert | None]:
+        """The collapse rule: a note for the measures that crossed the threshold at `step`, a
+        warning for those whose episode now meets the persistence and loss conditions."""
         threshold = self.cfg.collapse
         if not threshold:
-            return None
+            return []
         above = sorted(
-            (n for n, v in values.items() if n.startswith("collapse/layer_") and v >= threshold),
-            key=lambda n: _layer(n),
+            (n for n, v in values.items() if _is_collapse(n) and v >= threshold), key=_order
         )
-        new = [n for n in above if n not in self._collapsed]
-        self._collapsed = set(above)
-        if not new:
+        measured = {n for n in values if _is_collapse(n)}
+        for name in measured - set(above):
+            self._episodes.pop(name, None)  # the episode ends
+        new = [n for n in above if n not in self._episodes]
+        for name in new:
+            self._episodes[name] = _Episode(step)
+        persistent = [n for n in above if self._persists(self._episodes[n], step)]
+        for name in persistent:
+            self._episodes[name].warned = True
+        return [
+            self._collapse_alert(step, values, new, "note"),
+            self._collapse_alert(step, values, persistent, "warning"),
+        ]
+
+    def _persists(self, episode: _Episode, step: int) -> bool:
+        """Whether a collapse episode warns now: not yet warned, `collapse_steps` long, and
+        the loss level fell by less than `collapse_loss_drop` over the last `collapse_steps`."""
+        if episode.warned or step - episode.start < self.cfg.collapse_steps:
+            return False
+        before, now = self._level_change(step)
+        if before is None or now is None:
+            return True
+        return now > before * (1.0 - self.cfg.collapse_loss_drop)
+
+    def _remember_level(self, step: int, values: dict[str, float]) -> None:
+        """Records the loss level of `step` (the median of the last `LOSS_LEVEL_RECORDS`
+        logged losses, this step's included); forgets those older than `collapse_steps` but
+        the latest of them."""
+        loss = values.get("loss")
+        if loss is None or not math.isfinite(loss):
+            return
+        losses = [*list(self._history["loss"])[-(LOSS_LEVEL_RECORDS - 1) :], loss]
+        self._levels.append((step, float(np.median(losses))))
+        horizon = step - self.cfg.collapse_steps
+        while len(self._levels) > 1 and self._levels[1][0] <= horizon:
+            self._levels.popleft()
+
+    def _level_change(self, step: int) -> tuple[float | None, float | None]:
+        """(the loss level `collapse_steps` before `step`, the level at `step`); None where
+        no loss was logged then."""
+        now = self._levels[-1][1] if self._levels and self._levels[-1][0] == step else None
+        first = self._levels[0] if self._levels else None
+        before = first[1] if first and first[0] <= step - self.cfg.collapse_steps else None
+        return before, now
+
+    def _collapse_alert(
+        self, step: int, values: dict[str, float], names: list[str], level: str
+    ) -> Alert | None:
+        if not names:
             return None
-        name = new[0]
-        message = (
-            f"rank collapse at step {step} in layer {_layer(name)}: {name} = "
-            f"{values[name]:.5f}, the token representations of a sequence are nearly collinear "
-            f"(mean cosine between positions >= {threshold})"
-            + (f"; also layers {', '.join(str(_layer(n)) for n in new[1:])}" if new[1:] else "")
+        name, threshold = names[0], self.cfg.collapse
+        others = [_where(n) for n in names[1:]]
+        if level == "note":
+            what = (
+                f"rank collapse begins at step {step} {_where(name)}: {name} = "
+                f"{values[name]:.5f} >= {threshold} (the token representations of a sequence "
+                f"are nearly collinear); common early in training, a warning if it lasts "
+                f"{self.cfg.collapse_steps} steps while the loss stalls"
+            )
+        else:
+            what = (
+                f"rank collapse persists at step {step} {_where(name)}: {name} = "
+                f"{values[name]:.5f}, at or above {threshold} since step "
+                f"{self._episodes[name].start}"
+                + _loss_change(*self._level_change(step), self.cfg.collapse_steps)
+            )
+        also = f"; also {', '.join(others)}" if others else ""
+        return Alert(
+            step, "collapse", name, _layer(name), values[name], threshold, what + also, level
         )
-        return Alert(step, "collapse", name, _layer(name), values[name], threshold, message)
+
+
+def _loss_change(before: float | None, now: float | None, steps: int) -> str:
+    if before is None or now is None:
+        return ""
+    return f", and the loss stalls: {before:.4g} -> {now:.4g} over the last {steps} steps"
+
+
+def _where(name: str) -> str:
+    layer = _layer(name)
+    return f"in layer {layer}" if layer is not None else f"at the {name.split('/', 1)[1]}"
+
+
+def _order(name: str) -> tuple[int, str]:
+    """Layers first, from the lowest; whole-model measures (collapse/output) after them."""
+    layer = _layer(name)
+    return (layer if layer is not None else 1 << 30, name)
+
+
+def _is_collapse(name: str) -> bool:
+    return name.startswith("collapse/")
 
 
 def _is_grad(name: str) -> bool:
