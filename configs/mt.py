@@ -8,19 +8,25 @@ Variants: iwslt (6-6, 512/1024, 4 heads, dropout 0.3, weight decay 1e-4, Adam (0
 4,000-step warm-up then inverse sqrt, 4,096 tokens: Xiong et al.'s IWSLT14 setting), wmt_base
 (6-6, 512/2048, 8 heads), wmt_deep (Liu et al.'s 18-18 with Admin, RAdam, 1e-3, 8,000-step
 warm-up), wang_deep (Wang et al.'s 30-6 Pre-LN with DLCL, beta2 0.997, 16,000-step warm-up to
-2e-3), small and tiny. Post-LN unless the variant says otherwise; `--config.model.placement`
-changes it. Every variant reads the offline corpus `ln_jax_gettext/de-en` (German -> English,
-built from the gettext catalogues installed on the machine) unless `--config.data.dataset`
-names another (`wmt14_translate/de-en`, `paralleltext:PREFIX`, ...).
+2e-3), small and tiny; hf:PATH fine-tunes a local HuggingFace Marian folder (e.g. a downloaded
+opus-mt-de-en): its shape, special ids, vocabulary (vocab.json + source/target.spm) and
+parameters, Adam (0.9, 0.98) at 5e-5 with a short warm-up. Post-LN unless the variant says
+otherwise; `--config.model.placement` changes it. Every variant reads the offline corpus
+`ln_jax_gettext/de-en` (German -> English, built from the gettext catalogues installed on the
+machine) unless `--config.data.dataset` names another (`wmt14_translate/de-en`,
+`paralleltext:PREFIX`, ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from ml_collections.config_dict import placeholder
+
 from configs import common
 from ln_jax.models.translation.options import TranslationOptions
 
+HF_VARIANT = "hf:"  # configs/mt.py:hf:PATH fine-tunes a HuggingFace Marian folder
 VARIANTS = ("iwslt", "wmt_base", "wmt_deep", "wang_deep", "small", "tiny")
 
 # variant: (encoder, decoder, width, ffn, heads, dropout, max_tokens, vocab, steps, eval_every)
@@ -36,14 +42,20 @@ SHAPES = {
 
 def get_config(variant: str | None = None):
     variant = variant or "iwslt"
+    if variant.startswith(HF_VARIANT):
+        return _pretrained(variant[len(HF_VARIANT) :])
     if variant not in VARIANTS:
-        raise ValueError(f"unknown config variant {variant!r}; valid: {', '.join(VARIANTS)}.")
+        raise ValueError(
+            f"unknown config variant {variant!r}; valid: {', '.join(VARIANTS)}, or "
+            "hf:PATH (a HuggingFace Marian folder)."
+        )
     enc, dec, d, ffn, heads, drop, tokens, vocab, steps, every = SHAPES[variant]
     c = common.base_config()
     c.name = f"mt_{variant}"
     c.task = "translation"
     # translation's own fields (ln_jax/models/translation/options.py), every one overridable
     c.task_options = {**dataclasses.asdict(TranslationOptions()), "decoder_layers": dec}
+    c.task_options.init_from = placeholder(str)  # a translation workdir or hf:PATH
     c.total_steps, c.eval_every, c.checkpoint_every = steps, every, every
     c.log_every = 10 if variant in ("small", "tiny") else 100
     c.eval_batches = None  # the whole validation split (loss and BLEU)
@@ -92,3 +104,24 @@ def _recipe(c, variant: str) -> None:
     elif variant in ("small", "tiny"):
         o.peak_lr = 1e-3
         o.warmup_steps = max(1, c.total_steps // 10)
+
+
+def _pretrained(path: str):
+    """`hf:PATH`: fine-tune a HuggingFace Marian folder (shape, ids, vocabulary, parameters
+    from it) on `data.dataset`, starting from `small`'s schedule at a fine-tuning rate."""
+    from ln_jax.models.translation import convert
+
+    hf = convert.read_hf_config(path)
+    model, options = convert.marian_config(hf)
+    c = get_config("small")
+    c.name = "mt_hf_" + path.rstrip("/").split("/")[-1]
+    for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+                  "activation", "hidden_dropout", "attention_dropout", "max_position_embeddings",
+                  "vocab_multiple", "layer_norm_eps", "placement"):  # fmt: skip
+        setattr(c.model, field, getattr(model, field))
+    c.task_options.update({k: v for k, v in options.items() if k != "init_from"})
+    c.task_options.init_from = convert.HF_PREFIX + path
+    c.data.tokenizer_model = convert.HF_PREFIX + path
+    c.data.vocab_size = model.vocab_size
+    c.optim.peak_lr, c.optim.warmup_steps = 5e-5, 100
+    return c

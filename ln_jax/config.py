@@ -35,7 +35,7 @@ __all__ = [
     "reject_unknown_keys",
 ]
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 INITS = ("bert", "bert_scaled", "xavier", "admin")
 NORMS = ("layernorm", "rmsnorm")
 ADMIN_OMEGAS = ("profile", "closed_form")
@@ -121,7 +121,8 @@ class ModelConfig:
         (the encoder's `norm`, with a learned scale [kv] shared by the heads); any placement.
       dlcl: dynamic linear combination of layers (Wang et al. 2019), Pre-LN only, no scan: each
         layer's input is a learned weighted sum of the normalised outputs of all earlier layers.
-      activation: feed-forward / MLM-transform activation: relu (papers), gelu (BERT), gelu_tanh.
+      activation: feed-forward / MLM-transform activation: relu (papers), gelu (BERT), gelu_tanh,
+        silu (swish: HuggingFace Marian's).
       layer_norm_eps: epsilon inside every LayerNorm.
       embedding_layernorm: LayerNorm after summing the embeddings (BERT has one).
       hidden_dropout: dropout on embeddings and on each residual branch output.

@@ -3,18 +3,24 @@
   python -m ln_jax.translate --workdir=workdirs/mt_small                 # validation BLEU
   python -m ln_jax.translate --workdir=W --split=test --beam=5 --lenpen=1.2 --average_last=5
   echo "Datei nicht gefunden" | python -m ln_jax.translate --workdir=W --input=-
+  python -m ln_jax.translate --workdir=hf:opus-mt-de-en --max_sentences=500   # a Marian folder
 
 Without `--input` it translates the run's own validation (or `--split=test`) sources and scores
 them with sacrebleu against the references (`--tokenize`: 13a, intl, none for the papers'
 tokenised BLEU, ...), printing the score and sacrebleu's signature; `--output` writes the
 hypotheses one per line. `--average_last=N` averages the parameters of the last N checkpoints
-(as the papers report). Errors (a workdir that is not a translation run, a beam wider than the
-vocabulary, a source longer than the positions allow) are one line, exit 2.
+(as the papers report). `--workdir=hf:PATH` translates with a local HuggingFace Marian folder
+(its parameters, vocabulary and special ids; `ln_jax.models.translation.convert`), scoring
+`--dataset` (default the offline `ln_jax_gettext/de-en`). Errors (a workdir that is not a
+translation run, a beam wider than the vocabulary, a source longer than the positions allow) are
+one line, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +33,8 @@ from flax import nnx
 from ln_jax.validate import UserError
 
 SPLITS = {"validation": "eval_split", "test": "test"}
+HF_PREFIX = "hf:"
+DEFAULT_DATASET = "ln_jax_gettext/de-en"
 
 
 class TranslateError(UserError):
@@ -37,8 +45,13 @@ def load_translator(workdir: str, step: int | None = None, average_last: int = 1
     """(Translator with the run's parameters, the run's TrainConfig, the saved steps used).
 
     The parameters are those of checkpoint `step` (None = the latest), or the average of the
-    last `average_last` checkpoints up to it.
+    last `average_last` checkpoints up to it. `workdir` "hf:PATH" loads a HuggingFace Marian
+    folder instead (`hf_translator`; steps [] used).
     """
+    if workdir.startswith(HF_PREFIX):
+        if step is not None or average_last != 1:
+            raise TranslateError("--step and --average_last apply to workdirs, not hf:PATH.")
+        return (*hf_translator(workdir[len(HF_PREFIX) :]), [])
     from ln_jax import sharding
     from ln_jax.config_front import build_config
     from ln_jax.train import run_identity, steps
@@ -67,6 +80,31 @@ def load_translator(workdir: str, step: int | None = None, average_last: int = 1
     return model, cfg, chosen
 
 
+def hf_translator(path: str, dataset: str = DEFAULT_DATASET):
+    """(Translator, TrainConfig) of a HuggingFace Marian folder: its shape, ids and vocabulary
+    (`data.tokenizer_model=hf:PATH`), reading `dataset`; every other field the defaults."""
+    from ln_jax import sharding
+    from ln_jax.config_front import build_config
+    from ln_jax.models.translation import convert
+
+    if not os.path.isdir(path):
+        raise TranslateError(f"hf:{path}: no such folder; give a local HuggingFace Marian folder.")
+    try:
+        model_cfg, options = convert.marian_config(convert.read_hf_config(path))
+        source = HF_PREFIX + path
+        cfg = build_config({
+            "task": "translation",
+            "model": dataclasses.asdict(model_cfg),
+            "task_options": options,
+            "data": {"dataset": dataset, "tokenizer_model": source,
+                     "vocab_size": model_cfg.vocab_size},
+        })  # fmt: skip
+        model = convert.load_marian(path, mesh=sharding.make_mesh(-1, 1, 1))
+    except convert.MarianError as err:
+        raise TranslateError(str(err)) from None
+    return model, cfg
+
+
 def _materialise(rest: Any) -> Any:
     """Non-parameter state (none for the Translator) as arrays, not shapes."""
     return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), rest)
@@ -89,12 +127,12 @@ def _steps_to_average(ckpt, step: int | None, n: int, workdir: str) -> list[int]
 
 def translate_sentences(model, cfg, tokenizer, sources: Sequence[str], search, batch: int = 64):
     """The hypotheses (detokenised strings) of `sources`, in order."""
-    from ln_jax.models.translation.options import EOS, TranslationOptions
+    from ln_jax.models.translation.options import TranslationOptions
     from ln_jax.models.translation.search import translate
 
     options = TranslationOptions.from_mapping(cfg.task_options, cfg.model)
     search.check(cfg.model.vocab_size)
-    ids = [tokenizer.encode(s) + [EOS] for s in sources]
+    ids = [tokenizer.encode(s) + [options.eos_id] for s in sources]
     longest = max((len(i) for i in ids), default=0)
     limit = cfg.model.max_position_embeddings
     if longest > limit:
@@ -106,10 +144,11 @@ def translate_sentences(model, cfg, tokenizer, sources: Sequence[str], search, b
     out = []
     for start in range(0, len(ids), batch):
         chunk = ids[start : start + batch]
-        src = np.zeros((len(chunk), width), np.int32)
+        src = np.full((len(chunk), width), options.pad_id, np.int32)
+        mask = np.zeros((len(chunk), width), np.int32)
         for row, seq in enumerate(chunk):
-            src[row, : len(seq)] = seq
-        result = translate(model, jnp.asarray(src), jnp.asarray(src > 0, jnp.int32), search)
+            src[row, : len(seq)], mask[row, : len(seq)] = seq, 1
+        result = translate(model, jnp.asarray(src), jnp.asarray(mask), search)
         out += [tokenizer.decode([int(t) for t in row]) for row in np.asarray(result["tokens"])]
     return out
 
@@ -119,11 +158,19 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m ln_jax.translate",
         description="Translate with a trained translation run (configs/mt.py) and score BLEU.",
     )
-    p.add_argument("--workdir", required=True, help="the run's workdir (python train.py ...)")
+    p.add_argument(
+        "--workdir",
+        required=True,
+        help="the run's workdir (python train.py ...), or hf:PATH (a HuggingFace Marian folder)",
+    )
     p.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     p.add_argument("--average_last", type=int, default=1, help="average the last N checkpoints")
     p.add_argument("--input", help="a file of source lines, or - for stdin (default: --split)")
     p.add_argument("--split", default="validation", choices=sorted(SPLITS), help="scored split")
+    p.add_argument(
+        "--dataset",
+        help="score this data.dataset (default: the run's; hf: " + DEFAULT_DATASET + ")",
+    )
     p.add_argument("--max_sentences", type=int, help="only the split's first N sentences")
     p.add_argument("--output", help="write the hypotheses here, one per line")
     p.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
@@ -160,13 +207,20 @@ def _run(args: argparse.Namespace) -> int:
         greedy=args.beam == 1,
     )
     data_cfg = cfg.data
+    if args.dataset:
+        data_cfg = dataclasses.replace(data_cfg, dataset=args.dataset)
     if args.input is None and args.split == "test":
-        import dataclasses
+        data_cfg = dataclasses.replace(data_cfg, eval_split="test")
+    hf_vocab = (data_cfg.tokenizer_model or "").startswith(HF_PREFIX)
+    if args.input is not None and hf_vocab:  # the folder's vocabulary: no dataset to open
+        from ln_jax.data.marian_vocab import MarianVocab
 
-        data_cfg = dataclasses.replace(cfg.data, eval_split="test")
-    split = load_split(data_cfg, "eval")
+        tokenizer, split = MarianVocab(data_cfg.tokenizer_model[len(HF_PREFIX) :]), None
+    else:
+        split = load_split(data_cfg, "eval")
+        tokenizer = split.tokenizer
     sources, refs = _sources(args, split)
-    hyps = translate_sentences(model, cfg, split.tokenizer, sources, search)
+    hyps = translate_sentences(model, cfg, tokenizer, sources, search)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hyps)

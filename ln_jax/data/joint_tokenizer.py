@@ -7,7 +7,8 @@ options` fixes them), `encode(str) -> list[int]` (no BOS/EOS added), `decode(ids
 The joint sentencepiece model (`data.tokenizer_type` unigram or BPE, `data.vocab_size` pieces)
 is trained on both sides of the training split and cached in the dataset's folder as
 `spm_joint_<type>_<vocab>.model`, like the pretraining tokenizer; `data.tokenizer_model` gives
-one of the user's own (it must have those four ids).
+one of the user's own (it must have those four ids), or "hf:PATH" a HuggingFace Marian folder's
+vocabulary (`ln_jax.data.marian_vocab`, with its own special ids).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
 # Sentencepiece trains on a uniform sample of this many sentences of a larger corpus.
 MAX_TRAINING_SENTENCES = 1_000_000
 _TOO_LARGE = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
+
+
+def specials(tokenizer: Any) -> tuple[int, int, int]:
+    """A translation tokenizer's (pad, bos, eos) ids."""
+    return (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
 
 
 def _until_eos(ids: Iterable[int]) -> list[int]:
@@ -152,6 +158,10 @@ def translation_tokenizer(cfg: Any, source: Any, train_pairs: Sequence[tuple[str
     """
     if source.synthetic:
         return SymbolTokenizer(source.metadata["symbols"])
+    if cfg.tokenizer_model and cfg.tokenizer_model.startswith("hf:"):
+        from ln_jax.data.marian_vocab import MarianVocab
+
+        return MarianVocab(cfg.tokenizer_model[len("hf:") :])
     if cfg.tokenizer_model:
         return JointTokenizer.load(cfg.tokenizer_model)
     path = source.cache_dir / f"spm_joint_{cfg.tokenizer_type}_{cfg.vocab_size}.model"

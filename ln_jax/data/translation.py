@@ -52,6 +52,7 @@ from ln_jax.data import joint_tokenizer as tok_lib
 from ln_jax.data.config import DataConfig
 from ln_jax.validate import ConfigError
 
+DEFAULT_IDS = (tok_lib.PAD_ID, tok_lib.BOS_ID, tok_lib.EOS_ID)  # (pad, bos, eos)
 log = logging.getLogger(__name__)
 
 SMALLEST_BUCKET = 16
@@ -109,8 +110,11 @@ def _flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Any) -> EncodedPairs:
+    """Both sides' ids (a tokenizer with `encode_target_batch`, e.g. Marian's with a source
+    and a target sentencepiece model, encodes the targets with it)."""
+    encode_target = getattr(tokenizer, "encode_target_batch", tokenizer.encode_batch)
     src, src_starts = _flat(tokenizer.encode_batch([s for s, _ in pairs]))
-    tgt, tgt_starts = _flat(tokenizer.encode_batch([t for _, t in pairs]))
+    tgt, tgt_starts = _flat(encode_target([t for _, t in pairs]))
     return EncodedPairs(src, src_starts, tgt, tgt_starts)
 
 
@@ -208,7 +212,9 @@ class Buckets:
         return (src_len <= self.max_source_length) & (tgt_len <= self.max_target_length)
 
 
-def build_rows(encoded: EncodedPairs, rows: np.ndarray, fill: int, s: int, t: int) -> Batch:
+def build_rows(
+    encoded: EncodedPairs, rows: np.ndarray, fill: int, s: int, t: int, ids: tuple = DEFAULT_IDS
+) -> Batch:
     """Numpy rows of a batch (see the module docstring for the fields).
 
     Args:
@@ -216,24 +222,27 @@ def build_rows(encoded: EncodedPairs, rows: np.ndarray, fill: int, s: int, t: in
       rows: int [b] pair indices, -1 for a padding row (which repeats pair `fill`, weight 0).
       fill: the pair a padding row repeats.
       s, t: S and T; longer sides are cut (source keeps its EOS, target keeps its EOS label).
+      ids: the tokenizer's (pad, bos, eos) (`joint_tokenizer.specials`).
     """
-    b = len(rows)
-    src = np.full((b, s), tok_lib.PAD_ID, np.int32)
-    tgt_in = np.full((b, t), tok_lib.PAD_ID, np.int32)
-    tgt_out = np.full((b, t), tok_lib.PAD_ID, np.int32)
+    b, (pad, bos, eos) = len(rows), ids
+    src = np.full((b, s), pad, np.int32)
+    tgt_in = np.full((b, t), pad, np.int32)
+    tgt_out = np.full((b, t), pad, np.int32)
     tgt_mask = np.zeros((b, t), np.float32)
     for r, k in enumerate(rows):
         pair = int(k) if k >= 0 else fill
         source = encoded.source(pair)[: s - 1]
         target = encoded.target(pair)[: t - 1]
         src[r, : len(source)] = source
-        src[r, len(source)] = tok_lib.EOS_ID
-        tgt_in[r, 0] = tok_lib.BOS_ID
+        src[r, len(source)] = eos
+        tgt_in[r, 0] = bos
         tgt_in[r, 1 : 1 + len(target)] = target
         tgt_out[r, : len(target)] = target
-        tgt_out[r, len(target)] = tok_lib.EOS_ID
+        tgt_out[r, len(target)] = eos
         tgt_mask[r, : len(target) + 1] = float(k >= 0)
-    src_mask = (src != tok_lib.PAD_ID).astype(np.int32)
+    src_mask = np.zeros((b, s), np.int32)
+    for r, k in enumerate(rows):  # pad may be a piece id (Marian's), so lengths, not values
+        src_mask[r, : min(len(encoded.source(int(k) if k >= 0 else fill)), s - 1) + 1] = 1
     return {"src": src, "src_mask": src_mask, "tgt_in": tgt_in, "tgt_out": tgt_out,
             "tgt_mask": tgt_mask}  # fmt: skip
 
@@ -312,12 +321,13 @@ class HostTranslationBatches:
     plan: TrainPlan
     block: int
     num_blocks: int
+    ids: tuple = DEFAULT_IDS
 
     def __call__(self, i: int) -> Batch:
         bucket, rows = self.plan.batch(i)
         b, s, t = self.plan.buckets.shape(bucket)
         mine = rows[loader.host_rows(b, self.block, self.num_blocks)]
-        return build_rows(self.encoded, mine, int(rows[0]), s, t)
+        return build_rows(self.encoded, mine, int(rows[0]), s, t, self.ids)
 
 
 class TranslationBatchIterator(loader.GlobalBatchIterator):
@@ -347,8 +357,11 @@ class TranslationEvalBatches:
       num_truncated: pairs with a side longer than the max lengths (cut in the batches).
     """
 
-    def __init__(self, encoded, pairs, buckets: Buckets, block: int, num_blocks: int, mesh=None):
-        self.encoded, self.pairs, self.buckets = encoded, list(pairs), buckets
+    def __init__(
+        self, encoded, pairs, buckets: Buckets, block: int, num_blocks: int, mesh=None,
+        ids: tuple = DEFAULT_IDS,
+    ):  # fmt: skip
+        self.encoded, self.pairs, self.buckets, self.ids = encoded, list(pairs), buckets, ids
         self.block, self.num_blocks, self.mesh = block, num_blocks, mesh
         assigned = buckets.assign(encoded)
         self.num_truncated = int(len(encoded) - buckets.fits(encoded).sum())
@@ -373,7 +386,7 @@ class TranslationEvalBatches:
         """The same batching of the split's first n pairs (e.g. a fixed subset for BLEU)."""
         encoded, pairs = self.encoded.head(n), self.pairs[:n]
         return TranslationEvalBatches(
-            encoded, pairs, self.buckets, self.block, self.num_blocks, self.mesh
+            encoded, pairs, self.buckets, self.block, self.num_blocks, self.mesh, self.ids
         )
 
     def host_batch(self, n: int) -> Batch:
@@ -381,7 +394,7 @@ class TranslationEvalBatches:
         bucket, rows = self._batches[n]
         b, s, t = self.buckets.shape(bucket)
         mine = rows[loader.host_rows(b, self.block, self.num_blocks)]
-        batch = build_rows(self.encoded, mine, int(rows[0]), s, t)
+        batch = build_rows(self.encoded, mine, int(rows[0]), s, t, self.ids)
         batch["index"] = mine.astype(np.int32)
         return batch
 
@@ -445,7 +458,10 @@ def _identity(cfg: DataConfig, data: SplitData, buckets: Buckets, seed: int) -> 
 
 def _host_pipeline(cfg, split, seed, data: SplitData, buckets, block, num_blocks, mesh=None):
     if split == "eval":
-        return TranslationEvalBatches(data.encoded, data.pairs, buckets, block, num_blocks, mesh)
+        ids = tok_lib.specials(data.tokenizer)
+        return TranslationEvalBatches(
+            data.encoded, data.pairs, buckets, block, num_blocks, mesh, ids
+        )
     plan = TrainPlan(data.encoded, buckets, seed)
     if plan.dropped:
         log.info(
@@ -453,7 +469,8 @@ def _host_pipeline(cfg, split, seed, data: SplitData, buckets, block, num_blocks
             "max_target_length=%d tokens and are dropped", cfg.dataset, plan.dropped,
             len(data.encoded), buckets.max_source_length, buckets.max_target_length,
         )  # fmt: skip
-    batches = HostTranslationBatches(data.encoded, plan, block, num_blocks)
+    ids = tok_lib.specials(data.tokenizer)
+    batches = HostTranslationBatches(data.encoded, plan, block, num_blocks, ids)
     identity = _identity(cfg, data, buckets, seed)
     return host_iterator.HostBatchIterator(batches, identity, threads=1, workers=0)
 

@@ -43,6 +43,8 @@ def activation(name: str, x: Array) -> Array:
         return jax.nn.relu(x)
     if name == "gelu":  # BERT's erf GELU
         return _gelu_erf(x) if custom_backwards() else jax.nn.gelu(x, approximate=False)
+    if name == "silu":  # swish, x * sigmoid(x) (HuggingFace Marian's)
+        return jax.nn.silu(x)
     return jax.nn.gelu(x, approximate=True)
 
 

@@ -27,7 +27,6 @@ load and not written on export (`from_pretrained` re-ties them).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -37,28 +36,25 @@ import jax
 import numpy as np
 from flax import nnx
 
-from ln_jax import sharding
 from ln_jax.config import ModelConfig
+from ln_jax.models import hf_io
 from ln_jax.models.bert.model import BertEncoder, BertForPreTraining
-
-Arrays = dict[str, np.ndarray]
-ParamPath = tuple[Any, ...]
-
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
-TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+from ln_jax.models.hf_io import WEIGHT_FILES, Arrays, ParamPath  # noqa: F401 (re-exported)
+from ln_jax.models.hf_io import assign as _assign
+from ln_jax.models.hf_io import hf_shape as _hf_shape
+from ln_jax.models.hf_io import param_shapes as _param_shapes
+from ln_jax.models.hf_io import to_hf as _to_hf
+from ln_jax.models.hf_io import to_ln as _to_ln
 
 _ACTIVATIONS_FROM_HF = {
     "gelu": "gelu",
     "relu": "relu",
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
+    "silu": "silu",
+    "swish": "silu",
 }
-_ACTIVATIONS_TO_HF = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}
+_ACTIVATIONS_TO_HF = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new", "silu": "silu"}
 # transformers.BertConfig's defaults, which HF itself applies to fields a config.json omits.
 _HF_DEFAULTS = {
     "vocab_size": 30522,
@@ -143,27 +139,6 @@ def _entries(
     if not encoder_only:
         for key, path, kind in _MLM_HEAD + (_NSP_HEAD if cfg.nsp_head else ()):
             yield key, path, kind, None
-
-
-def _hf_shape(kind: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The HF shape of an array whose ln_jax shape is `shape`."""
-    if kind == "copy":
-        return shape
-    if kind == "flat":
-        return (math.prod(shape),)
-    return (math.prod(shape[kind:]), math.prod(shape[:kind]))
-
-
-def _to_ln(x: np.ndarray, kind: Any, shape: tuple[int, ...]) -> np.ndarray:
-    return x if kind == "copy" else (x if kind == "flat" else x.T).reshape(shape)
-
-
-def _to_hf(x: np.ndarray, kind: Any) -> np.ndarray:
-    if kind == "copy":
-        return x
-    if kind == "flat":
-        return x.reshape(-1)
-    return x.reshape(math.prod(x.shape[:kind]), -1).T
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,80 +236,13 @@ def load_hf_state_dict(path: str | os.PathLike) -> Arrays:
     """Reads a HuggingFace BERT state dict from a local file or directory into numpy arrays.
 
     Args:
-      path: a `.safetensors` file, a torch `state_dict` (`.bin`, `.pt`, `.pth`), a sharded
-        checkpoint's `.index.json`, or a directory holding one of `WEIGHT_FILES` (searched in
-        that order).
+      path: see `ln_jax.models.hf_io.read_state_dict`.
 
     Returns:
       {key: array}, keys in `BertForPreTraining` form: a bare `BertModel`'s keys get the
       `bert.` prefix and TF-era `LayerNorm.gamma/beta` become `weight/bias`.
-
-    Raises:
-      FileNotFoundError: naming the path and the files looked for.
-      ImportError: for a torch file when torch is not installed.
     """
-    file = _weights_file(Path(path))
-    if file.name.endswith(".index.json"):
-        shards = sorted(set(json.loads(file.read_text())["weight_map"].values()))
-        arrays = {k: v for s in shards for k, v in _read_file(file.parent / s).items()}
-    else:
-        arrays = _read_file(file)
-    return {_normalise_key(k): v for k, v in arrays.items()}
-
-
-def _weights_file(path: Path) -> Path:
-    if path.is_file():
-        return path
-    if path.is_dir():
-        for name in WEIGHT_FILES:
-            if (path / name).is_file():
-                return path / name
-        raise FileNotFoundError(
-            f"no HuggingFace checkpoint in directory {str(path)!r}: looked for "
-            f"{', '.join(WEIGHT_FILES)}."
-        )
-    raise FileNotFoundError(
-        f"checkpoint path {str(path)!r} does not exist (expected a directory with one of "
-        f"{', '.join(WEIGHT_FILES)}, or a .safetensors / {' / '.join(TORCH_SUFFIXES)} file)."
-    )
-
-
-def _read_file(file: Path) -> Arrays:
-    if file.suffix == ".safetensors":
-        return _read_safetensors(file)
-    if file.suffix in TORCH_SUFFIXES:
-        return _read_torch(file)
-    raise ValueError(
-        f"{str(file)!r}: unknown checkpoint format; expected .safetensors or "
-        f"{' / '.join(TORCH_SUFFIXES)}."
-    )
-
-
-def _read_safetensors(file: Path) -> Arrays:
-    from safetensors import numpy as st_numpy
-    from safetensors import safe_open
-
-    try:
-        return st_numpy.load_file(str(file))
-    except TypeError:  # bfloat16 has no numpy dtype: read through JAX, widen to float32
-        with safe_open(str(file), framework="flax") as f:
-            return {k: np.asarray(f.get_tensor(k), np.float32) for k in f.keys()}  # noqa: SIM118
-
-
-def _read_torch(file: Path) -> Arrays:
-    try:
-        import torch
-    except ImportError as e:
-        raise ImportError(
-            f"reading {str(file)!r} needs PyTorch (pip install torch), or convert the "
-            "checkpoint to model.safetensors."
-        ) from e
-    state = torch.load(file, map_location="cpu", weights_only=True)
-    out = {}
-    for key, t in state.items():
-        t = t.detach()
-        out[key] = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
-    return out
+    return {_normalise_key(k): v for k, v in hf_io.read_state_dict(path).items()}
 
 
 def _normalise_key(key: str) -> str:
@@ -406,25 +314,9 @@ def _load(cls: type, path: Any, config: Any, mesh: Any, scan_layers: Any, rules:
         cfg = cfg.replace(scan_layers=scan_layers)
     _check_convertible(cfg)
     hf = load_hf_state_dict(path)
-    model = _target_model(cls, cfg, mesh, rules)
+    model = hf_io.target_model(lambda: cls(cfg, rngs=nnx.Rngs(params=0)), mesh, rules)
     _assign(model, _ln_arrays(cfg, hf, _param_shapes(model), encoder_only=cls is BertEncoder))
     return model
-
-
-def _target_model(cls: type, cfg: ModelConfig, mesh: Any, rules: Any) -> Any:
-    """The module to fill: abstract without a mesh, else created sharded.
-
-    Without a mesh only shapes are traced (no initialisation is computed). Under a mesh the
-    module is created as `ln_jax.models.bert.model.create_model` does, so that each array can
-    take its parameter's sharding.
-    """
-
-    def build() -> nnx.Module:
-        return cls(cfg, rngs=nnx.Rngs(params=0))
-
-    if mesh is None:
-        return nnx.merge(*sharding.abstract_sharded(build, None))
-    return sharding.create_sharded(build, mesh, rules or sharding.DEFAULT_RULES)
 
 
 def _resolve_config(path: Path, config: ModelConfig | Mapping[str, Any] | None) -> ModelConfig:
@@ -438,11 +330,6 @@ def _resolve_config(path: Path, config: ModelConfig | Mapping[str, Any] | None) 
             f"no config.json at {str(file)!r}; pass `config=` (a ModelConfig or HF config dict)."
         )
     return config_from_hf(json.loads(file.read_text()))
-
-
-def _param_shapes(model: nnx.Module) -> dict[ParamPath, tuple[int, ...]]:
-    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
-    return {path: tuple(var.get_value().shape) for path, var in flat}
 
 
 def _is_vocab_table(path: ParamPath) -> bool:
@@ -510,21 +397,6 @@ def _check_keys(cfg: ModelConfig, hf: Arrays, expected: set[str], encoder_only: 
                 f"{copy!r} differs from {original!r}: ln_jax ties the MLM decoder to the word "
                 "embeddings and cannot hold an untied decoder."
             )
-
-
-def _assign(model: nnx.Module, arrays: Mapping[ParamPath, np.ndarray]) -> None:
-    """Writes each array into its parameter, in the parameter's existing sharding.
-
-    `make_array_from_callback` hands each device only its own shard (also across hosts).
-    """
-    state = nnx.state(model, nnx.Param)
-    for path, var in nnx.to_flat_state(state):
-        x, where = arrays[path], getattr(var.get_value(), "sharding", None)
-        if where is None:  # an abstract, unsharded model: the default device
-            var.set_value(jax.device_put(x))
-        else:
-            var.set_value(jax.make_array_from_callback(x.shape, where, lambda i, x=x: x[i]))
-    nnx.update(model, state)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ projection (optionally untied), embeddings scaled by sqrt(d), sinusoidal positio
 et al.; learned as an option), an `Encoder` of `cfg.num_layers` and a `Decoder` of
 `options.decoder_layers` layers (`ln_jax.nn.stack`), each with every placement row (Pre-LN: a
 final norm on each stack; DeepNorm: the encoder-decoder constants; Admin: 2 and 3 sub-layers
-per layer). Token ids: PAD 0, UNK 1, BOS 2, EOS 3 (`ln_jax.models.translation.options`).
+per layer). Special ids from the options (ln_jax's vocabularies: PAD 0, UNK 1, BOS 2, EOS 3;
+an imported Marian model its own); an optional output bias (Marian's final_logits_bias).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from ln_jax.config import ModelConfig
-from ln_jax.models.translation.options import PAD, TranslationOptions
+from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.nn.blocks import ACT, Record, StackDepth
 from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, LayerNorm, dropout, split_key
@@ -46,7 +47,8 @@ class TokenEmbedder(nnx.Module):
     def __init__(self, cfg: ModelConfig, options: TranslationOptions, *, rngs: nnx.Rngs):
         d = cfg.hidden_size
         table = init_scheme(cfg).embed()(rngs.params(), (cfg.padded_vocab_size, d))
-        self.word = nnx.Param(table.at[PAD].set(0.0), out_sharding=("vocab", "embed"))
+        table = table.at[options.pad_id].set(0.0)
+        self.word = nnx.Param(table, out_sharding=("vocab", "embed"))
         self.position = None
         if options.positions == "learned":
             init = init_scheme(cfg).embed()(rngs.params(), (cfg.max_position_embeddings, d))
@@ -102,6 +104,11 @@ class Translator(nnx.Module):
                 use_bias=False,
             )
         )
+        self.bias = (
+            nnx.Param(jnp.zeros((v,), jnp.float32), out_sharding=("vocab",))
+            if options.output_bias
+            else None
+        )
         self.vocab_size = cfg.vocab_size
 
     def encode(
@@ -138,6 +145,8 @@ class Translator(nnx.Module):
             out = jnp.einsum("btd,vd->btv", h, table, preferred_element_type=jnp.float32)
         else:
             out = self.output(h).astype(jnp.float32)
+        if self.bias is not None:
+            out = out + self.bias[...]
         out = constrain(out, ("act_batch", "act_length", "act_vocab"))
         real = jnp.arange(out.shape[-1]) < self.vocab_size
         return jnp.where(real, out, MASKED_LOGIT)

@@ -8,14 +8,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from ln_jax.config import ModelConfig
 from ln_jax.validate import check_choice, reject_unknown_keys
 
-# Token ids of every translation vocabulary (`ln_jax.data` builds its sentencepiece models so).
+# Token ids of ln_jax's translation vocabularies (`ln_jax.data` builds its sentencepiece models
+# so): the defaults of `TranslationOptions`' pad_id / bos_id / eos_id. An imported model
+# (HuggingFace Marian: pad = vocab - 1, eos = 0, decoder start = pad) sets its own.
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 POSITIONS = ("sinusoidal", "learned")
+
+
+class Specials(NamedTuple):
+    """The ids the model and the search treat specially: pad (masked, never generated), bos
+    (the decoder's first input, never generated), eos (ends a hypothesis)."""
+
+    pad: int = PAD
+    bos: int = BOS
+    eos: int = EOS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +44,13 @@ class TranslationOptions:
       eval_bleu: decode the evaluation batches (`eval_batches` of the validation split) and
         report their corpus BLEU at each evaluation.
       eval_beam: beam of that decoding (1 = greedy); eval_lenpen its length penalty.
+      pad_id, bos_id, eos_id: the special ids (`Specials`); ln_jax's vocabularies use 0, 2, 3.
+        bos_id may equal pad_id (Marian starts decoding with its pad token).
+      output_bias: a bias [vocab] added to the output logits (Marian's final_logits_bias).
+      init_from: start training from this model's parameters: a translation workdir of
+        `train.py` (its latest checkpoint) or "hf:PATH", a local HuggingFace Marian folder
+        (`ln_jax.models.translation.convert`; use `--config=configs/mt.py:hf:PATH`, which
+        takes the model's shape, vocabulary and ids from it). Fresh runs only.
     """
 
     decoder_layers: int | None = None
@@ -45,6 +63,11 @@ class TranslationOptions:
     eval_bleu: bool = True
     eval_beam: int = 1
     eval_lenpen: float = 1.0
+    pad_id: int = PAD
+    bos_id: int = BOS
+    eos_id: int = EOS
+    output_bias: bool = False
+    init_from: str | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None, cfg: ModelConfig) -> TranslationOptions:
@@ -58,8 +81,23 @@ class TranslationOptions:
         out.check(cfg)
         return out
 
+    @property
+    def specials(self) -> Specials:
+        return Specials(self.pad_id, self.bos_id, self.eos_id)
+
     def check(self, cfg: ModelConfig) -> None:
         check_choice("task_options.positions", self.positions, POSITIONS)
+        for name, value in zip(("pad_id", "bos_id", "eos_id"), self.specials, strict=True):
+            if not 0 <= value < cfg.vocab_size:
+                raise ValueError(
+                    f"task_options.{name}={value} is not an id of the {cfg.vocab_size}-token "
+                    "vocabulary (model.vocab_size)."
+                )
+        if self.eos_id in (self.pad_id, self.bos_id):
+            raise ValueError(
+                f"task_options.eos_id={self.eos_id} must differ from pad_id and bos_id "
+                f"({self.pad_id}, {self.bos_id})."
+            )
         if self.decoder_layers <= 0:
             raise ValueError(f"task_options.decoder_layers={self.decoder_layers} must be > 0.")
         if not 0.0 <= self.label_smoothing < 1.0:

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ln_jax.models.translation.options import BOS, EOS, PAD
+from ln_jax.models.translation.options import Specials
 from ln_jax.nn.attention import Attention
 from ln_jax.nn.stack import init_decoding
 
@@ -96,11 +96,11 @@ def translate(model: Any, src: Array, src_mask: Array, search: Search) -> dict[s
     """
     search.check(model.vocab_size)
     graphdef, state = nnx.split(model)
-    return _translate(graphdef, state, src, src_mask, search)
+    return _translate(graphdef, state, src, src_mask, search, model.options.specials)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4))
-def _translate(graphdef, state, src, src_mask, search: Search) -> dict[str, Array]:
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _translate(graphdef, state, src, src_mask, search: Search, ids: Specials) -> dict[str, Array]:
     model = nnx.merge(graphdef, state)  # a copy inside the trace: caches never leak out
     memory, _ = model.encode(src, src_mask)
     rows = src.shape[0] * search.beam
@@ -108,33 +108,33 @@ def _translate(graphdef, state, src, src_mask, search: Search) -> dict[str, Arra
         init_decoding(model.decoder, rows, search.max_length, memory, src_mask)
         graphdef, caches, rest = nnx.split(model, nnx.Cache, ...)
         carry = {"caches": caches, "rest": rest}  # through the loop: its variables, its trace
-        step = functools.partial(_next_logprobs, graphdef)
+        step = functools.partial(_next_logprobs, graphdef, ids)
     else:
         graphdef, state = nnx.split(model)
         carry = {"state": state, "memory": memory, "src_mask": src_mask}
-        step = functools.partial(_recomputed_logprobs, graphdef, search.beam)
+        step = functools.partial(_recomputed_logprobs, graphdef, ids, search.beam)
     if search.greedy:
-        return _greedy(step, carry, limits(src_mask, search), search)
-    return _beam(step, carry, limits(src_mask, search), search, graphdef)
+        return _greedy(step, carry, limits(src_mask, search), search, ids)
+    return _beam(step, carry, limits(src_mask, search), search, graphdef, ids)
 
 
-def _banned(logp: Array) -> Array:
+def _banned(logp: Array, ids: Specials) -> Array:
     """PAD and BOS are never generated."""
     vocab = jnp.arange(logp.shape[-1])
-    return jnp.where((vocab == PAD) | (vocab == BOS), NEG, logp)
+    return jnp.where((vocab == ids.pad) | (vocab == ids.bos), NEG, logp)
 
 
-def _next_logprobs(graphdef, carry: dict, tokens: Array, t: Array):
+def _next_logprobs(graphdef, ids: Specials, carry: dict, tokens: Array, t: Array):
     """tokens [rows, max_length + 1] (position t is the newest) -> (log-probabilities of
     position t + 1 [rows, vocab_padded], the carry with the advanced caches): the cached
     decoder reads one position."""
     model = nnx.merge(graphdef, carry["caches"], carry["rest"])
     logits, _ = model.decode(tokens[:, t][:, None], None, None, offset=t)
     logp = jax.nn.log_softmax(logits[:, 0], axis=-1)
-    return _banned(logp), {**carry, "caches": nnx.state(model, nnx.Cache)}
+    return _banned(logp, ids), {**carry, "caches": nnx.state(model, nnx.Cache)}
 
 
-def _recomputed_logprobs(graphdef, beam: int, carry: dict, tokens: Array, t: Array):
+def _recomputed_logprobs(graphdef, ids: Specials, beam: int, carry: dict, tokens: Array, t):
     """As `_next_logprobs`, recomputing the decoder over the whole (fixed-length) prefix with
     the memory copied per hypothesis: the work a decoder without caches does."""
     model = nnx.merge(graphdef, carry["state"])
@@ -142,21 +142,21 @@ def _recomputed_logprobs(graphdef, beam: int, carry: dict, tokens: Array, t: Arr
     src_mask = jnp.repeat(carry["src_mask"], beam, 0)
     logits, _ = model.decode(tokens[:, :-1], memory, src_mask)
     logp = jax.nn.log_softmax(jnp.take(logits, t, axis=1), axis=-1)
-    return _banned(logp), carry
+    return _banned(logp, ids), carry
 
 
-def _force_eos(logp: Array, t: Array, limit: Array) -> Array:
+def _force_eos(logp: Array, t: Array, limit: Array, eos: int) -> Array:
     """Only EOS where a sentence reaches its limit with this token; logp [batch, ..., V]."""
     at_limit = (t + 1 >= limit).reshape((-1,) + (1,) * (logp.ndim - 1))
-    not_eos = jnp.arange(logp.shape[-1]) != EOS
+    not_eos = jnp.arange(logp.shape[-1]) != eos
     return jnp.where(at_limit & not_eos, NEG, logp)
 
 
-def _greedy(step, caches, limit: Array, search: Search) -> dict[str, Array]:
+def _greedy(step, caches, limit: Array, search: Search, ids: Specials) -> dict[str, Array]:
     b, n = limit.shape[0], search.max_length
     state = {
         "t": jnp.int32(0),
-        "tokens": jnp.full((b, n + 1), PAD, jnp.int32).at[:, 0].set(BOS),
+        "tokens": jnp.full((b, n + 1), ids.pad, jnp.int32).at[:, 0].set(ids.bos),
         "score": jnp.zeros((b,), jnp.float32),
         "done": jnp.zeros((b,), bool),
         "caches": caches,
@@ -164,30 +164,30 @@ def _greedy(step, caches, limit: Array, search: Search) -> dict[str, Array]:
 
     def body(s):
         logp, caches = step(s["caches"], s["tokens"], s["t"])
-        logp = _force_eos(logp, s["t"], limit)
-        token = jnp.where(s["done"], PAD, logp.argmax(-1)).astype(jnp.int32)
+        logp = _force_eos(logp, s["t"], limit, ids.eos)
+        token = jnp.where(s["done"], ids.pad, logp.argmax(-1)).astype(jnp.int32)
         best = jnp.take_along_axis(logp, token[:, None], -1)[:, 0]
         score = s["score"] + jnp.where(s["done"], 0.0, best)
         tokens = s["tokens"].at[:, s["t"] + 1].set(token)
-        done = s["done"] | (token == EOS)
+        done = s["done"] | (token == ids.eos)
         return {"t": s["t"] + 1, "tokens": tokens, "score": score, "done": done, "caches": caches}
 
     cond = lambda s: (s["t"] < n) & ~jnp.all(s["done"])
     s = jax.lax.while_loop(cond, body, state)
-    return _result(s["tokens"][:, 1:], s["score"], search)
+    return _result(s["tokens"][:, 1:], s["score"], search, ids.eos)
 
 
-def _result(tokens: Array, raw: Array | None, search: Search, scores: Array | None = None):
+def _result(tokens: Array, raw: Array | None, search: Search, eos: int, scores=None):
     """{"tokens", "scores", "lengths"} from tokens [batch, max_length] (EOS, then PAD)."""
-    lengths = jnp.argmax(tokens == EOS, axis=-1).astype(jnp.int32) + 1
+    lengths = jnp.argmax(tokens == eos, axis=-1).astype(jnp.int32) + 1
     if scores is None:
         scores = raw / search.penalty(lengths)
     return {"tokens": tokens, "scores": scores, "lengths": lengths}
 
 
-def _beam(step, caches, limit: Array, search: Search, graphdef) -> dict[str, Array]:
+def _beam(step, caches, limit: Array, search: Search, graphdef, ids: Specials) -> dict:
     b, k, n = limit.shape[0], search.beam, search.max_length
-    start = jnp.full((b, k, n + 1), PAD, jnp.int32).at[:, :, 0].set(BOS)
+    start = jnp.full((b, k, n + 1), ids.pad, jnp.int32).at[:, :, 0].set(ids.bos)
     state = {
         "t": jnp.int32(0),
         "tokens": start,
@@ -196,13 +196,13 @@ def _beam(step, caches, limit: Array, search: Search, graphdef) -> dict[str, Arr
         "fin": jnp.full((b, k), NEG, jnp.float32),  # normalised scores of finished ones
         "caches": caches,
     }
-    advance = functools.partial(_beam_step, step, limit, search, graphdef)
+    advance = functools.partial(_beam_step, step, limit, search, graphdef, ids.eos)
     cond = lambda s: (s["t"] < n) & ~jnp.all(_finished(s, limit, search))
     s = jax.lax.while_loop(cond, lambda s: advance(s), state)
     best = jnp.argmax(s["fin"], axis=-1)
     tokens = jnp.take_along_axis(s["fin_tokens"], best[:, None, None], 1)[:, 0, 1:]
     scores = jnp.take_along_axis(s["fin"], best[:, None], 1)[:, 0]
-    return _result(tokens, None, search, scores)
+    return _result(tokens, None, search, ids.eos, scores)
 
 
 def _finished(s: dict, limit: Array, search: Search) -> Array:
@@ -219,19 +219,19 @@ def _finished(s: dict, limit: Array, search: Search) -> Array:
     return full & ((s["fin"].min(-1) >= best_live) | dead)
 
 
-def _beam_step(step, limit, search: Search, graphdef, s: dict) -> dict:
+def _beam_step(step, limit, search: Search, graphdef, eos: int, s: dict) -> dict:
     """One token for every live hypothesis: the top 2*beam continuations, EOS ones to the
     finished set (kept top `beam` by normalised score), the others the new live beams."""
     b, k = s["live"].shape
     t = s["t"]
     logp, caches = step(s["caches"], s["tokens"].reshape(b * k, -1), t)
     v = logp.shape[-1]
-    logp = _force_eos(logp.reshape(b, k, v), t, limit)
+    logp = _force_eos(logp.reshape(b, k, v), t, limit, eos)
     cand = (s["live"][:, :, None] + logp).reshape(b, k * v)
     top, index = jax.lax.top_k(cand, 2 * k)
     origin, token = index // v, (index % v).astype(jnp.int32)
     grown = jnp.take_along_axis(s["tokens"], origin[:, :, None], 1).at[:, :, t + 1].set(token)
-    is_eos = (token == EOS) & (top > NEG / 2)
+    is_eos = (token == eos) & (top > NEG / 2)
     # fairseq ("first"): an EOS finishes a hypothesis only from the top `beam` candidates.
     within = (jnp.arange(2 * k) < k)[None, :] if search.stop == "first" else True
     finishing = is_eos & within

@@ -20,6 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ln_jax import sharding
+from ln_jax.data import joint_tokenizer as tok_lib
+from ln_jax.models import hf_io
+from ln_jax.models.translation import convert
 from ln_jax.models.translation.model import Translator, label_smoothed_nll
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.models.translation.search import Search, translate
@@ -126,6 +129,40 @@ class Translation:
             logits, batch["tgt_out"], batch["tgt_mask"], eps, model.vocab_size
         )
 
+    def initialize(self, model: Translator) -> bool:
+        """A fresh run from `task_options.init_from`: a translation workdir's latest parameters
+        or a HuggingFace Marian folder ("hf:PATH"), in the model's shardings. False (the
+        placements' own set-up runs) when it is not set."""
+        source = self.options.init_from
+        if not source:
+            return False
+        if source.startswith(convert.HF_PREFIX):
+            arrays = self._marian_arrays(source[len(convert.HF_PREFIX) :], model)
+        else:
+            arrays = _workdir_arrays(source)
+        _set_params(model, arrays, source)
+        log.info("initial parameters from %s", source)
+        return True
+
+    def _marian_arrays(self, path: str, model: Translator) -> dict:
+        hf_cfg, values = convert.marian_config(convert.read_hf_config(path))
+        fields = ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_dim", "activation")
+        theirs = {f: getattr(hf_cfg, f) for f in fields} | {
+            k: values[k] for k in ("decoder_layers", "pad_id", "bos_id", "eos_id", "output_bias")
+        }
+        ours = {f: getattr(self.cfg.model, f) for f in fields} | {
+            k: getattr(self.options, k) for k in theirs if k not in fields
+        }
+        if theirs != ours:
+            differ = ", ".join(f"{k} {ours[k]} vs {v}" for k, v in theirs.items() if ours[k] != v)
+            raise ConfigError(
+                f"init_from=hf:{path} does not fit this config ({differ}); use "
+                f"--config=configs/mt.py:hf:{path}, which takes the model's shape, ids and "
+                "vocabulary from the folder."
+            )
+        state = convert.read_marian_state(path)
+        return convert.marian_arrays(self.cfg.model, self.options, state, hf_io.param_shapes(model))
+
     # ----------------------------------------------------------------- evaluation
 
     def eval_batch(self, model: Translator, batch: Batch) -> dict[str, Array]:
@@ -176,6 +213,13 @@ class Translation:
             raise ConfigError(
                 f"the tokenizer has {tokenizer.vocab_size} pieces but model.vocab_size="
                 f"{cfg.model.vocab_size}; set them equal (data.vocab_size sets both)."
+            )
+        if tok_lib.specials(tokenizer) != tuple(o.specials):
+            train.close()
+            raise ConfigError(
+                f"the tokenizer's (pad, bos, eos) ids are {tok_lib.specials(tokenizer)} but "
+                f"task_options has {tuple(o.specials)}; set task_options.pad_id/bos_id/eos_id "
+                "to the tokenizer's."
             )
         evals, _ = make_translation_pipeline(
             cfg.data, split="eval", seed=cfg.data.seed, mesh=mesh, **lengths
@@ -228,6 +272,41 @@ class Translation:
         return stack_sublayers(model.encoder, "encoder/") + stack_sublayers(
             model.decoder, "decoder/"
         )
+
+
+def _workdir_arrays(workdir: str) -> dict:
+    """{path: array} of a translation workdir's latest parameters."""
+    from flax import nnx
+
+    from ln_jax.translate import load_translator
+
+    model, _, _ = load_translator(workdir)
+    return dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+
+
+def _set_params(model: Translator, arrays: Mapping, source: str) -> None:
+    """Every parameter of `model` from `arrays` ({path: array or Variable}), in its sharding; a
+    missing path or a shape that differs is a ConfigError naming it."""
+    from flax import nnx
+
+    state = nnx.state(model, nnx.Param)
+    for path, var in nnx.to_flat_state(state):
+        name = "/".join(map(str, path))
+        if path not in arrays:
+            raise ConfigError(f"init_from={source!r} has no parameter {name}: another model.")
+        new = arrays[path]
+        new = new.get_value() if hasattr(new, "get_value") else new
+        old = var.get_value()
+        if tuple(new.shape) != tuple(old.shape):
+            raise ConfigError(
+                f"init_from={source!r}: parameter {name} has shape {tuple(new.shape)}, this "
+                f"config's {tuple(old.shape)}; give the source's shape fields."
+            )
+        host = np.asarray(jax.device_get(new), old.dtype)
+        var.set_value(
+            jax.make_array_from_callback(host.shape, old.sharding, lambda i, x=host: x[i])
+        )
+    nnx.update(model, state)
 
 
 def _stack_output(rec: dict, last: str) -> Array:
