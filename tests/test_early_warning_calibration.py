@@ -73,7 +73,8 @@ def test_the_healthy_gpu_run_gets_notes_where_it_used_to_warn(replays):
     replay = replays["2026-11-26-h200-bert_base_preln"]
     assert replay.warnings == []
     notes = [(a.step, a.rule, a.measurement) for a in replay.notes]
-    assert notes[0][:2] == (50, "collapse") and notes[0][2].startswith("collapse/layer_")
+    assert notes[0] == (50, "collapse", "collapse/layer_01")  # 0.9045; layer 0 at 0.70
+    assert replay.notes[0].message.endswith("; also layers 2-11 and the output")
     assert (150, "grad_jump", "grad_norm/layer_00/attention") in notes
 
 
@@ -163,7 +164,7 @@ def test_the_lowest_layer_is_named_and_the_others_listed():
     ]
     alerts = _feed(EarlyWarning(CFG), seq)
     assert [a.level for a in alerts] == ["note", "warning"]
-    assert alerts[1].layer == 1 and alerts[1].message.endswith("; also in layer 3, at the output")
+    assert alerts[1].layer == 1 and alerts[1].message.endswith("; also layer 3 and the output")
 
 
 def test_a_step_without_measurements_does_not_end_an_episode():

@@ -225,7 +225,6 @@ class EarlyWarning:
         if not names:
             return None
         name, threshold = names[0], self.cfg.collapse
-        others = [_where(n) for n in names[1:]]
         if level == "note":
             what = (
                 f"rank collapse begins at step {step} {_where(name)}: {name} = "
@@ -240,7 +239,7 @@ class EarlyWarning:
                 f"{self._episodes[name].start}"
                 + _loss_change(*self._level_change(step), self.cfg.collapse_steps)
             )
-        also = f"; also {', '.join(others)}" if others else ""
+        also = f"; also {_places(names[1:])}" if names[1:] else ""
         return Alert(
             step, "collapse", name, _layer(name), values[name], threshold, what + also, level
         )
@@ -250,6 +249,21 @@ def _loss_change(before: float | None, now: float | None, steps: int) -> str:
     if before is None or now is None:
         return ""
     return f", and the loss stalls: {before:.4g} -> {now:.4g} over the last {steps} steps"
+
+
+def _places(names: list[str]) -> str:
+    """ "layers 2-5, 7 and the output" for measures in layer order (`_order`)."""
+    layers = [_layer(n) for n in names if _layer(n) is not None]
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    spans = [f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs]
+    parts = [("layers " if len(layers) > 1 else "layer ") + ", ".join(spans)] if spans else []
+    parts += [f"the {n.split('/', 1)[1]}" for n in names if _layer(n) is None]
+    return " and ".join(parts)
 
 
 def _where(name: str) -> str:

@@ -68,11 +68,11 @@ class Replay:
 
     @property
     def warnings(self) -> list[Alert]:
-        return [a for a in self.alerts if a.level == "warning"]
+        return [a for a in self.alerts if _level(a) == "warning"]
 
     @property
     def notes(self) -> list[Alert]:
-        return [a for a in self.alerts if a.level == "note"]
+        return [a for a in self.alerts if _level(a) == "note"]
 
     @property
     def first_warning(self) -> Alert | None:
@@ -91,9 +91,15 @@ class Replay:
         return (self.first_warning is not None) == self.run.failed
 
 
-def replay(run: Recorded, cfg: MonitorConfig) -> Replay:
-    """Feeds the run's steps, in order, to a fresh `EarlyWarning` (the trainer's code)."""
-    watcher = EarlyWarning(cfg)
+def _level(alert: Alert) -> str:
+    """The alert's level; "warning" for the alerts of rules that had no levels."""
+    return getattr(alert, "level", "warning")
+
+
+def replay(run: Recorded, cfg: MonitorConfig, rules: type = EarlyWarning) -> Replay:
+    """Feeds the run's steps, in order, to a fresh `EarlyWarning` (the trainer's code; `rules`:
+    another class with its `check`, e.g. an earlier version's, to compare)."""
+    watcher = rules(cfg)
     alerts = [a for step, values in run.steps for a in watcher.check(step, values)]
     return Replay(run, alerts)
 
