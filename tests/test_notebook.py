@@ -6,6 +6,10 @@ child process: it inherits the 8 fake CPU devices and the persistent compilation
 tests/conftest.py through the environment, and the sizes are those other tests compile
 (the Pre-LN run is tests/test_trainer.py's `tiny_config` at 6 steps; the analysis is
 tests/test_analysis.py's theory setting), so in a whole-suite run most programs compile once.
+
+The install cell, which the executed notebook skips (ln_jax is importable), is run here on its
+own: the placeholder `REPO_URL` stops it with what to set, and a folder, an archive or a URL
+gives the checkout, without a real clone or install.
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ import json
 import math
 import os
 import re
+import shutil
+import subprocess
+import tarfile
+import zipfile
 from pathlib import Path
 
 import jax
@@ -146,3 +154,88 @@ def test_notebook_runs_both_recipes_and_draws_the_figures(executed):
         norms = re.search(rf"^{placement}-LN \|\|dL/dW2\|\| at init: (.*)$", text, re.M)
         values = [float(v) for v in re.findall(r"L=\d+: ([0-9.]+)", norms.group(1))]
         assert len(values) == 2 and all(v > 0 for v in values), norms.group(0)
+
+
+# --------------------------------------------------------------------------- the install cell
+
+
+def install_cell() -> dict:
+    """The install cell's functions and classes: its source run here (ln_jax is importable, so
+    it installs nothing), `subprocess.run` recorded by the test that asks."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    (cell,) = [c for c in nb.cells if "def find_checkout" in c.source]
+    namespace: dict = {}
+    exec(compile(cell.source, "install cell", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def placeholder() -> str:
+    """REPO_URL as committed."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    return re.search(r'^REPO_URL = "(.*)"$', params.source, re.M).group(1)
+
+
+@pytest.fixture
+def commands(monkeypatch, tmp_path) -> list[list[str]]:
+    """The commands the install cell runs (none really), from `tmp_path` as the cwd."""
+    ran: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: ran.append(list(cmd)))
+    monkeypatch.chdir(tmp_path)
+    return ran
+
+
+def fake_checkout(folder: Path) -> Path:
+    """A folder that looks like the repository to the install cell."""
+    (folder / "ln_jax").mkdir(parents=True)
+    (folder / "pyproject.toml").write_text('[project]\nname = "ln_jax"\n')
+    (folder / "ln_jax" / "__init__.py").write_text("")
+    return folder
+
+
+def test_the_placeholder_says_what_to_set_and_clones_nothing(commands, tmp_path):
+    cell = install_cell()
+    url = placeholder()
+    assert "OWNER" in url and cell["is_placeholder"](url)
+    with pytest.raises(cell["SetRepoUrl"]) as err:
+        cell["find_checkout"](url)
+    shown = err.value._render_traceback_()  # what the notebook shows: these lines, no traceback
+    assert shown[0] == f"REPO_URL is the placeholder {url!r}: ln_jax cannot be cloned from it."
+    assert '  REPO_URL = "https://github.com/<owner>/ln_jax"' in shown[2]
+    assert f'REPO_URL = "{tmp_path}/ln_jax"' in shown[3]
+    assert f'REPO_URL = "{tmp_path}/ln_jax.zip"' in shown[4]
+    assert commands == []  # no git clone
+
+
+def test_a_folder_or_an_archive_is_the_checkout_and_a_url_is_cloned(commands, tmp_path):
+    cell = install_cell()
+    find = cell["find_checkout"]
+    assert find(str(ROOT)) == str(ROOT)
+    source = fake_checkout(tmp_path / "src" / "ln_jax-main")
+    with zipfile.ZipFile(tmp_path / "ln_jax-main.zip", "w") as z:  # GitHub's "Download ZIP"
+        for path in source.rglob("*"):
+            z.write(path, path.relative_to(source.parent))
+    with tarfile.open(tmp_path / "code.tar.gz", "w:gz") as t:
+        t.add(source, arcname="ln_jax-main")
+    unpacked = Path(find(str(tmp_path / "code.tar.gz")))
+    assert (unpacked / "pyproject.toml").is_file() and unpacked.name == "ln_jax-main"
+    shutil.rmtree(unpacked.parent)
+    # With the placeholder still set, an uploaded ln_jax*.zip in the working folder is used.
+    unpacked = Path(find(placeholder()))
+    assert (unpacked / "ln_jax" / "__init__.py").is_file(), unpacked
+    assert commands == []
+    with pytest.raises(cell["SetRepoUrl"], match="no such folder or archive"):
+        find(str(tmp_path / "ln_jx"))
+    url = "https://github.com/someone/ln_jax"
+    assert find(url) == str(tmp_path / "ln_jax")
+    assert commands == [["git", "clone", "--depth=1", url, str(tmp_path / "ln_jax")]]
+
+
+def test_the_install_command_is_editable_and_names_jax_tpu_on_a_tpu(monkeypatch):
+    cell = install_cell()
+    command = cell["install_command"]
+    monkeypatch.setitem(cell, "glob", type("NoDevices", (), {"glob": staticmethod(lambda p: [])}))
+    monkeypatch.delenv("TPU_ACCELERATOR_TYPE", raising=False)
+    assert command("/content/ln_jax")[-2:] == ["--editable", "/content/ln_jax"]
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+    assert command("/content/ln_jax")[-3:] == ["--editable", "/content/ln_jax", "jax[tpu]"]
