@@ -22,25 +22,55 @@ TRACEBACK_ENV = "LN_JAX_TRACEBACK"
 _FILE_FORMAT = "%(asctime)s %(levelname).1s %(name)s %(filename)s:%(lineno)d] %(message)s"
 
 
+# Libraries whose failures come back to ln_jax as exceptions it reports itself (orbax's
+# failed saves and restores: `CheckpointError`): their log records go to the file only. A full
+# disk made orbax log ~530 lines of tracebacks on the terminal before that one-line error.
+FILE_ONLY_PACKAGES = ("orbax", "tensorstore")
+
+
+def _package(record: logging.LogRecord) -> str:
+    """The top-level package a record comes from: its logger's name, or for absl's shared
+    logger (used by orbax, TFDS, ...) the package of the file that logged it."""
+    top = record.name.split(".")[0]
+    if top != "absl":
+        return top
+    parts = record.pathname.replace(os.sep, "/").split("/site-packages/")
+    return parts[-1].split("/")[0] if len(parts) > 1 else top
+
+
 class _ConsoleFilter(logging.Filter):
-    """ln_jax's INFO and above; every other library's WARNING and above."""
+    """ln_jax's INFO and above; every other library's WARNING and above, except those of
+    `FILE_ONLY_PACKAGES`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name.split(".")[0] == "ln_jax":
+        package = _package(record)
+        if package == "ln_jax":
             return record.levelno >= logging.INFO
-        return record.levelno >= logging.WARNING
+        return record.levelno >= logging.WARNING and package not in FILE_ONLY_PACKAGES
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """`LEVEL message`; another library's record shows its first line only (its traceback
+    and the rest are in the log file)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if _package(record) == "ln_jax":
+            return super().format(record)
+        first = record.getMessage().strip().splitlines() or [""]
+        more = " (more in the log file)" if record.exc_info or len(first) > 1 else ""
+        return f"{record.levelname} {first[0]}{more}"
 
 
 def configure_logging(log_file: str | None = None) -> None:
     """Sends every log record at INFO and above to `log_file` (appended; it may be a URL) and
-    only what `_ConsoleFilter` passes to stderr; replaces absl's and earlier handlers on the
-    root."""
+    only what `_ConsoleFilter` passes to stderr, one line per record of another library;
+    replaces absl's and earlier handlers on the root."""
     close_logging()
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(_ConsoleFilter())
-    console.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    console.setFormatter(_ConsoleFormatter("%(levelname)s %(message)s"))
     root.addHandler(console)
     if log_file is not None:
         to_file = _log_file_handler(log_file)

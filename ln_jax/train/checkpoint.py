@@ -377,19 +377,24 @@ def _is_stray_read_report(unraisable: Any) -> bool:
 
 def _stray_reads_to_log(previous: Callable[[Any], None]) -> Callable[[Any], None]:
     """An unraisable hook that logs stray-read reports (to train.log, one line each with
-    the traceback in the file) and passes on the rest."""
+    the traceback in the file; dropped at interpreter exit, when logging is gone) and passes
+    on the rest."""
 
     def hook(unraisable: Any) -> None:
         if not _is_stray_read_report(unraisable):
             previous(unraisable)
             return
+        if sys.is_finalizing():  # at exit: the log file is closed, logging half torn down
+            return
         err = unraisable.exc_value
-        _stray_log.info(
-            "ignored after a failed checkpoint read: %s %r",
-            unraisable.err_msg or "Exception ignored in",
-            unraisable.object,
-            exc_info=(type(err), err, unraisable.exc_traceback) if err else None,
-        )
+        # A report of a discarded read is not worth a failure of its own.
+        with contextlib.suppress(Exception):
+            _stray_log.info(
+                "ignored after a failed checkpoint read: %s %r",
+                unraisable.err_msg or "Exception ignored in",
+                unraisable.object,
+                exc_info=(type(err), err, unraisable.exc_traceback) if err else None,
+            )
 
     hook.logs_stray_reads = True
     return hook

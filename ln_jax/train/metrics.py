@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import pathlib
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import jax
@@ -151,8 +153,23 @@ def format_duration(seconds: float) -> str:
     return f"{days}d {text}" if days else text
 
 
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """Where a run stands in a larger job (a fine-tuning grid), for its progress line.
+
+    Attributes:
+      label: shown before the step, e.g. "lr0.0005_bs32_ep3 seed 1 (run 2/6)".
+      after: given this run's ETA in seconds, the seconds of the job's runs after this one
+        (None: unknown yet); the line then shows the job's ETA too.
+    """
+
+    label: str = ""
+    after: Callable[[float], float | None] | None = None
+
+
 class Progress:
-    """A progress line: step, steps/s, tokens/s, ETA and the latest loss.
+    """A progress line: step, steps/s, tokens/s, ETA, the latest loss and the last
+    evaluation's headline (`evaluated`), behind the label of its `Scope` if it has one.
 
     A window (the steps since the previous line) in which something other than steady
     training took time, say compiling a program (the first step of a process, the first step
@@ -171,14 +188,19 @@ class Progress:
         stream: TextIO = sys.stdout,
         enabled: bool = True,
         window: int = 20,
+        scope: Scope | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
+        self.scope = scope or Scope()
+        self.clock = clock
+        self._last_eval = ""  # "eval loss 2.3456 (step 40)"
         self.total = total_steps
         self.tokens_per_step = tokens_per_step
         self.stream = stream
         self.enabled = enabled
         self._first_step = start_step + 1
         self._mark_step = start_step
-        self._mark_time = time.perf_counter()
+        self._mark_time = clock()
         self._steady: collections.deque[float] = collections.deque(maxlen=window)
         self._pending: list[str] = []  # what disturbs the window being measured
         self._shown: list[str] = []  # what disturbed the window `rates` closed last
@@ -190,10 +212,17 @@ class Progress:
         if reason not in self._pending:
             self._pending.append(reason)
 
+    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+        """Shows the headline of an eval record from now on: its `score` (a task's summary
+        metric, e.g. fine-tuning's) if it has one, else its `loss`."""
+        key = "score" if "score" in record else "loss"
+        if isinstance(record.get(key), (int, float)):
+            self._last_eval = f"eval {key} {record[key]:.4f} (step {step})"
+
     def rates(self, step: int) -> tuple[float, float]:
         """(steps/s, tokens/s) since the previous call; resets the window (a steady one
         counts for the ETA)."""
-        now = time.perf_counter()
+        now = self.clock()
         steps = step - self._mark_step
         elapsed = max(now - self._mark_time, 1e-9)
         self._mark_step, self._mark_time = step, now
@@ -218,21 +247,27 @@ class Progress:
         head = f"step {step:>{len(str(self.total))}}/{self.total}"
         took = 1.0 / steps_per_s if steps_per_s > 0 else float("inf")
         if step == self._first_step:
-            return f"{head} | first step {took:.1f} s (compilation included) | loss {loss:.4f}"
-        if self._shown:  # a disturbed window: its time, and the ETA of the steady ones
+            parts = [head, f"first step {took:.1f} s (compilation included)", f"loss {loss:.4f}"]
+        elif self._shown:  # a disturbed window: its time, and the ETA of the steady ones
             steps, seconds = self._window
-            eta = self.eta(step)
-            return (
-                f"{head} | {steps} step{'s' * (steps != 1)} in {seconds:.1f} s "
-                f"({' and '.join(self._shown)} included) | loss {loss:.4f}"
-                + (f" | ETA {format_duration(eta)}" if eta is not None else "")
-            )
-        eta = self.eta(step, steps_per_s if not self._steady else None)
-        eta_text = format_duration(eta) if eta is not None and np.isfinite(eta) else "?"
-        return (
-            f"{head} | {steps_per_s:6.2f} steps/s | {tokens_per_s:9.0f} tokens/s | "
-            f"loss {loss:.4f} | ETA {eta_text}"
-        )
+            what = " and ".join(self._shown)
+            parts = [head, f"{steps} step{'s' * (steps != 1)} in {seconds:.1f} s ({what} included)"]
+            parts += [f"loss {loss:.4f}", self._eta_text(self.eta(step))]
+        else:
+            eta = self.eta(step, steps_per_s if not self._steady else None)
+            parts = [head, f"{steps_per_s:6.2f} steps/s", f"{tokens_per_s:9.0f} tokens/s"]
+            parts += [f"loss {loss:.4f}", self._eta_text(eta) or "ETA ?"]
+        return " | ".join(p for p in [self.scope.label, *parts, self._last_eval] if p)
+
+    def _eta_text(self, eta: float | None) -> str:
+        """ "ETA h:mm:ss", with the job's (`Scope.after`) when known; "" without an ETA."""
+        if eta is None or not np.isfinite(eta):
+            return ""
+        text = f"ETA {format_duration(eta)}"
+        later = self.scope.after(eta) if self.scope.after is not None else None
+        if later is not None:
+            text += f" (all runs {format_duration(eta + later)})"
+        return text
 
     def show(self, step: int, steps_per_s: float, tokens_per_s: float, loss: float) -> None:
         if self.enabled:

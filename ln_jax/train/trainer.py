@@ -32,7 +32,7 @@ from ln_jax.task import Task, make_task
 from ln_jax.train import accumulation, monitor, optim, run_identity, steps
 from ln_jax.train.checkpoint import Checkpointer, CheckpointError
 from ln_jax.train.early_warning import EarlyWarning
-from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, Progress, read_records
+from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, Progress, Scope, read_records
 from ln_jax.train.preemption import Preemption
 from ln_jax.train.workdir_lock import run_lock
 from ln_jax.validate import ConfigError, Fix
@@ -206,6 +206,7 @@ def train_and_evaluate(
     hooks: Sequence[Callable[[int, Run], None]] = (),
     accept_changes: bool = False,
     preemption: Preemption | None = None,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """Trains `cfg` in `workdir`, resuming from its latest checkpoint if there is one.
 
@@ -214,7 +215,8 @@ def train_and_evaluate(
     `hooks` are called as `hook(step, run)` after every step, before it is logged
     (measurements, custom logging). `preemption`: a `Preemption` a caller running several
     runs has entered (fine-tuning's grid), so that a signal between runs is not lost; None =
-    this run's own.
+    this run's own. `scope`: where the run stands in a larger job (fine-tuning's grid), for the
+    progress line.
 
     Returns:
       {"step": last step, "train": last train metrics, "eval": last eval metrics,
@@ -230,10 +232,10 @@ def train_and_evaluate(
     run_identity.prepare_workdir(workdir)
     lock = run_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
     with lock:
-        return _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption)
+        return _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption, scope)
 
 
-def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption) -> dict[str, Any]:
+def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption, scope) -> dict:
     """`train_and_evaluate` while this process holds the workdir's lock."""
     config_dict = run_identity.as_dict(cfg)
     is_main = jax.process_index() == 0
@@ -255,7 +257,7 @@ def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption) -> dict
             run_identity.record_config(workdir, config_dict)
         writer = MetricsWriter(workdir, enabled=is_main, resume_step=start)
         tokens = tokens_per_step(run.task)
-        progress = Progress(cfg.total_steps, tokens, start, enabled=is_main)
+        progress = Progress(cfg.total_steps, tokens, start, enabled=is_main, scope=scope)
         result = {"step": start, "train": {}, "eval": {}, "result": {}, "preempted": None}
         result["already_done"] = False
         own = Preemption(shared=jax.process_count() > 1) if preemption is None else None
@@ -438,6 +440,7 @@ class _Loop:
         epoch = {"epoch": step // per_epoch} if per_epoch else {}
         written = self.writer.write(step, "eval", {**epoch, **evaluate(self.run)})
         self.evals.append(written)
+        self.progress.evaluated(step, written)
         return written
 
 

@@ -22,11 +22,13 @@ that step. Finished runs (a "result" record) are read back, not retrained.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import statistics
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -40,7 +42,7 @@ from ln_jax.models.bert.finetune.pretrained import Pretrained, check_sequence_le
 from ln_jax.models.bert.finetune.tasks import TASKS, GlueTask
 from ln_jax.results import write_json
 from ln_jax.train import run_identity, trainer
-from ln_jax.train.metrics import METRICS_FILE, read_records
+from ln_jax.train.metrics import METRICS_FILE, Scope, read_records
 from ln_jax.train.preemption import Preemption
 from ln_jax.validate import ConfigError, UserError
 
@@ -170,21 +172,24 @@ def run_one(
     workdir: str,
     hooks: Sequence[Callable] = (),
     preemption: Preemption | None = None,
+    scope: Scope | None = None,
 ) -> dict[str, float]:
     """Trains (or resumes, or just reads) one cell x seed in WORKDIR/<cell>/seed<k> with the
-    one trainer; returns its result record. `hooks(step, run)` run after every step.
+    one trainer; returns its result record. `hooks(step, run)` run after every step; `scope`:
+    the run's place in the grid, for its progress line.
 
     Raises:
       Preempted: after SIGTERM / Ctrl-C, once the step in flight is checkpointed.
     """
-    directory = os.path.join(workdir, cell.name, f"seed{seed}")
+    directory = _run_dir(workdir, cell, seed)
     found = _finished_result(directory)
     if found is not None:
         return found
     # The grid's config was checked against WORKDIR/config.json: changes it allows (cadences,
     # mesh, checkpointing) continue a run.
+    cfg = run_config(ctx, cell, seed)
     out = trainer.train_and_evaluate(
-        run_config(ctx, cell, seed), directory, hooks, accept_changes=True, preemption=preemption
+        cfg, directory, hooks, accept_changes=True, preemption=preemption, scope=scope
     )
     if out["preempted"]:
         raise Preempted(out["preempted"], out["step"], directory)
@@ -262,18 +267,58 @@ def finetune(
 def _run_grid(ctx, cfg, workdir, hooks, preemption) -> dict[str, dict[int, dict]]:
     """{cell: {seed: result}} of every cell x seed, trained or read back in grid order."""
     results: dict[str, dict[int, dict]] = {}
-    for cell in cfg.cells:
-        for seed in cfg.seeds:
+    runs = [(cell, seed) for cell in cfg.cells for seed in cfg.seeds]
+    todo = [r for r in runs if _finished_result(_run_dir(workdir, *r)) is None]
+    clock = GridClock(len(todo))
+    for cell, seed in runs:
+        label = f"{cell.name} seed {seed}"
+        if (cell, seed) in todo:
+            index = todo.index((cell, seed)) + 1
+            log.info("run %d/%d: %s (%s)", index, len(todo), label, _run_dir(workdir, cell, seed))
+            scope = Scope(f"{label} (run {index}/{len(todo)})", clock.after)
+            with clock.timing():
+                result = run_one(ctx, cell, seed, workdir, hooks, preemption, scope)
+        else:
             result = run_one(ctx, cell, seed, workdir, hooks, preemption)
-            results.setdefault(cell.name, {})[seed] = result
-            log.info(
-                "%s seed %d: best %.4f, last %.4f",
-                cell.name,
-                seed,
-                result["best_score"],
-                result["last_score"],
-            )
+        results.setdefault(cell.name, {})[seed] = result
+        best, last = result["best_score"], result["last_score"]
+        log.info("%s: best %.4f, last %.4f", label, best, last)
     return results
+
+
+def _run_dir(workdir: str, cell: Cell, seed: int) -> str:
+    return os.path.join(workdir, cell.name, f"seed{seed}")
+
+
+class GridClock:
+    """Times the grid's runs for the progress line's ETA of all of them (`Scope.after`)."""
+
+    def __init__(self, runs: int):
+        self.runs = runs
+        self.durations: list[float] = []  # of the runs finished in this process
+        self.started: float | None = None
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        """Times one run (its set-up and compilation included)."""
+        self.started = time.perf_counter()
+        yield
+        self.durations.append(time.perf_counter() - self.started)
+        self.started = None
+
+    def after(self, run_eta: float) -> float | None:
+        """Seconds of the runs after the current one, given its ETA: the median duration of
+        the finished runs, or before one has finished, the current run's (elapsed + ETA),
+        times the runs left; None when no run follows."""
+        left = self.runs - len(self.durations) - 1
+        if left <= 0 or self.started is None:
+            return None
+        per_run = (
+            statistics.median(self.durations)
+            if self.durations
+            else time.perf_counter() - self.started + run_eta
+        )
+        return left * per_run
 
 
 def format_summary(summary: dict[str, Any]) -> str:

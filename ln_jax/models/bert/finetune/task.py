@@ -18,6 +18,7 @@ run resumed mid-epoch logs what an uninterrupted one logs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,8 @@ from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune.model import BertClassifier, classification_loss
 from ln_jax.models.bert.finetune.tasks import TASKS, GlueTask, predictions, task_scores
 from ln_jax.validate import ConfigError
+
+log = logging.getLogger(__name__)
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -165,6 +168,7 @@ def cached_arrays(
     key = (task.name, data_dir, download, max_seq_length, max_train, max_eval, source.source)
     if key not in _DATA:
         _DATA.clear()
+        log.info("reading and tokenizing %s (train and dev splits)", task.name)
         builder = glue.open_task_dataset(task.dataset, data_dir, download)
         read = lambda split, limit: glue.read_split(builder, split, task.text_features, limit)
         encode = lambda ex: glue.encode_examples(ex, source.tokenizer, max_seq_length)
