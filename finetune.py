@@ -18,10 +18,29 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app, flags
+from ln_jax import cli
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: workdirs/<name>_<init>).")
-_TRACEBACK = flags.DEFINE_bool("traceback", False, "Show the traceback of a user error too.")
+
+def _finetune_config_front() -> cli.ConfigFront:
+    def kind():
+        from ln_jax.models.bert.finetune.config import FinetuneConfig
+
+        return FinetuneConfig
+
+    def build(values):
+        from ln_jax.models.bert.finetune import build_finetune_config
+
+        return build_finetune_config(values)
+
+    return cli.ConfigFront(kind, build, DEFAULT_CONFIG, example=DEFAULT_CONFIG)
+
+
+DEFAULT_CONFIG = "configs/glue.py:offline"
+COMMAND = cli.Command("python finetune.py", __doc__, _finetune_config_front())
+_WORKDIR = COMMAND.string(
+    "workdir", None, "Run directory (default: workdirs/<name>_<init>).", meta="DIR"
+)
+_TRACEBACK = COMMAND.boolean("traceback", False, "Show the traceback of a user error too.")
 
 
 def default_workdir(cfg) -> str:
@@ -32,48 +51,46 @@ def default_workdir(cfg) -> str:
     return os.path.join("workdirs", f"{cfg.name}_{tag}{step}")
 
 
-def main(argv: list[str], values: dict) -> int:
-    del argv
+def main(inv: cli.Invocation) -> int:
+    """The command's body: the grid, its user errors in one line (exit 2), a SIGTERM during
+    set-up in one line (exit 143: `SetupSignals`)."""
     from ln_jax import console
     from ln_jax.train.trainer import NonFiniteError
 
-    return console.run_command(lambda: _finetune(values), _TRACEBACK.value, (NonFiniteError,))
+    return console.run_command(
+        lambda: inv.call(lambda: _finetune(inv)), _TRACEBACK.value, (NonFiniteError,)
+    )
 
 
-def _finetune(values: dict) -> int:
+def _finetune(inv: cli.Invocation) -> int:
     from ln_jax import console
-    from ln_jax.models.bert.finetune import build_finetune_config, finetune, format_summary
+    from ln_jax.models.bert.finetune import finetune, format_summary
     from ln_jax.models.bert.finetune.run import Preempted
     from ln_jax.train import run_identity
+    from ln_jax.train.preemption import SetupSignals
 
-    cfg = build_finetune_config(values)
-    workdir = _WORKDIR.value or default_workdir(cfg)
-    run_identity.prepare_workdir(workdir)
-    console.configure_logging(os.path.join(workdir, "finetune.log"))
-    print(f"ln_jax: fine-tuning {cfg.init_from} on {cfg.task}, workdir {workdir}", flush=True)
-    try:
-        summary = finetune(cfg, workdir)
-    except Preempted as stop:
-        print(f"{stop}; run the same command to resume", flush=True)
-        return 0
+    with SetupSignals("setting up the fine-tuning") as signals:
+        cfg = inv.config()
+        workdir = _WORKDIR.value or default_workdir(cfg)
+        signals.what = f"setting up the fine-tuning in {workdir}"
+        with cli.no_stub_workdir(workdir):
+            run_identity.prepare_workdir(workdir)
+            console.configure_logging(os.path.join(workdir, "finetune.log"))
+            print(
+                f"ln_jax: fine-tuning {cfg.init_from} on {cfg.task}, workdir {workdir}", flush=True
+            )
+            try:
+                summary = finetune(cfg, workdir)
+            except Preempted as stop:
+                print(f"{stop}; run the same command to resume", flush=True)
+                return 0
     print(format_summary(summary))
     return 0
 
 
-def run() -> None:
-    from ln_jax import console
-    from ln_jax.config_front import config_from_command_line
-
-    parsed = {}
-
-    def parse() -> int:
-        values, line = config_from_command_line(sys.argv[1:], "configs/glue.py:offline")
-        parsed["values"], parsed["rest"] = values, line.rest
-        return 0
-
-    if console.run_reporting_errors(parse, "--traceback" in sys.argv):
-        sys.exit(console.EXIT_USER_ERROR)
-    app.run(lambda argv: main(argv, parsed["values"]), argv=[sys.argv[0], *parsed["rest"]])
+def run(argv: list[str] | None = None) -> None:
+    """The command line (sys.argv by default); exits with the command's status."""
+    sys.exit(COMMAND.run(main, argv))
 
 
 if __name__ == "__main__":

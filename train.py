@@ -25,7 +25,7 @@ import sys
 from ln_jax import cli
 
 COMMAND = cli.Command("python train.py", __doc__, cli.train_config_front())
-_WORKDIR = COMMAND.string("workdir", None, "Run directory (default: workdirs/<name>).")
+_WORKDIR = COMMAND.string("workdir", None, "Run directory (default: workdirs/<name>).", meta="DIR")
 _ACCEPT = COMMAND.boolean(
     "accept_changes",
     False,
@@ -34,7 +34,9 @@ _ACCEPT = COMMAND.boolean(
 )
 _TRACEBACK = COMMAND.boolean("traceback", False, "Show the traceback of a user error too.")
 _DISTRIBUTED = COMMAND.boolean("distributed", False, "Call jax.distributed.initialize().")
-_COORDINATOR = COMMAND.string("coordinator_address", None, "host:port of process 0.")
+_COORDINATOR = COMMAND.string(
+    "coordinator_address", None, "host:port of process 0.", meta="HOST:PORT"
+)
 _NUM_PROCESSES = COMMAND.integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = COMMAND.integer("process_id", None, "This process's index.")
 
@@ -55,18 +57,13 @@ def _init_distributed() -> None:
 
 def main(inv: cli.Invocation) -> int:
     """The command's body: the run, its user errors in one line (exit 2), a SIGTERM during
-    set-up in one line (exit 143)."""
+    set-up in one line (exit 143: `SetupSignals`)."""
     from ln_jax import console
-    from ln_jax.train.preemption import EXIT_SIGTERM, SetupInterrupted
     from ln_jax.train.trainer import NonFiniteError
 
-    try:
-        return console.run_command(
-            lambda: inv.call(lambda: _train(inv)), _TRACEBACK.value, (NonFiniteError,)
-        )
-    except SetupInterrupted as stop:
-        print(stop, file=sys.stderr, flush=True)
-        return EXIT_SIGTERM
+    return console.run_command(
+        lambda: inv.call(lambda: _train(inv)), _TRACEBACK.value, (NonFiniteError,)
+    )
 
 
 def _distributed() -> bool:

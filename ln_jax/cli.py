@@ -64,6 +64,7 @@ class Flag:
       help: one line.
       choices: the values an "enum" flag accepts.
       required: the command needs it (not for --help).
+      meta: the value's name in the help ("DIR"; default by kind).
     """
 
     name: str
@@ -72,6 +73,7 @@ class Flag:
     help: str
     choices: tuple[str, ...] = ()
     required: bool = False
+    meta: str = ""
     value: Any = None
     present: bool = False
 
@@ -94,7 +96,7 @@ class Flag:
             return [item.strip() for item in text.split(",") if item.strip()]
         if self.kind == "enum" and text not in self.choices:
             near = close_names(text, self.choices)
-            hint = f" {did_you_mean(near)}" if near else ""
+            hint = f" Did you mean {near[0]!r}?" if near else ""
             raise ConfigError(
                 f"--{self.name}={text!r}: give one of {', '.join(self.choices)}.{hint}",
                 fix=Fix(set={f"--{self.name}": near[0]}) if near else None,
@@ -112,7 +114,8 @@ class Flag:
     def usage(self) -> str:
         if self.kind == "bool":
             return f"--[no]{self.name}"
-        meta = {"list": "A,B,...", "enum": "|".join(self.choices)}.get(self.kind, "VALUE")
+        kinds = {"list": "A,B,...", "enum": "|".join(self.choices), "integer": "N", "float": "X"}
+        meta = self.meta or kinds.get(self.kind, "VALUE")
         return f"--{self.name}={meta}"
 
     def describe(self) -> str:
@@ -194,8 +197,11 @@ class Command:
         self.flags[name] = flag
         return flag
 
-    def string(self, name: str, default: str | None, help: str, required: bool = False) -> Flag:
-        return self._define(name, "string", default, help, required=required)
+    def string(
+        self, name: str, default: str | None, help: str, required: bool = False, meta: str = ""
+    ) -> Flag:
+        """A text flag; `meta` names its value in the help (e.g. "DIR")."""
+        return self._define(name, "string", default, help, required=required, meta=meta)
 
     def integer(self, name: str, default: int | None, help: str) -> Flag:
         return self._define(name, "integer", default, help)
@@ -221,7 +227,8 @@ class Command:
         argv = list(sys.argv[1:] if argv is None else argv)
         inv = Invocation(self, argv)
         if wants_help(argv):
-            print(self.help(argv), flush=True)
+            with contextlib.suppress(BrokenPipeError):  # `--help | head`
+                print(self.help(argv), flush=True)
             return 0
         try:
             inv.parse()
@@ -260,13 +267,14 @@ class Command:
 
     def _config_help(self, argv: Sequence[str]) -> list[str]:
         line = config_front.parse_command_line(argv)
-        if line.spec is None and not line.overrides:
+        if line.spec is None and not line.overrides and self._default_spec(argv) is None:
             typed, head = None, "the defaults; with --config=FILE[:variant], the values it gives"
         else:
             try:
                 typed = self.config.build(Invocation(self, list(argv)).config_values())
                 given = " with the overrides given" if line.overrides else ""
-                head = f"the values of {line.spec or self._default_spec(argv)}{given}"
+                spec = line.spec or f"{self._default_spec(argv)} (the default)"
+                head = f"the values of {spec}{given}"
             except (UserError, ValueError, TypeError) as err:
                 typed, head = None, f"the defaults: {err}"
         lines = [f"config fields (--config.SECTION.FIELD=VALUE; {head}):"]
@@ -379,7 +387,7 @@ class Invocation:
             return
         near = close_names(given or "", subcommands, 1)
         what = f"unknown subcommand {given!r}" if given else "no subcommand"
-        hint = f"; {did_you_mean(near)}" if near else ""
+        hint = f"; {did_you_mean(near)}" if near else "."
         raise ConfigError(
             f"{what}{hint} Give one of {', '.join(subcommands)}: {self.command.prog} "
             f"{'|'.join(subcommands)} ... (--help says more).",
@@ -577,7 +585,14 @@ def _row(left: str, right: str, wrap: bool = False) -> str:
     right = right.replace("``", "`")
     if wrap:
         indent = " " * _NAME_COLUMN
-        return textwrap.fill(right, _WIDTH, initial_indent=left, subsequent_indent=indent)
+        return textwrap.fill(
+            right,
+            _WIDTH,
+            initial_indent=left,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     room = max(_WIDTH - len(left), 30)
     return left + textwrap.shorten(right, room, placeholder=" ...")
 
@@ -599,16 +614,26 @@ def no_stub_workdir(workdir: str) -> Iterator[None]:
     left as it is; so is everything after an unexpected error (its log helps a bug report).
     """
     from ln_jax import paths
-    from ln_jax.train.preemption import SetupInterrupted
+    from ln_jax.train.preemption import SetupSignals
 
     created = _first_missing(workdir) if not paths.is_url(workdir) else None
-    try:
-        yield
-    except (UserError, SetupInterrupted, KeyboardInterrupt):
+
+    def remove_stub() -> None:
         if created is not None and _only_stub(workdir):
             console.configure_logging()  # the log file goes: log to the terminal only
             _remove_stub(workdir, created)
+
+    signals = SetupSignals.active
+    if signals is not None:  # a SIGTERM during set-up removes it too
+        signals.cleanups.append(remove_stub)
+    try:
+        yield
+    except (UserError, KeyboardInterrupt):
+        remove_stub()
         raise
+    finally:
+        if signals is not None:
+            signals.cleanups.remove(remove_stub)
 
 
 def _first_missing(path: str) -> str | None:

@@ -35,9 +35,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ln_jax import sharding
+from ln_jax import cli, sharding
 from ln_jax.config import TrainConfig
-from ln_jax.config_front import build_config, config_from_command_line
+from ln_jax.config_front import config_from_command_line
 from ln_jax.train import accumulation, steps
 from ln_jax.validate import UserError
 
@@ -315,30 +315,32 @@ def force_host_devices(n: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
-def _define_flags() -> None:
-    from absl import flags
+COMMAND = cli.Command("python -m ln_jax.compile_check", __doc__, cli.train_config_front())
+_MESH = COMMAND.string(
+    "mesh", None, "data,fsdp,tensor, e.g. 4,2,1 (default: the config's).", meta="D,F,T"
+)
+_NUM_DEVICES = COMMAND.integer("num_devices", None, "Fake CPU devices (default: mesh product).")
+_DEVICE_MEMORY = COMMAND.real("device_memory_gib", None, "Per-device budget, e.g. 80 for an H100.")
 
-    flags.DEFINE_string("mesh", None, "data,fsdp,tensor, e.g. 4,2,1 (default: the config's).")
-    flags.DEFINE_integer("num_devices", None, "Fake CPU devices (default: mesh product).")
-    flags.DEFINE_float("device_memory_gib", None, "Per-device budget, e.g. 80 for an H100.")
 
-
-def _main(values: dict[str, Any]) -> int:
-    from absl import flags, logging
+def _main(inv: cli.Invocation) -> int:
+    """The command's body: fake devices asked for, the report, the verdict."""
+    from absl import logging
 
     logging.set_verbosity(logging.WARNING)  # not JAX's "Unable to initialize backend" lines
-    options = flags.FLAGS
     try:
-        cfg = build_config(values)
-        mesh = parse_mesh(options.mesh) if options.mesh else None
-        report = compile_report(cfg, mesh, device_memory_gib=options.device_memory_gib)
+        n = requested_devices(inv.line.rest)
+        if n is not None:
+            force_host_devices(n)  # before the config: its "auto" fields start JAX's backends
+        cfg = inv.config()
+        mesh = parse_mesh(_MESH.value) if _MESH.value else None
+        report = compile_report(cfg, mesh, device_memory_gib=_DEVICE_MEMORY.value)
     except (UserError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return inv.report(err)
     print(format_report(report), flush=True)
-    if options.device_memory_gib is None:
+    if _DEVICE_MEMORY.value is None:
         return 0
-    ok, verdict = fits(report, options.device_memory_gib)
+    ok, verdict = fits(report, _DEVICE_MEMORY.value)
     print(verdict, flush=True)
     return 0 if ok else 1
 
@@ -349,20 +351,9 @@ def command_config(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     return values, line.rest
 
 
-def run() -> None:
+def run(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point (see the module docstring)."""
-    from absl import app
-
-    try:
-        values, rest = command_config(sys.argv[1:])
-        n = requested_devices(rest)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    if n is not None:
-        force_host_devices(n)
-    _define_flags()
-    app.run(lambda argv: _main(values), argv=[sys.argv[0], *rest])
+    sys.exit(COMMAND.run(_main, argv))
 
 
 if __name__ == "__main__":

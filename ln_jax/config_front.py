@@ -190,7 +190,7 @@ def _unknown_field(parents: list[str], key: str, node: Any, dotted: str) -> Conf
         fix = Fix(rename={CONFIG_PREFIX + dotted: CONFIG_PREFIX + ".".join([full(near), *rest])})
     return ConfigError(
         f"unknown config field {full(key)!r}.{hint} The fields of "
-        f"{where or 'the config'} are: {', '.join(node)} (see configs/common.py).",
+        f"{where or 'the config'} are: {', '.join(node)} (--help lists them, with their values).",
         fix=fix,
     )
 

@@ -6,7 +6,7 @@
   python -m ln_jax.analysis output-change --out=/tmp/a --placements=post,pre,admin
   python -m ln_jax.analysis dependency --out=/tmp/a --checkpoint=workdirs/bert_postln_tiny
   python -m ln_jax.analysis monitor WORKDIR [WORKDIR ...] --out=DIR   (training-time
-      measurements of runs: see ln_jax/analysis/training.py)
+      measurements of runs: see ln_jax/analysis/training.py; `monitor --help` for its flags)
 
 The model and data come from `--config=FILE[:variant]` (default configs/bert_preln.py:tiny)
 with the analysis defaults on top (Xavier initialisation, sequences of 64, batches of 16) and
@@ -18,13 +18,15 @@ seeds 0..9; a comma list names seeds ("--seeds=0,4,7").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ln_jax.validate import UserError
+from ln_jax import cli
+from ln_jax.validate import ConfigError, UserError
 
 # Per subcommand: placements, depths, mini-batches per model, setting(s).
 DEFAULTS: dict[str, dict[str, str]] = {
@@ -42,27 +44,49 @@ DEFAULTS: dict[str, dict[str, str]] = {
 ERRORS = (UserError, ValueError, FileNotFoundError, KeyError)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m ln_jax.analysis",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+SUBCOMMANDS = {
+    "depth": "Xiong et al. fig. 3(c,d): the last FFN's gradient norm at initialisation, by depth",
+    "layers": "Xiong et al. fig. 3(a,b): FFN gradient norms of every layer",
+    "lemma2": "Xiong et al. Lemma 2, measured beside its prediction",
+    "output-change": "Liu et al. fig. 2: output change under a parameter perturbation, by depth",
+    "dependency": "Liu et al. figs. 7-8: each residual branch's share of a sub-layer's output",
+    "monitor": "figures of runs' training-time measurements (monitor WORKDIR ... --out=DIR; "
+    "`monitor --help` for its flags)",
+}
+
+
+def _config_front() -> cli.ConfigFront:
+    from ln_jax.analysis.settings import DEFAULT_CONFIG, analysis_defaults
+
+    return dataclasses.replace(
+        cli.train_config_front(DEFAULT_CONFIG, analysis_defaults), example=DEFAULT_CONFIG
     )
-    p.add_argument("command", choices=sorted(DEFAULTS), help="the measurement")
-    # --config=FILE[:variant] and --config.SECTION.FIELD=VALUE are taken out of the command
-    # line before this parser (ln_jax.config_front.parse_command_line), as in every ln_jax command.
-    p.add_argument("--out", required=True, help="folder for <command>.json and <command>.png")
-    p.add_argument("--placements", help="arms, comma-separated (default per command)")
-    p.add_argument("--num_layers", help="depths, comma-separated (default per command)")
-    p.add_argument("--seeds", default="10", help="a count (seeds 0..N-1) or a comma list")
-    p.add_argument("--batches", help="mini-batches per model (default per command)")
-    p.add_argument("--setting", help="bert | theory (lemma2: a list, default theory,bert)")
-    p.add_argument("--data", default="corpus", help="corpus | random (bert setting)")
-    p.add_argument("--checkpoint", help="a trained run's workdir, measured as an extra arm")
-    p.add_argument("--train_steps", type=int, default=50, help="layers: Adam warm-up steps")
-    p.add_argument("--train_lr", type=float, default=5e-4, help="layers: peak learning rate")
-    p.add_argument("--epsilon", type=float, default=0.01, help="output-change: |delta|/|W|")
-    return p
+
+
+COMMAND = cli.Command(
+    "python -m ln_jax.analysis",
+    __doc__,
+    _config_front(),
+    positionals=[("SUBCOMMAND", " | ".join(SUBCOMMANDS))],
+    subcommands=SUBCOMMANDS,
+)
+# --config=FILE[:variant] and --config.SECTION.FIELD=VALUE are the config front's, as in every
+# ln_jax command.
+COMMAND.string(
+    "out", None, "folder for <command>.json and <command>.png", required=True, meta="DIR"
+)
+COMMAND.string("placements", None, "arms, comma-separated (default per command)")
+COMMAND.string("num_layers", None, "depths, comma-separated (default per command)")
+COMMAND.string("seeds", "10", "a count (seeds 0..N-1) or a comma list")
+COMMAND.string("batches", None, "mini-batches per model (default per command)")
+COMMAND.string("setting", None, "bert | theory (lemma2: a list, default theory,bert)")
+COMMAND.string("data", "corpus", "corpus | random (bert setting)")
+COMMAND.string(
+    "checkpoint", None, "a trained run's workdir, measured as an extra arm", meta="WORKDIR"
+)
+COMMAND.integer("train_steps", 50, "layers: Adam warm-up steps")
+COMMAND.real("train_lr", 5e-4, "layers: peak learning rate")
+COMMAND.real("epsilon", 0.01, "output-change: |delta|/|W|")
 
 
 def _split(text: str) -> list[str]:
@@ -163,26 +187,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ln_jax.analysis import training
 
         return training.main(argv[1:])
-    try:
-        config, rest = command_config(argv)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    args, extra = _parser().parse_known_args(rest)
-    if extra:
-        print(
-            f"error: unrecognised argument {extra[0]!r}; config overrides look like "
-            "--config.model.hidden_size=64 (see --help for the other options).",
-            file=sys.stderr,
+    return COMMAND.run(_measure_and_write, argv)
+
+
+def _arguments(inv: cli.Invocation) -> argparse.Namespace:
+    """The subcommand and the flags' values."""
+    if len(inv.words) > 1:
+        raise ConfigError(
+            f"unexpected argument {inv.words[1]!r} after {inv.words[0]}; config overrides look "
+            "like --config.model.hidden_size=64 (see --help for the other options)."
         )
-        return 2
+    values = {name: flag.value for name, flag in COMMAND.flags.items()}
+    return argparse.Namespace(command=inv.words[0], **values)
+
+
+def _measure_and_write(inv: cli.Invocation) -> int:
+    try:
+        args = _arguments(inv)
+        config = inv.config()
+    except ERRORS as err:
+        return inv.report(err)
     _show_progress()
     try:
         result = measure(args, config)
     except ERRORS as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+        return inv.report(message if isinstance(message, BaseException) else ValueError(message))
     from ln_jax.analysis import PLOTS, write_json
 
     name = args.command

@@ -47,12 +47,16 @@ import logging
 import os
 import sys
 
-from absl import app, flags
-
+from ln_jax import cli
 from ln_jax.experiments.grids import B2, DEPTH_ARMS, SCHEDULE, STUDY_SCHEDULES
 from ln_jax.validate import UserError
 
-COMMANDS = ("depth", "warmup", "downstream")
+STUDIES = {
+    "depth": "post/pre/admin/... arms at depths 6, 12, 18 (docs/studies/PLAN.md)",
+    "warmup": "Post-LN warm-up lengths x learning rates against Pre-LN without warm-up",
+    "downstream": "fine-tuning along pretraining runs' checkpoints",
+}
+COMMANDS = tuple(STUDIES)
 
 
 def _command(argv: list[str]) -> str | None:
@@ -60,64 +64,99 @@ def _command(argv: list[str]) -> str | None:
     return words[0] if words else None
 
 
-_ARGV = list(sys.argv[1:])  # as given: absl strips the flags out of sys.argv later
-_OUT = flags.DEFINE_string("out", None, "Study directory (runs/, results.json, plots).")
-_JOBS = flags.DEFINE_integer("jobs", 1, "Runs trained at once, each in its own process.")
-_ONLY = flags.DEFINE_string("only", None, "Train only this run (by name).")
-_RUNS = flags.DEFINE_list(
+def default_config(words: list[str]) -> str:
+    """The config of a study without --config: configs/study.py:<study>, or the fine-tuning
+    config for downstream."""
+    study = words[0] if words else None
+    if study == "downstream":
+        return "configs/glue.py:offline"
+    return f"configs/study.py:{study if study in COMMANDS else 'depth'}"
+
+
+def _build(values: dict):
+    """The typed config of a study's base (a fine-tuning config for downstream)."""
+    if "init_from" in values:
+        from ln_jax.models.bert.finetune import build_finetune_config
+
+        return build_finetune_config(values)
+    from ln_jax.config_front import build_config
+
+    return build_config(values)
+
+
+def _config_front() -> cli.ConfigFront:
+    from ln_jax.config import TrainConfig
+
+    return cli.ConfigFront(
+        lambda: TrainConfig, _build, default_config, example="configs/study.py:depth"
+    )
+
+
+COMMAND = cli.Command(
+    "python -m ln_jax.experiments",
+    __doc__,
+    _config_front(),
+    positionals=[("STUDY", " | ".join(STUDIES))],
+    subcommands=STUDIES,
+)
+_OUT = COMMAND.string(
+    "out", None, "Study directory (runs/, results.json, plots).", required=True, meta="DIR"
+)
+_JOBS = COMMAND.integer("jobs", 1, "Runs trained at once, each in its own process.")
+_ONLY = COMMAND.string("only", None, "Train only this run (by name).", meta="NAME")
+_RUNS = COMMAND.strings(
     "runs", [], "downstream: NAME=WORKDIR of pretraining runs whose checkpoints are fine-tuned."
 )
-_STEPS = flags.DEFINE_list("steps", [], "downstream: checkpoint steps (default: every one kept).")
-_REPORT = flags.DEFINE_bool("report", False, "Only rewrite the report from stored results.")
-_EXTEND = flags.DEFINE_list(
+_STEPS = COMMAND.strings("steps", [], "downstream: checkpoint steps (default: every one kept).")
+_REPORT = COMMAND.boolean("report", False, "Only rewrite the report from stored results.")
+_EXTEND = COMMAND.strings(
     "extend",
     [],
     "Finished runs (names or fnmatch patterns, e.g. 'pre-lr1e-3-s*') to continue from their "
     "last checkpoint to a larger --config.total_steps; only with a schedule that does not "
     "depend on the run's length (constant, warmup_rsqrt).",
 )
-_SEEDS = flags.DEFINE_list("seeds", None, "Seeds (default: depth 0,1,2; warmup 0,1).")
-_DEPTHS = flags.DEFINE_list("depths", ["6", "12", "18"], "depth: encoder depths.")
-_ARMS = flags.DEFINE_list(
+_SEEDS = COMMAND.strings("seeds", None, "Seeds (default: depth 0,1,2; warmup 0,1).")
+_DEPTHS = COMMAND.strings("depths", ["6", "12", "18"], "depth: encoder depths.")
+_ARMS = COMMAND.strings(
     "arms",
     list(DEPTH_ARMS),
     "depth: arms: a placement row (post, pre, admin, deepnorm_alpha, ...) with an optional "
     "_warmup or _radam suffix; '+qk' adds qk_norm.",
 )
-_LRS = flags.DEFINE_list(
+_LRS = COMMAND.strings(
     "lrs",
     None,
     "Peak learning rates: depth: of every arm (several = a pilot; default 5e-4); "
     "warmup: of Post-LN and the extras (default 1e-4,2e-4,3e-4,5e-4).",
 )
-_WARMUP_STEPS = flags.DEFINE_list(
+_WARMUP_STEPS = COMMAND.strings(
     "warmup_steps",
     None,
     "Absolute warm-up steps: depth: one, of the _warmup arms (default "
     "200); warmup: the Post-LN lengths, 0 = none (default 0,100,500,1000).",
 )
-_SCHEDULE = flags.DEFINE_enum(
+_SCHEDULE = COMMAND.enum(
     "schedule",
     SCHEDULE,
     list(STUDY_SCHEDULES),
     "After the warm-up: constant | warmup_rsqrt "
     "(both independent of the run's length) | warmup_linear_decay (to 0 at the run's end).",
 )
-_B2 = flags.DEFINE_float("b2", B2, "Adam's/RAdam's beta2 of every arm.")
-_PRE_LRS = flags.DEFINE_list("pre_lrs", ["3e-4", "5e-4", "1e-3"], "warmup: Pre-LN's rates.")
-_EXTRAS = flags.DEFINE_list(
+_B2 = COMMAND.real("b2", B2, "Adam's/RAdam's beta2 of every arm.")
+_PRE_LRS = COMMAND.strings("pre_lrs", ["3e-4", "5e-4", "1e-3"], "warmup: Pre-LN's rates.")
+_EXTRAS = COMMAND.strings(
     "extras", [], "warmup: extra arms at every --lrs rate (post_radam, admin_warmup, ...)."
 )
-_EXTRA_WARMUP = flags.DEFINE_integer("extra_warmup", 500, "warmup: warm-up of _warmup extras.")
-_KEY_SEEDS = flags.DEFINE_list(
+_EXTRA_WARMUP = COMMAND.integer("extra_warmup", 500, "warmup: warm-up of _warmup extras.")
+_KEY_SEEDS = COMMAND.strings(
     "key_seeds", [], "warmup: extra seeds of the best Post-LN and Pre-LN cells of the sweep."
 )
-_OFFSETS = flags.DEFINE_list(
+_OFFSETS = COMMAND.strings(
     "target_offsets", ["0.3", "0.6", "1.0"], "warmup: targets, nats below the plateau."
 )
-_TARGET = flags.DEFINE_float("target", None, "warmup: an extra absolute target loss.")
-_WARMUPS = flags.DEFINE_list("warmups", None, "Removed: use --warmup_steps (absolute).")
-flags.mark_flag_as_required("out")
+_TARGET = COMMAND.real("target", None, "warmup: an extra absolute target loss.")
+_WARMUPS = COMMAND.strings("warmups", None, "Removed: use --warmup_steps (absolute).")
 
 
 def _ints(values: list[str], name: str) -> list[int]:
@@ -185,19 +224,19 @@ def _plateau(out: str, base: dict) -> dict:
     return value
 
 
-def main(argv: list[str], base: dict) -> int:
+def main(inv: cli.Invocation) -> int:
+    """The command's body: the study's runs (or the report), errors in one line (exit 2)."""
     from ln_jax.experiments import runner, study
 
     logging.getLogger("absl").setLevel(logging.WARNING)
-    command = _command(argv)
-    if command not in COMMANDS:
-        print(
-            f"error: give a study, one of {', '.join(COMMANDS)} (got {command!r}).", file=sys.stderr
-        )
-        return 2
+    try:
+        base = inv.config_values()
+    except UserError as err:
+        return inv.report(err)
+    command = inv.words[0]
     out = _OUT.value
     if command == "downstream":  # fine-tuning along pretraining runs (ln_jax.models.bert.finetune)
-        return _downstream(base, out)
+        return _downstream(inv, base, out)
     try:
         specs = _specs(command)
         plateau = _plateau(out, base)["unigram_xent"]
@@ -218,7 +257,7 @@ def main(argv: list[str], base: dict) -> int:
             out,
             plateau=plateau,
             jobs=_JOBS.value,
-            argv=_ARGV,
+            argv=inv.argv,  # as given: the runner re-runs it per run (--only=NAME)
             train=not _REPORT.value,
             target=_TARGET.value,
             arms=_ARMS.value if command == "depth" else None,
@@ -227,47 +266,35 @@ def main(argv: list[str], base: dict) -> int:
             extend=_EXTEND.value,
         )
     except (UserError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return inv.report(err)
     print(results["table"])
     return 0
 
 
-def _downstream(base: dict, out: str) -> int:
+def _downstream(inv: cli.Invocation, base: dict, out: str) -> int:
     from ln_jax.experiments import downstream
 
     try:
         runs = downstream.parse_runs(_RUNS.value)
         downstream.run(base, runs, out, _ints(_STEPS.value, "steps") or None)
     except (UserError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return inv.report(err)
     print(f"wrote {os.path.join(out, downstream.RESULTS_FILE)} and {downstream.PLOT_FILE}")
     return 0
 
 
 def command_config(argv: list[str]) -> tuple[dict, list[str]]:
     """(the nested base config, the other arguments) of a study's command line; the default
-    config is `configs/study.py:<study>`."""
+    config is `configs/study.py:<study>` (`default_config`)."""
     from ln_jax.config_front import config_from_command_line
 
-    study = _command(["", *argv])
-    default = f"configs/study.py:{study if study in COMMANDS else 'depth'}"
-    if study == "downstream":
-        default = "configs/glue.py:offline"
-    values, line = config_from_command_line(argv, default)
+    values, line = config_from_command_line(argv, default_config([_command(["", *argv])]))
     return values, line.rest
 
 
-def run() -> None:
-    from ln_jax.config import ConfigError
-
-    try:
-        base, rest = command_config(_ARGV)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    app.run(lambda argv: main(argv, base), argv=[sys.argv[0], *rest])
+def run(argv: list[str] | None = None) -> None:
+    """The command line (sys.argv by default); exits with the study's status."""
+    sys.exit(COMMAND.run(main, argv))
 
 
 if __name__ == "__main__":

@@ -4,15 +4,17 @@ Used by pretraining (`ln_jax.train.trainer`) and fine-tuning (`ln_jax.models.ber
 the loop asks
 `stop_after(step)` after every step, saves, and returns with the signal's name; rerunning the
 same command resumes from that step. Before the loop (set-up: data, compilation, restoring),
-`SetupSignals` turns a SIGTERM into `SetupInterrupted`: one line saying what was interrupted
-and that nothing was saved, exit 143.
+`SetupSignals` turns a SIGTERM into one line saying what was interrupted and that nothing was
+saved, exit 143.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from jax.experimental import multihost_utils
@@ -20,26 +22,31 @@ from jax.experimental import multihost_utils
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, the status a SIGTERM-killed process reports
 
 
-class SetupInterrupted(BaseException):
-    """SIGTERM arrived before the run's first step: nothing of this run was saved. A
-    BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it."""
-
-
 class SetupSignals:
-    """While a run sets up (before `Preemption` takes over, after it hands back), a SIGTERM
-    raises `SetupInterrupted` naming `what` was interrupted, instead of killing the process
-    without a word; the command prints it and exits `EXIT_SIGTERM`. Once a `Preemption` has
-    been entered, the run has saved what it will: a later SIGTERM ends the process as before.
+    """While a run sets up (before `Preemption` takes over), a SIGTERM prints one line naming
+    `what` was interrupted and that nothing was saved, runs the registered `cleanups` (a stub
+    workdir this command created goes) and exits `EXIT_SIGTERM` at once, instead of killing
+    the process without a word. Once a `Preemption` has been entered, the run has saved what
+    it will: a later SIGTERM ends the process as before.
 
+    The handler exits rather than raising: an exception raised from a signal handler inside a
+    garbage-collection callback (JAX has one) is printed and ignored, and set-up would go on.
     Only in the main thread of a single-process run: a multi-process job leaves SIGTERM to
     JAX's preemption service.
     """
 
-    active: SetupSignals | None = None  # the one installed, for `Preemption` to find
+    active: SetupSignals | None = None  # the one installed, for `Preemption` and cleanups
 
     def __init__(self, what: str, enabled: bool = True):
         self.what, self.enabled, self.loop_started = what, enabled, False
+        self.cleanups: list[Callable[[], None]] = []
         self._previous: Any = None
+
+    def message(self) -> str:
+        return (
+            f"SIGTERM while {self.what}, before the first step: nothing was saved (checkpoints "
+            "already in the workdir are kept); run the same command to start or resume the run."
+        )
 
     def __enter__(self):
         if self.enabled and threading.current_thread() is threading.main_thread():
@@ -53,10 +60,11 @@ class SetupSignals:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        raise SetupInterrupted(
-            f"SIGTERM while {self.what}, before the first step: nothing was saved (checkpoints "
-            "already in the workdir are kept); run the same command to start or resume the run."
-        )
+        for cleanup in self.cleanups:
+            with contextlib.suppress(Exception):
+                cleanup()
+        os.write(2, (self.message() + "\n").encode())
+        os._exit(EXIT_SIGTERM)
 
     def __exit__(self, *exc):
         if SetupSignals.active is self:
