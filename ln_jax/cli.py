@@ -301,10 +301,11 @@ def wants_help(argv: Sequence[str]) -> bool:
 
 def _mark_absl_flags_parsed() -> None:
     """Libraries that log through absl (orbax, TFDS) then log without absl's "Logging before
-    flag parsing" warning; ln_jax's commands parse no absl flag."""
-    absl_flags = sys.modules.get("absl.flags")
-    if absl_flags is not None and not absl_flags.FLAGS.is_parsed():
-        absl_flags.FLAGS([sys.argv[0]])
+    flag parsing" line; ln_jax's commands read no absl flag."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS([sys.argv[0]])
 
 
 # --------------------------------------------------------------------------- one invocation
