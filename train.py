@@ -23,6 +23,7 @@ import os
 import sys
 
 from ln_jax import cli
+from ln_jax.validate import Fix
 
 COMMAND = cli.Command("python train.py", __doc__, cli.train_config_front())
 _WORKDIR = COMMAND.string("workdir", None, "Run directory (default: workdirs/<name>).", meta="DIR")
@@ -82,7 +83,7 @@ def _train(inv: cli.Invocation) -> int:
         _preflight(cfg)  # user errors before anything is created
         with cli.no_stub_workdir(workdir):
             result = _train_in(cfg, workdir)
-    _report(cfg, workdir, result)
+    _report(inv, cfg, workdir, result)
     return 0
 
 
@@ -113,17 +114,34 @@ def _train_in(cfg, workdir: str) -> dict:
     return train_and_evaluate(cfg, workdir, accept_changes=_ACCEPT.value)
 
 
-def _report(cfg, workdir: str, result: dict) -> None:
+def _report(inv: cli.Invocation, cfg, workdir: str, result: dict) -> None:
+    """What the command prints after the run: nothing trained, a stop, the last eval (naming
+    the step it evaluated: `eval_line`)."""
+    from ln_jax.train.trainer import eval_line
+
     if result["already_done"]:
-        print(
-            f"nothing to train: {workdir} already holds step {result['step']} of "
-            f"{cfg.total_steps}. To train longer, raise --config.total_steps and add "
-            "--accept_changes; for a new run, give a new --workdir."
-        )
+        print(nothing_to_train(inv, cfg, workdir, result["step"]))
     elif result["preempted"]:
         print(f"{result['preempted']}: saved step {result['step']}; run the same command to resume")
-    if result["eval"]:
-        print(f"final eval at step {result['step']}: " + _scalars(result["eval"]))
+    line = eval_line(result)
+    if line is not None:
+        print(line)
+
+
+def nothing_to_train(inv: cli.Invocation, cfg, workdir: str, step: int) -> str:
+    """The line of a run whose workdir already holds its last step, with the whole command
+    that trains it longer (twice the steps, `--accept_changes`)."""
+    longer = Fix(
+        set={
+            "--config.total_steps": str(2 * max(cfg.total_steps, step)),
+            "--accept_changes": "true",
+        }
+    )
+    return (
+        f"nothing to train: {workdir} already holds step {step} of {cfg.total_steps}. To train "
+        f"longer, raise --config.total_steps and add --accept_changes: "
+        f"{inv.fixed_command(longer)}; for a new run, give a new --workdir."
+    )
 
 
 def _log_file_of_this_process(workdir: str) -> str:
@@ -139,13 +157,6 @@ def _log_file_of_this_process(workdir: str) -> str:
 
     index = jax.process_index()
     return log_file if index == 0 else os.path.join(workdir, f"train.process{index}.log")
-
-
-def _scalars(record: dict) -> str:
-    skip = ("time", "step")
-    return ", ".join(
-        f"{k}={v:.4f}" for k, v in record.items() if isinstance(v, float) and k not in skip
-    )
 
 
 def command_config(argv: list[str]) -> tuple[dict, list[str]]:

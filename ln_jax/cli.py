@@ -12,8 +12,9 @@ comma-separated), its positional words, and the config front (`ln_jax.config_fro
   config's fields grouped by section, one line each: the defaults, or with `--config` the
   values that config resolves to;
 * reports a user error (`ln_jax.validate.UserError`) in one line and exits 2; an error that
-  knows its fix (`UserError.fix`) ends with the whole command that works, built from the
-  user's own arguments (`fixed_command`).
+  knows its fix (a `fix`: `UserError.fix`, or another error's, e.g. a NaN stop's, which
+  keeps its own exit status) ends with the whole command that works, built from the user's
+  own arguments (`fixed_command`).
 
 A new command (the lead's `ln_jax.translate`):
 
@@ -428,25 +429,33 @@ class Invocation:
         naming an argument the user did not give)."""
         return fixed_command(self.command.prog, self.argv, fix)
 
-    def explain(self, err: UserError) -> UserError:
-        """`err` with the whole fixed command appended to its message (if it has a fix)."""
-        command = self.fixed_command(getattr(err, "fix", None))
+    def explain(self, err: BaseException) -> BaseException:
+        """`err` with the whole fixed command appended to its message, if it knows its fix (a
+        `fix` attribute: a UserError's, or another error's such as `NonFiniteError`'s)."""
+        fix = getattr(err, "fix", None)
+        command = self.fixed_command(fix) if isinstance(fix, Fix) else None
         if command and err.args and isinstance(err.args[0], str) and command not in err.args[0]:
             err.args = (f"{err.args[0].rstrip()} Run: {command}", *err.args[1:])
         return err
 
     def call(self, body: Callable[[], int]) -> int:
-        """`body()`, a UserError it raises explained (`explain`) and raised again, for a
-        command whose errors are printed by `ln_jax.console`."""
+        """`body()`; an error it raises that knows its fix (every UserError; another error
+        with a `fix`, e.g. a NaN stop) is explained (`explain`) and raised again, for a command
+        whose errors are printed by `ln_jax.console` (which keeps each one's exit status)."""
         try:
             return body()
         except UserError as err:
             raise self.explain(err) from None
+        except Exception as err:
+            if not isinstance(getattr(err, "fix", None), Fix):
+                raise
+            self.explain(err)
+            raise
 
     def report(self, err: BaseException) -> int:
-        """Prints a user error in one line (with the fixed command) and returns 2."""
-        if isinstance(err, UserError):
-            self.explain(err)
+        """Prints an error in one line (with the fixed command if it knows its fix) and
+        returns 2."""
+        self.explain(err)
         if console.wants_traceback("--traceback" in self.argv):
             traceback.print_exception(err)
         print(f"error: {err}", file=sys.stderr, flush=True)

@@ -271,6 +271,67 @@ def test_a_user_error_in_train_py_leaves_no_workdir_and_says_the_command(tmp_pat
     assert not list(tmp_path.iterdir())
 
 
+def test_an_error_with_a_fix_that_is_no_user_error_says_the_command_and_keeps_its_status(
+    capsys,
+):
+    from ln_jax import console
+    from ln_jax.train.trainer import NonFiniteError
+
+    command = cli.Command("python -m tool", "Tool.")
+    nan = NonFiniteError("non-finite loss at step 7.", fix=Fix(set={"--config.nan_policy": "skip"}))
+
+    def body(inv):
+        fail = lambda: (_ for _ in ()).throw(nan)
+        return console.run_reporting_errors(lambda: inv.call(fail), failures=(NonFiniteError,))
+
+    assert command.run(body, [TINY, "--config.seed=3"]) == 1  # a NaN stop, not a user error
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.rstrip().endswith(
+        f"step 7. Run: python -m tool {TINY} --config.seed=3 --config.nan_policy=skip"
+    ), err
+    plain = RuntimeError("no fix")  # an error without one goes through untouched
+    with pytest.raises(RuntimeError) as raised:
+        cli.Invocation(command, [TINY]).call(lambda: (_ for _ in ()).throw(plain))
+    assert raised.value is plain and str(plain) == "no fix"
+    again = NonFiniteError("at step 7.", fix=Fix(set={"--config.nan_policy": "skip"}))
+    assert cli.Invocation(command, [TINY]).report(again) == 2
+    assert capsys.readouterr().err == (
+        f"error: at step 7. Run: python -m tool {TINY} --config.nan_policy=skip\n"
+    )
+
+
+def _report(argv, result, capsys):
+    import train
+
+    inv = cli.Invocation(train.COMMAND, argv)
+    cfg = load_config("configs/bert_preln.py:tiny")
+    train._report(inv, build_config(cfg), "w", {"preempted": None, "already_done": False, **result})
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def test_train_py_names_the_step_its_last_eval_was_of(capsys):
+    stopped = {"step": 31, "preempted": "SIGTERM", "eval": {"step": 30, "loss": 6.5}}
+    assert _report([TINY], stopped, capsys) == [
+        "SIGTERM: saved step 31; run the same command to resume",
+        "last eval at step 30 (training stopped at step 31): loss=6.5000",
+    ]
+    done = {"step": 120, "eval": {"step": 120, "loss": 6.25}}
+    assert _report([TINY], done, capsys) == ["final eval at step 120: loss=6.2500"]
+    assert _report([TINY], {"step": 3, "eval": {}}, capsys) == []
+
+
+def test_nothing_to_train_gives_the_whole_command_that_trains_longer(capsys):
+    argv = [TINY, "--workdir=w", "--config.total_steps=120"]
+    lines = _report(argv, {"step": 120, "already_done": True, "eval": {}}, capsys)
+    assert lines == [
+        "nothing to train: w already holds step 120 of 120. To train longer, raise "
+        "--config.total_steps and add --accept_changes: python train.py "
+        f"{TINY} --workdir=w --config.total_steps=240 --accept_changes=true; for a new run, "
+        "give a new --workdir."
+    ]
+
+
 # --------------------------------------------------------------------------- stub workdirs
 
 
