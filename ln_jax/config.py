@@ -96,6 +96,12 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
 }
 
 
+def _check_model_choice(field: str, value: Any, valid: tuple[Any, ...]) -> None:
+    """`check_choice` of a model field, named as the user types it ("model.norm") and with
+    the fix of the command line (`--config.model.norm=CLOSEST`)."""
+    check_choice(f"model.{field}", value, valid, config_field=f"model.{field}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Frozen configuration of the BERT encoder and its pretraining heads.
@@ -185,14 +191,14 @@ class ModelConfig:
     nsp_head: bool = True
 
     def __post_init__(self) -> None:
-        check_choice("size", self.size, (*SIZES, "custom"))
-        check_choice("norm", self.norm, NORMS)
-        check_choice("admin_omega", self.admin_omega, ADMIN_OMEGAS)
-        check_choice("activation", self.activation, ACTIVATIONS)
-        check_choice("init", self.init, INITS)
-        check_choice("dtype", self.dtype, (*DTYPES, AUTO))
-        check_choice("attention_impl", self.attention_impl, (*ATTENTION_IMPLS, AUTO))
-        check_choice("remat", self.remat, REMAT_POLICIES)
+        _check_model_choice("size", self.size, (*SIZES, "custom"))
+        _check_model_choice("norm", self.norm, NORMS)
+        _check_model_choice("admin_omega", self.admin_omega, ADMIN_OMEGAS)
+        _check_model_choice("activation", self.activation, ACTIVATIONS)
+        _check_model_choice("init", self.init, INITS)
+        _check_model_choice("dtype", self.dtype, (*DTYPES, AUTO))
+        _check_model_choice("attention_impl", self.attention_impl, (*ATTENTION_IMPLS, AUTO))
+        _check_model_choice("remat", self.remat, REMAT_POLICIES)
         self._check_shapes()
         self._resolve_admin_init()
         self._check_layouts()
@@ -338,7 +344,7 @@ class ModelConfig:
         values = dict(values)
         reject_unknown_keys("model", values, [f.name for f in dataclasses.fields(cls)])
         size = values.get("size", cls.size)
-        check_choice("size", size, (*SIZES, "custom"))
+        _check_model_choice("size", size, (*SIZES, "custom"))
         if size != "custom":
             layers, hidden, heads, mlp = SIZES[size]
             shape = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, mlp_dim=mlp)
@@ -510,7 +516,7 @@ class TrainConfig:
         return self.log_every if every is None else every
 
     def __post_init__(self) -> None:
-        check_choice("nan_policy", self.nan_policy, ("stop", "skip"))
+        check_choice("nan_policy", self.nan_policy, ("stop", "skip"), config_field="nan_policy")
         object.__setattr__(self, "task_options", TaskOptions(self.task_options or {}))
         if self.steps_per_epoch < 0:
             raise ValueError(f"steps_per_epoch={self.steps_per_epoch}: use 0 (none) or more.")
@@ -518,7 +524,9 @@ class TrainConfig:
         check = getattr(task_class, "check_config", None)
         if check is not None:  # the task's own fields (task_options) are checked here too
             check(self)
-        check_choice("dropout_rng", self.dropout_rng, (*RNG_IMPLS, AUTO))
+        check_choice(
+            "dropout_rng", self.dropout_rng, (*RNG_IMPLS, AUTO), config_field="dropout_rng"
+        )
         if self.dropout_rng == AUTO:
             object.__setattr__(self, "dropout_rng", auto_dropout_rng(platform()))
         if self.total_steps <= 0:

@@ -141,6 +141,37 @@ def test_override_names_the_bad_field(overrides, message):
         override(common.base_config(), overrides)
 
 
+@pytest.mark.parametrize(
+    "field, typo, closest",
+    [
+        ("model.size", "tinny", "tiny"),
+        ("model.norm", "rmsnrom", "rmsnorm"),
+        ("model.admin_omega", "closed_from", "closed_form"),
+        ("model.activation", "gleu", "gelu"),
+        ("model.init", "xavir", "xavier"),
+        ("model.dtype", "bfloat61", "bfloat16"),
+        ("model.attention_impl", "cudn", "cudnn"),
+        ("model.remat", "dot", "dots"),
+        ("nan_policy", "skp", "skip"),
+        ("dropout_rng", "threfry", "threefry"),
+    ],
+)
+def test_a_mistyped_choice_names_the_field_as_typed_and_gives_the_whole_command(
+    field, typo, closest
+):
+    from ln_jax import cli
+
+    with pytest.raises(ConfigError) as err:
+        build_config(override(common.base_config(), {field: typo}))
+    message = str(err.value)
+    assert message.startswith(f"unknown {field} {typo!r}; valid names: "), message
+    assert f"did you mean {closest!r}" in message, message  # the closest first
+    argv = ["--config=configs/bert_preln.py:tiny", f"--config.{field}={typo}"]
+    assert cli.fixed_command("python train.py", argv, err.value.fix) == (
+        f"python train.py --config=configs/bert_preln.py:tiny --config.{field}={closest}"
+    )
+
+
 def test_parse_command_line_takes_only_the_config_arguments():
     line = config_front.parse_command_line(
         ["--out=x", "--config", "a.py:tiny", "--config.seed=3", "--config.model.norm", "rmsnorm"]
