@@ -172,6 +172,30 @@ def test_a_mistyped_choice_names_the_field_as_typed_and_gives_the_whole_command(
     )
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("data.vocab_size", "3", "data.vocab_size=3 must be >= 6: set --config.data.vocab_size."),
+        ("data.eval_num_batches", "0", "data.eval_num_batches=0 must be >= 1 or None: set "),
+        ("data.masked_lm_prob", "1.5", "data.masked_lm_prob=1.5 must be in [0, 1]: set "),
+        ("data.device_prefetch", "-1", "data.device_prefetch=-1 must be >= 0 or None: set "),
+        ("data.tokenizer_type", "bpee", "unknown data.tokenizer_type 'bpee'; valid names: bpe"),
+        ("data.dataset", " , ", "data.dataset=' , ' names no dataset: set --config.data."),
+        ("data.dataset", "a:0.5,b:-1", "data.dataset entry 'b':-1.0 needs a name and a weight"),
+    ],
+)
+def test_data_errors_name_fields_as_the_user_types_them(field, value, message):
+    with pytest.raises(ConfigError) as err:
+        build_config(override(common.base_config(), {field: value}))
+    assert message in str(err.value), str(err.value)
+    assert "DataConfig" not in str(err.value)
+    with pytest.raises(TypeError) as err:
+        config_lib.DataConfig(max_seq_length="128")
+    assert str(err.value) == (
+        "data.max_seq_length must be int, got '128': set --config.data.max_seq_length."
+    )
+
+
 def test_parse_command_line_takes_only_the_config_arguments():
     line = config_front.parse_command_line(
         ["--out=x", "--config", "a.py:tiny", "--config.seed=3", "--config.model.norm", "rmsnorm"]

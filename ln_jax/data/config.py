@@ -32,7 +32,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from ln_jax.validate import reject_unknown_keys
+from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
 
 DEFAULT_DATASET = "ln_jax_pydocs"
 TOKENIZER_TYPES = ("unigram", "bpe")
@@ -157,27 +157,39 @@ def _check_types(cfg: DataConfig) -> None:
         bad_bool = isinstance(value, bool) and bool not in allowed
         if bad_bool or not isinstance(value, allowed):
             names = "/".join(t.__name__ for t in allowed)
-            raise TypeError(f"DataConfig.{f.name} must be {names}, got {value!r}")
+            raise TypeError(
+                f"data.{f.name} must be {names}, got {value!r}: set --config.data.{f.name}."
+            )
 
 
 def _check_ranges(cfg: DataConfig) -> None:
-    if cfg.tokenizer_type not in TOKENIZER_TYPES:
-        raise ValueError(f"tokenizer_type={cfg.tokenizer_type!r}; use one of {TOKENIZER_TYPES}")
+    """Raises a ConfigError naming the first field out of its range as the user types it
+    (`data.vocab_size=3 must be >= 6: set --config.data.vocab_size.`)."""
+    check_choice(
+        "data.tokenizer_type",
+        cfg.tokenizer_type,
+        TOKENIZER_TYPES,
+        config_field="data.tokenizer_type",
+    )
     minimum = {"vocab_size": 6, "max_seq_length": 8, "max_predictions_per_seq": 1}
     minimum |= {"global_batch_size": 1, "tokenizer_max_documents": 1, "seed": 0}
     minimum |= {"worker_count": 0, "prepare_timeout_s": 0}
     minimum |= {"max_tokens": 1}
     for name, low in minimum.items():
         if getattr(cfg, name) < low:
-            raise ValueError(f"DataConfig.{name}={getattr(cfg, name)} must be >= {low}")
+            raise _out_of_range(cfg, name, f"must be >= {low}")
     for name in ("eval_batch_size", "eval_num_batches"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
-            raise ValueError(f"DataConfig.{name}={getattr(cfg, name)} must be >= 1 or None")
+            raise _out_of_range(cfg, name, "must be >= 1 or None")
     if cfg.device_prefetch is not None and cfg.device_prefetch < 0:
-        raise ValueError(f"DataConfig.device_prefetch={cfg.device_prefetch} must be >= 0 or None")
+        raise _out_of_range(cfg, "device_prefetch", "must be >= 0 or None")
     for name in ("masked_lm_prob", "short_seq_prob"):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
-            raise ValueError(f"DataConfig.{name}={getattr(cfg, name)} must be in [0, 1]")
+            raise _out_of_range(cfg, name, "must be in [0, 1]")
+
+
+def _out_of_range(cfg: DataConfig, name: str, rule: str) -> ConfigError:
+    return ConfigError(f"data.{name}={getattr(cfg, name)!r} {rule}: set --config.data.{name}.")
 
 
 def _split_weight(entry: str) -> tuple[str, float]:
@@ -201,9 +213,12 @@ def parse_dataset(spec: DatasetSpec) -> tuple[tuple[str, float], ...]:
     else:
         entries = [(str(name), float(weight)) for name, weight in spec]
     if not entries:
-        raise ValueError(f"DataConfig.dataset={spec!r} names no dataset")
+        raise ConfigError(f"data.dataset={spec!r} names no dataset: set --config.data.dataset.")
     for name, weight in entries:
         if not name or weight <= 0:
-            raise ValueError(f"DataConfig.dataset entry {name!r}:{weight} needs a name, weight > 0")
+            raise ConfigError(
+                f"data.dataset entry {name!r}:{weight} needs a name and a weight > 0: fix "
+                "--config.data.dataset."
+            )
     total = sum(w for _, w in entries)
     return tuple((name, w / total) for name, w in entries)
