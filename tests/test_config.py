@@ -275,3 +275,17 @@ def test_mixln_is_rejected_inside_a_per_layer_list():
         config_lib.model_config("tiny", num_layers=3, placement="mixln*2,pre")
     mixed = config_lib.model_config("tiny", num_layers=8, placement="mixln")
     assert mixed.layer_placements == ("post",) * 2 + ("pre",) * 6
+
+
+def test_a_finetune_config_error_keeps_its_fix_of_the_command_line():
+    from ln_jax import cli
+    from ln_jax.models.bert.finetune.config import build_finetune_config
+    from ln_jax.validate import Fix
+
+    with pytest.raises(ConfigError, match="unknown task 'mrcp'") as err:
+        build_finetune_config({"task": "mrcp"})
+    assert err.value.fix == Fix(set={"--config.task": "mrpc"})
+    argv = ["--config=configs/glue.py", "--config.task=mrcp"]
+    assert cli.fixed_command("python finetune.py", argv, err.value.fix) == (
+        "python finetune.py --config=configs/glue.py --config.task=mrpc"
+    )

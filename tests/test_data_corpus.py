@@ -105,12 +105,20 @@ def test_textdir_builder(tmp_path, text_maker):
         corpus.textdir_config(tmp_path / "empty")
 
 
-def test_unknown_dataset_error_names_dataset_dir_and_command(tmp_path):
-    with pytest.raises(sources.DatasetNotPreparedError) as err:
+def test_unknown_dataset_error_names_dataset_dir_and_closest_names(tmp_path):
+    with pytest.raises(sources.UnknownDatasetError) as err:
         sources.open_source("no_such_corpus_xyz", data_dir=str(tmp_path))
     msg = str(err.value)
-    assert "no_such_corpus_xyz" in msg and str(tmp_path) in msg
-    assert f"tfds build no_such_corpus_xyz --data_dir={tmp_path}" in msg
+    assert "unknown data.dataset 'no_such_corpus_xyz'" in msg
+    assert str(tmp_path / "no_such_corpus_xyz") in msg  # where it looked
+    assert "tfds build" not in msg and "did you mean" not in msg  # nothing close, no command
+    assert err.value.fix is None
+    with pytest.raises(sources.UnknownDatasetError) as err:
+        sources.open_source("ln_jax_pydoc", data_dir=str(tmp_path))
+    msg = str(err.value)
+    assert "did you mean 'ln_jax_pydocs'" in msg and "tfds build" not in msg
+    assert err.value.fix.set == {"--config.data.dataset": "ln_jax_pydocs"}
+    assert isinstance(err.value, FileNotFoundError)  # what callers catching it expect
 
 
 def test_unprepared_wikipedia_error_is_fast_and_says_how(tmp_path):

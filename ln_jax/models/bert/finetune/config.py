@@ -103,7 +103,7 @@ class FinetuneConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
-        check_choice("task", self.task, TASKS)
+        check_choice("task", self.task, TASKS, config_field="task")
         for field in ("seeds", "learning_rates", "batch_sizes", "epochs"):
             value = getattr(self, field)
             value = tuple(value) if isinstance(value, list | tuple) else (value,)
@@ -139,13 +139,14 @@ class FinetuneConfig:
 
 
 def build_finetune_config(values: Mapping[str, Any]) -> FinetuneConfig:
-    """`FinetuneConfig.from_mapping` with every invalid value a ConfigError (exit 2)."""
+    """`FinetuneConfig.from_mapping` with every invalid value a ConfigError (exit 2), keeping
+    the error's fix of the command line."""
     from ln_jax.config_front import override
 
     try:
         return FinetuneConfig.from_mapping(override(values, {}))
     except (ValueError, TypeError) as err:
-        raise ConfigError(str(err)) from None
+        raise ConfigError(str(err), fix=getattr(err, "fix", None)) from None
 
 
 def train_config(
