@@ -28,6 +28,22 @@ _FILE_FORMAT = "%(asctime)s %(levelname).1s %(name)s %(filename)s:%(lineno)d] %(
 FILE_ONLY_PACKAGES = ("orbax", "tensorstore")
 
 
+# ln_jax's records for the log file only, under this logger (`file_only_logger`): e.g. the
+# early-warning notes, states that healthy runs pass through too, which the terminal would
+# show as alarms.
+FILE_ONLY_LOGGER = "ln_jax.log_file_only"
+
+
+def file_only_logger(name: str) -> logging.Logger:
+    """A logger of ln_jax whose records go to the log file (`WORKDIR/train.log`), never to the
+    terminal: `ln_jax.log_file_only.<name>`."""
+    return logging.getLogger(f"{FILE_ONLY_LOGGER}.{name}")
+
+
+def _file_only(record: logging.LogRecord) -> bool:
+    return record.name == FILE_ONLY_LOGGER or record.name.startswith(FILE_ONLY_LOGGER + ".")
+
+
 def _package(record: logging.LogRecord) -> str:
     """The top-level package a record comes from: its logger's name, or for absl's shared
     logger (used by orbax, TFDS, ...) the package of the file that logged it."""
@@ -39,13 +55,13 @@ def _package(record: logging.LogRecord) -> str:
 
 
 class _ConsoleFilter(logging.Filter):
-    """ln_jax's INFO and above; every other library's WARNING and above, except those of
-    `FILE_ONLY_PACKAGES`."""
+    """ln_jax's INFO and above, except its file-only records (`file_only_logger`); every
+    other library's WARNING and above, except those of `FILE_ONLY_PACKAGES`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         package = _package(record)
         if package == "ln_jax":
-            return record.levelno >= logging.INFO
+            return record.levelno >= logging.INFO and not _file_only(record)
         return record.levelno >= logging.WARNING and package not in FILE_ONLY_PACKAGES
 
 

@@ -170,6 +170,37 @@ def test_the_spike_warns_and_keeps_the_checkpoint_before_it(monitored_run):
     assert json.loads((workdir / "checkpoints" / "kept_steps.json").read_text()) == [4]
 
 
+def test_a_note_goes_to_metrics_and_train_log_never_to_the_terminal(data_dir, tmp_path, capfd):
+    """Every layer above a (tiny) collapse threshold from step 1: a collapse note, no warning
+    (it would have to last 1000 steps; the spike rules are off)."""
+    import logging
+
+    from ln_jax import console
+
+    quiet = {"monitor.loss_spike": 0.0, "monitor.grad_jump": 0.0, "monitor.collapse_steps": 1000}
+    settings = {"total_steps": 3, "monitor.every": 1, "monitor.collapse": 1e-6, **quiet}
+    cfg = tiny_config(data_dir, **settings)
+    workdir, log_file = tmp_path / "run", tmp_path / "train.log"
+    console.configure_logging(str(log_file))
+    try:
+        trainer.train_and_evaluate(cfg, str(workdir))
+        control = "control: an ln_jax warning reaches the terminal"
+        logging.getLogger("ln_jax.train.trainer").warning(control)
+    finally:
+        console.close_logging()
+    records = read_metrics(workdir)
+    notes = [r for r in records if r["split"].startswith("note/")]
+    assert [(r["split"], r["step"]) for r in notes] == [("note/collapse", 1)], notes
+    assert notes[0]["message"].startswith("rank collapse begins at step 1")
+    assert not [r for r in records if r["split"].startswith("warning/")]
+    logged = log_file.read_text()
+    assert "early-warning note: rank collapse begins at step 1" in logged
+    terminal = capfd.readouterr()
+    shown = terminal.out + terminal.err
+    assert control in shown  # the terminal was captured
+    assert "rank collapse" not in shown and "note" not in shown.lower(), shown
+
+
 def test_plots_show_the_logged_values(monitored_run, tmp_path):
     workdir, records = monitored_run
     out = tmp_path / "plots"

@@ -9,8 +9,8 @@ use); step 0's parameters from the task's `initialize` (a warm start, fresh runs
 a placement's set-up (Admin's profiling, `ln_jax.nn.placement_setup`).
 
 WORKDIR holds `config.json`, `metrics.jsonl` (splits "train", "eval", "monitor",
-"warning/<rule>" and "result": docs/usage.md, "metrics.jsonl", lists each record's fields),
-`checkpoints/` and `tensorboard/`.
+"warning/<rule>", "note/<rule>" and "result": docs/usage.md, "metrics.jsonl", lists each
+record's fields), `checkpoints/` and `tensorboard/`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from ln_jax import paths, sharding
+from ln_jax import console, paths, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.nn.placement_setup import setup_placements
 from ln_jax.task import Task, make_task
@@ -48,6 +48,7 @@ __all__ = [
 RunMismatchError = run_identity.RunMismatchError
 WorkdirError = run_identity.WorkdirError
 log = logging.getLogger(__name__)
+note_log = console.file_only_logger(__name__)  # early-warning notes: train.log only
 Batch = dict[str, jax.Array]
 State = dict[str, Any]
 
@@ -350,9 +351,11 @@ def _measured(run: Run, step: int) -> bool:
 
 
 def _watch(run, ckpt, writer, watcher, step, metrics, measures) -> None:
-    """Writes the step's measurements (split "monitor") and applies the early-warning rules:
-    each warning is logged, written (split "warning/<rule>") and may keep the checkpoint
-    before it."""
+    """Writes the step's measurements (split "monitor") and applies the early-warning rules
+    (`ln_jax.train.early_warning`): a warning is logged as a WARNING (on the terminal and in
+    train.log), written (split "warning/<rule>") and may keep the checkpoint before it; a note
+    (a state healthy runs pass through too) is logged at INFO to train.log only
+    (`console.file_only_logger`) and written (split "note/<rule>")."""
     named = monitor.named(measures) if measures is not None else {}
     if named:
         writer.write(step, "monitor", named)
@@ -362,10 +365,13 @@ def _watch(run, ckpt, writer, watcher, step, metrics, measures) -> None:
     kept = ckpt.keep_before(step) if keep else None
     for alert in alerts:
         message = alert.message
-        if kept is not None:
-            message += f"; checkpoint {kept} is kept ({ckpt.directory / str(kept)})"
-        log.warning("early warning: %s", message)
-        writer.write(step, f"warning/{alert.rule}", {**alert.record(), "message": message})
+        if alert.level == "note":
+            note_log.info("early-warning note: %s", message)
+        else:
+            if kept is not None:
+                message += f"; checkpoint {kept} is kept ({ckpt.directory / str(kept)})"
+            log.warning("early warning: %s", message)
+        writer.write(step, alert.split, {**alert.record(), "message": message})
 
 
 class _Loop:
