@@ -154,9 +154,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.monitor = ml_collections.ConfigDict()
     c.monitor.every = placeholder(int)  # measure every N steps; None = log_every; 0 = off
     c.monitor.window = 20  # earlier logged values the spike rules compare with
+    # a warning: a WARNING in train.log and on the terminal, split "warning/<rule>"; a note (a
+    # state healthy runs pass through): train.log only, split "note/<rule>"
     c.monitor.loss_spike = 6.0  # warn: loss > window median + this many robust stds (0 = off)
-    c.monitor.grad_jump = 10.0  # warn: a gradient norm > this x its window median (0 = off)
-    c.monitor.collapse = 0.99  # warn: a layer's mean cosine between positions crosses this
+    # a gradient norm > this x its window median: a warning at a new high of the window, a
+    # note below the high (0 = off)
+    c.monitor.grad_jump = 10.0
+    c.monitor.collapse = 0.9  # a layer's collapse >= this: a note; a warning if it persists (below)
+    c.monitor.collapse_steps = 200  # ... for this many steps
+    c.monitor.collapse_loss_drop = 0.05  # ... while the loss fell by less than this fraction
     c.monitor.keep_checkpoint = True  # on a warning, never delete the checkpoint before it
     return c
 
