@@ -266,3 +266,160 @@ def grad_norm_by_layer(
             checkpoint_arm=checkpoint_info(settings),
         ),
     }
+
+
+# --------------------------------------------------------------------------- encoder-decoder
+
+TRANSLATION_NOTE = (
+    "encoder-decoder (Xiong et al.'s own setting for Fig. 3(a,b): a 6-6 Transformer on "
+    "translation); the label-smoothed loss of `configs/study_mt.py`'s task on training batches "
+    "of its corpus, at initialisation (placements' set-up hooks run first, e.g. Admin's "
+    "profile), dropout off"
+)
+
+
+def translation_ffn_grads(grads: Any, stacks: Sequence[tuple[str, int]]) -> dict[str, jax.Array]:
+    """{"encoder/W1": [L_enc], "encoder/W2", "decoder/W1", "decoder/W2"}: ||dL/dW||_F of each
+    layer's FFN matrices from a Translator's gradient state (list or scanned layers)."""
+    flat = {"/".join(map(str, p)): v for p, v in nnx.to_flat_state(grads)}
+    out = {}
+    for stack, depth in stacks:
+        for matrix, name in (("W1", "wi"), ("W2", "wo")):
+            scanned = f"{stack}/layers/ffn/branch/{name}/kernel"
+            if scanned in flat:
+                g = flat[scanned].get_value()
+                out[f"{stack}/{matrix}"] = jnp.sqrt(jnp.sum(g * g, axis=(1, 2)))
+                continue
+            keys = [f"{stack}/layers/{i}/ffn/branch/{name}/kernel" for i in range(depth)]
+            norms = [jnp.linalg.norm(flat[k].get_value()) for k in keys]
+            out[f"{stack}/{matrix}"] = jnp.stack(norms)
+    return out
+
+
+def translation_grad_norm_by_layer(
+    cfg: Any,
+    placements: Sequence[str] = ("post", "pre"),
+    depths: Sequence[int] = (6,),
+    seeds: Sequence[int] = tuple(range(10)),
+    batches: int = 4,
+) -> dict[str, Any]:
+    """Xiong et al. Fig. 3(a,b) on the encoder-decoder: per layer of each stack, the FFN
+    matrices' gradient norm at initialisation, E_batches||dL/dW||_F, Post-LN against Pre-LN.
+
+    Every model (placement x encoder = decoder depth x seed) is a fresh initialisation of
+    `cfg`'s translation model, its gradients taken on the same `batches` training batches
+    (data seed 0), dropout off. Mean and std are over seeds.
+
+    Args:
+      cfg: a typed TrainConfig of the translation task (configs/study_mt.py:gradients).
+
+    Returns:
+      {"results": {"post L6": {"encoder/W1": {"mean": [L], "std": [L]}, ...}},
+       "measurement", "architecture", "config"}.
+    """
+    from ln_jax import sharding
+    from ln_jax.data import make_translation_pipeline
+    from ln_jax.models.translation.task import Translation
+    from ln_jax.nn.placement_setup import setup_placements
+
+    if cfg.task != "translation" or batches < 1:
+        raise ValueError(
+            f"mt_gradients needs a translation config (task {cfg.task!r}) and --batches >= 1 "
+            f"(got {batches}); use --config=configs/study_mt.py:gradients."
+        )
+    mesh = sharding.single_device_mesh()
+    o = Translation(cfg).options
+    lengths = dict(max_source_length=o.max_source_length, max_target_length=o.max_target_length)
+    with sharding.use_mesh(mesh):
+        stream, _ = make_translation_pipeline(cfg.data, split="train", seed=0, mesh=mesh, **lengths)
+        data = [next(stream) for _ in range(batches)]
+        stream.close()
+    results: dict[str, Any] = {}
+    for placement in placements:
+        for depth in depths:
+            over = {"placement": placement, "num_layers": depth}
+            run_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **over))
+            run_cfg = dataclasses.replace(
+                run_cfg, task_options={**dict(cfg.task_options), "decoder_layers": depth}
+            )
+            per_seed = _translation_seeds(run_cfg, mesh, data, seeds, setup_placements)
+            results[f"{placement} L{depth}"] = {
+                k: seed_mean_std(np.stack([s[k] for s in per_seed])[:, None]) for k in per_seed[0]
+            }
+    return {
+        "measurement": "E_batches||dL/dW||_F of the FFN matrices of each encoder/decoder layer",
+        "architecture": TRANSLATION_NOTE,
+        "results": results,
+        "config": {
+            "placements": list(placements),
+            "depths": list(depths),
+            "seeds": list(seeds),
+            "batches": batches,
+            "width": cfg.model.hidden_size,
+            "init": cfg.model.init,
+            "dataset": cfg.data.dataset,
+            "max_tokens": cfg.data.max_tokens,
+        },
+    }
+
+
+def _translation_seeds(cfg, mesh, data, seeds, setup_placements) -> list[dict[str, np.ndarray]]:
+    """Per seed: {stack/matrix: [L] mean over `data`'s batches of the FFN gradient norms}."""
+    from ln_jax import sharding
+    from ln_jax.models.translation.task import Translation
+
+    task = Translation(cfg)
+    stacks = [("encoder", cfg.model.num_layers), ("decoder", task.options.decoder_layers)]
+
+    def norms(model, batch):
+        loss = lambda m: task.loss(m, batch, None, task.normalizers(batch))[0]
+        return translation_ffn_grads(nnx.grad(loss)(model), stacks)
+
+    fn = nnx.jit(norms)
+    out = []
+    with sharding.use_mesh(mesh):
+        for seed in seeds:
+            model = task.build(nnx.Rngs(seed))
+            setup_placements(model, lambda: data[0], None)
+            values = [jax.device_get(fn(model, b)) for b in data]
+            out.append({k: np.mean([v[k] for v in values], axis=0) for k in values[0]})
+    return out
+
+
+def translation_table(result: dict[str, Any]) -> str:
+    """Markdown: per arm and stack, the W2 and W1 gradient norms by layer (mean ± std over
+    seeds), and the last-over-first layer ratio (Xiong: Post-LN's grow towards the output,
+    Pre-LN's stay flat)."""
+    lines = [
+        f"{result['measurement']}, {result['architecture']}.",
+        f"Seeds {result['config']['seeds']}, {result['config']['batches']} batches each.",
+        "",
+        "| arm | stack / matrix | by layer (1 → L): mean ± std over seeds | last / first |",
+        "|---|---|---|---|",
+    ]
+    for arm, by in result["results"].items():
+        for key, stats in by.items():
+            mean, std = np.asarray(stats["mean"]), np.asarray(stats["std"])
+            values = ", ".join(f"{m:.3g} ± {s:.2g}" for m, s in zip(mean, std, strict=True))
+            lines.append(f"| {arm} | {key} | {values} | {mean[-1] / mean[0]:.2f} |")
+    return "\n".join(lines)
+
+
+def plot_translation(result: dict[str, Any], path: str) -> str:
+    """Gradient norm of W2 (and W1 dashed) by layer, encoder and decoder panels."""
+    from ln_jax.results import arm_colour, new_figure, save_figure
+
+    fig, axes = new_figure(2, width=5.0, height=4.0)
+    for i, (arm, by) in enumerate(result["results"].items()):
+        colour = arm_colour(arm.split()[0], i)
+        for ax, stack in zip(axes, ("encoder", "decoder"), strict=True):
+            for matrix, style in (("W2", "-o"), ("W1", "--")):
+                mean = np.asarray(by[f"{stack}/{matrix}"]["mean"])
+                layers = np.arange(1, mean.size + 1)
+                ax.plot(layers, mean, style, color=colour, label=f"{arm} {matrix}", ms=3)
+            ax.set_title(stack)
+            ax.set_xlabel("layer")
+            ax.set_yscale("log")
+    axes[0].set_ylabel("E||dL/dW||_F at initialisation")
+    axes[0].legend(fontsize=7)
+    return save_figure(fig, path)

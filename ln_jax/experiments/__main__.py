@@ -10,6 +10,26 @@
       [--seeds=0,1] [--key_seeds=2,3,4] [--target_offsets=0.3,0.6,1.0] [--target=LOSS]
       [--schedule=constant] [--b2=0.98] [--jobs=2] [--config=...] [--config.FIELD=value ...]
 
+Translation (issue 35; the plan: docs/studies/PLAN_MT.md), on configs/study_mt.py:<study>:
+
+  python -m ln_jax.experiments mt_warmup --out=DIR [--lrs=5e-4,1e-3] [--warmup_steps=0,500,full]
+      [--full_warmup=N] [--pre_lrs=5e-4,1e-3] [--seeds=0] [--key_cells=CELL,...]
+      [--key_seeds=1,2] [--bleu_targets=5,10] [--target=NLL] [--b2=0.98] [--jobs=2]
+  python -m ln_jax.experiments mt_depth --out=DIR [--depths=6,12,18]
+      [--arms=post_warmup,pre_warmup,admin_warmup] [--lrs=1e-3] [--warmup_steps=full]
+      [--seeds=0,1,2]
+  python -m ln_jax.experiments mt_deep_encoder --out=DIR [--depths=18] [--decoder_layers=6]
+      [--arms=post_warmup,pre_warmup,pre_warmup+dlcl] [--lrs=1e-3] [--seeds=0,1]
+  python -m ln_jax.experiments mt_gradients --out=DIR [--depths=6] [--arms=post,pre]
+      [--seeds=0,...,9] [--batches=4]
+
+Every translation arm: Adam (0.9, 0.98), no weight decay, gradient clipping OFF, the inverse
+square root after a linear warm-up (`warmup_rsqrt`; 0 = none), label smoothing 0.1; "full" is
+the paper's 4,000 warm-up steps scaled to the run (8% of total_steps, `mt_grids.full_warmup`).
+Results report BLEU by step (greedy or `--config.task_options.eval_beam`), final BLEU, steps
+to each BLEU target, validation NLL, and paired bootstrap intervals of the cells' differences.
+mt_gradients measures Xiong et al.'s Fig. 3 on the encoder-decoder at initialisation.
+
 The default config is `configs/study.py:depth` or `:warmup`. Warm-up lengths are absolute steps
 (0 = none); the default schedule, a linear warm-up then a constant rate, does not depend on the
 run's length; every Adam arm uses beta2 = 0.98. An arm of the depth study is a placement row
@@ -55,7 +75,20 @@ STUDIES = {
     "depth": "post/pre/admin/... arms at depths 6, 12, 18 (docs/studies/PLAN.md)",
     "warmup": "Post-LN warm-up lengths x learning rates against Pre-LN without warm-up",
     "downstream": "fine-tuning along pretraining runs' checkpoints",
+    "mt_warmup": "translation: Post-LN warm-up x rate against Pre-LN (Xiong Fig. 2; PLAN_MT.md)",
+    "mt_depth": "translation: encoder = decoder depth, post/pre/admin (Liu Table 2)",
+    "mt_deep_encoder": "translation: deep encoder, 6-layer decoder, post/pre/pre+DLCL (Wang)",
+    "mt_gradients": "translation: FFN gradient norms by layer at initialisation (Xiong Fig. 3)",
 }
+MT_DEFAULTS = {  # flag -> default, per translation study
+    "mt_warmup": {"lrs": "5e-4,1e-3", "warmup_steps": "0,500,full", "seeds": "0",
+                  "pre_lrs": "5e-4,1e-3", "depths": "6"},
+    "mt_depth": {"lrs": "1e-3", "warmup_steps": "full", "seeds": "0,1,2", "depths": "6,12,18",
+                 "arms": "post_warmup,pre_warmup,admin_warmup"},
+    "mt_deep_encoder": {"lrs": "1e-3", "warmup_steps": "full", "seeds": "0,1", "depths": "18",
+                        "arms": "post_warmup,pre_warmup,pre_warmup+dlcl"},
+    "mt_gradients": {"seeds": ",".join(map(str, range(10))), "depths": "6", "arms": "post,pre"},
+}  # fmt: skip
 COMMANDS = tuple(STUDIES)
 
 
@@ -70,6 +103,8 @@ def default_config(words: list[str]) -> str:
     study = words[0] if words else None
     if study == "downstream":
         return "configs/glue.py:offline"
+    if study in MT_DEFAULTS:
+        return f"configs/study_mt.py:{study[len('mt_') :]}"
     return f"configs/study.py:{study if study in COMMANDS else 'depth'}"
 
 
@@ -116,13 +151,19 @@ _EXTEND = COMMAND.strings(
     "last checkpoint to a larger --config.total_steps; only with a schedule that does not "
     "depend on the run's length (constant, warmup_rsqrt).",
 )
-_SEEDS = COMMAND.strings("seeds", None, "Seeds (default: depth 0,1,2; warmup 0,1).")
-_DEPTHS = COMMAND.strings("depths", ["6", "12", "18"], "depth: encoder depths.")
+_SEEDS = COMMAND.strings(
+    "seeds", None, "Seeds (default: depth 0,1,2; warmup 0,1; mt_*: see the usage above)."
+)
+_DEPTHS = COMMAND.strings(
+    "depths", None, "depth, mt_*: encoder depths (default 6,12,18; mt_deep_encoder 18)."
+)
 _ARMS = COMMAND.strings(
     "arms",
-    list(DEPTH_ARMS),
-    "depth: arms: a placement row (post, pre, admin, deepnorm_alpha, ...) with an optional "
-    "_warmup or _radam suffix; '+qk' adds qk_norm.",
+    None,
+    "depth, mt_depth, mt_deep_encoder: arms: a placement row (post, pre, admin, "
+    "deepnorm_alpha, ...) with an optional _warmup or _radam suffix; '+qk' adds qk_norm, "
+    f"'+dlcl' DLCL (translation). Default depth: {','.join(DEPTH_ARMS)}; mt_gradients: "
+    "placements.",
 )
 _LRS = COMMAND.strings(
     "lrs",
@@ -144,18 +185,36 @@ _SCHEDULE = COMMAND.enum(
     "(both independent of the run's length) | warmup_linear_decay (to 0 at the run's end).",
 )
 _B2 = COMMAND.real("b2", B2, "Adam's/RAdam's beta2 of every arm.")
-_PRE_LRS = COMMAND.strings("pre_lrs", ["3e-4", "5e-4", "1e-3"], "warmup: Pre-LN's rates.")
+_PRE_LRS = COMMAND.strings(
+    "pre_lrs", None, "warmup, mt_warmup: Pre-LN's rates (default 3e-4,5e-4,1e-3; mt 5e-4,1e-3)."
+)
 _EXTRAS = COMMAND.strings(
     "extras", [], "warmup: extra arms at every --lrs rate (post_radam, admin_warmup, ...)."
 )
 _EXTRA_WARMUP = COMMAND.integer("extra_warmup", 500, "warmup: warm-up of _warmup extras.")
 _KEY_SEEDS = COMMAND.strings(
-    "key_seeds", [], "warmup: extra seeds of the best Post-LN and Pre-LN cells of the sweep."
+    "key_seeds",
+    [],
+    "warmup: extra seeds of the best Post-LN and Pre-LN cells of the sweep; mt_warmup: of "
+    "the --key_cells.",
 )
+_KEY_CELLS = COMMAND.strings(
+    "key_cells", [], "mt_warmup: cells (e.g. post_nowarmup-lr1e-3,pre-lr1e-3) run at --key_seeds."
+)
+_FULL_WARMUP = COMMAND.integer(
+    "full_warmup", None, "mt_*: steps of a 'full' warm-up (default 8% of total_steps)."
+)
+_BLEU_TARGETS = COMMAND.strings(
+    "bleu_targets", ["5", "10"], "mt_warmup: BLEU targets (steps to reach each)."
+)
+_DECODER_LAYERS = COMMAND.integer("decoder_layers", 6, "mt_deep_encoder: the decoder's depth.")
+_BATCHES = COMMAND.integer("batches", 4, "mt_gradients: measurement batches per seed.")
 _OFFSETS = COMMAND.strings(
     "target_offsets", ["0.3", "0.6", "1.0"], "warmup: targets, nats below the plateau."
 )
-_TARGET = COMMAND.real("target", None, "warmup: an extra absolute target loss.")
+_TARGET = COMMAND.real(
+    "target", None, "warmup: an extra absolute target loss; mt_warmup: a validation NLL target."
+)
 _WARMUPS = COMMAND.strings("warmups", None, "Removed: use --warmup_steps (absolute).")
 
 
@@ -177,6 +236,51 @@ def _list(flag, default: list[str]) -> list[str]:
     return flag.value if flag.value is not None else default
 
 
+def _mt_list(flag, command: str, name: str) -> list[str]:
+    """A flag's values, else the translation study's default (`MT_DEFAULTS`)."""
+    default = MT_DEFAULTS[command].get(name)
+    return _list(flag, default.split(",") if default else [])
+
+
+def _mt_specs(command: str, base: dict) -> list:
+    """The runs of a translation study from its flags (defaults: `MT_DEFAULTS`)."""
+    from ln_jax.experiments import mt_grids
+
+    total = int(base["total_steps"])  # the base's own warm-up may not fit: each arm sets one
+    full = _FULL_WARMUP.value or mt_grids.full_warmup(total)
+    warmups = [
+        mt_grids.resolve_warmup(v, total, full)
+        for v in _mt_list(_WARMUP_STEPS, command, "warmup_steps")
+    ]
+    seeds = _ints(_mt_list(_SEEDS, command, "seeds"), "seeds")
+    lrs = _floats(_mt_list(_LRS, command, "lrs"), "lrs")
+    if command == "mt_warmup":
+        return mt_grids.mt_warmup_grid(
+            seeds,
+            lrs,
+            warmups,
+            _floats(_mt_list(_PRE_LRS, command, "pre_lrs"), "pre_lrs"),
+            full=full,
+            key_cells=_KEY_CELLS.value,
+            key_seeds=_ints(_KEY_SEEDS.value, "key_seeds"),
+            b2=_B2.value,
+        )
+    if len(lrs) != 1 or len(warmups) != 1:
+        raise ValueError(
+            f"{command}: --lrs={_LRS.value} and --warmup_steps={_WARMUP_STEPS.value} take one "
+            "value each (the warm-up of the _warmup arms); give one."
+        )
+    return mt_grids.mt_depth_grid(
+        _ints(_mt_list(_DEPTHS, command, "depths"), "depths"),
+        _mt_list(_ARMS, command, "arms"),
+        seeds,
+        lrs[0],
+        warmups[0],
+        decoder_layers=_DECODER_LAYERS.value if command == "mt_deep_encoder" else None,
+        b2=_B2.value,
+    )
+
+
 def _specs(command: str) -> list:
     from ln_jax.experiments import grids
 
@@ -191,8 +295,8 @@ def _specs(command: str) -> list:
         if len(warmup) != 1:
             raise ValueError(f"depth: --warmup_steps={warmup} takes one length; give one.")
         return grids.depth_grid(
-            _ints(_DEPTHS.value, "depths"),
-            _ARMS.value,
+            _ints(_list(_DEPTHS, ["6", "12", "18"]), "depths"),
+            _list(_ARMS, list(DEPTH_ARMS)),
             _ints(_list(_SEEDS, ["0", "1", "2"]), "seeds"),
             _floats(_list(_LRS, [str(grids.DEPTH_LR)]), "lrs"),
             warmup[0],
@@ -202,7 +306,7 @@ def _specs(command: str) -> list:
         seeds=_ints(_list(_SEEDS, ["0", "1"]), "seeds"),
         post_lrs=_floats(_list(_LRS, [str(x) for x in grids.POST_LRS]), "lrs"),
         warmups=_ints(_list(_WARMUP_STEPS, [str(x) for x in grids.WARMUPS]), "warmup_steps"),
-        pre_lrs=_floats(_PRE_LRS.value, "pre_lrs"),
+        pre_lrs=_floats(_list(_PRE_LRS, ["3e-4", "5e-4", "1e-3"]), "pre_lrs"),
         extras=_EXTRAS.value,
         extra_warmup=_EXTRA_WARMUP.value,
         **common,
@@ -237,10 +341,13 @@ def main(inv: cli.Invocation) -> int:
     out = _OUT.value
     if command == "downstream":  # fine-tuning along pretraining runs (ln_jax.models.bert.finetune)
         return _downstream(inv, base, out)
+    if command == "mt_gradients":
+        return _mt_gradients(inv, base, out)
+    mt = command in MT_DEFAULTS
     try:
-        specs = _specs(command)
-        plateau = _plateau(out, base)["unigram_xent"]
-        offsets = _floats(_OFFSETS.value, "target_offsets")
+        specs = _mt_specs(command, base) if mt else _specs(command)
+        plateau = None if mt else _plateau(out, base)["unigram_xent"]
+        offsets = _floats(_BLEU_TARGETS.value if mt else _OFFSETS.value, "target_offsets")
         expand = None
         if command == "warmup" and _KEY_SEEDS.value:
             keys = _ints(_KEY_SEEDS.value, "key_seeds")
@@ -260,7 +367,7 @@ def main(inv: cli.Invocation) -> int:
             argv=inv.argv,  # as given: the runner re-runs it per run (--only=NAME)
             train=not _REPORT.value,
             target=_TARGET.value,
-            arms=_ARMS.value if command == "depth" else None,
+            arms=_list(_ARMS, list(DEPTH_ARMS)) if command == "depth" else None,
             offsets=offsets,
             expand=expand,
             extend=_EXTEND.value,
@@ -280,6 +387,32 @@ def _downstream(inv: cli.Invocation, base: dict, out: str) -> int:
     except (UserError, ValueError) as err:
         return inv.report(err)
     print(f"wrote {os.path.join(out, downstream.RESULTS_FILE)} and {downstream.PLOT_FILE}")
+    return 0
+
+
+def _mt_gradients(inv: cli.Invocation, base: dict, out: str) -> int:
+    """Xiong et al.'s Fig. 3 on the encoder-decoder: OUT/gradients.json, table.md, plot."""
+    from ln_jax.analysis import gradients
+    from ln_jax.config_front import build_config
+    from ln_jax.results import write_json
+
+    try:
+        cfg = build_config(base)
+        depths = _ints(_mt_list(_DEPTHS, "mt_gradients", "depths"), "depths")
+        seeds = _ints(_mt_list(_SEEDS, "mt_gradients", "seeds"), "seeds")
+        placements = _mt_list(_ARMS, "mt_gradients", "arms")
+        result = gradients.translation_grad_norm_by_layer(
+            cfg, placements, depths, seeds, _BATCHES.value
+        )
+    except (UserError, ValueError) as err:
+        return inv.report(err)
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, "gradients.json"), result)
+    table = gradients.translation_table(result)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(table + "\n")
+    gradients.plot_translation(result, os.path.join(out, "gradients.png"))
+    print(table)
     return 0
 
 

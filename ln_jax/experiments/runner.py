@@ -32,6 +32,12 @@ RESULT = "result.json"
 TAIL = 5
 # The monitor's rank-collapse measure of the encoder output (ln_jax/train/monitor.py).
 COLLAPSE = "collapse/output"
+# A translation run's evaluation: BLEU, and the validation loss its curve holds (the NLL per
+# target token, without label smoothing: log of the perplexity).
+BLEU = "bleu"
+MT_LOSS = "nll_loss"
+# The monitor's measures kept in a translation run's result (prefixes of metrics.jsonl names).
+MT_TRACES = ("collapse/", "grad_norm", "omega/")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,11 +128,18 @@ def diverged(train: Sequence[Sequence[float]], error: str | None) -> tuple[bool,
 def summarize_run(
     spec: RunSpec, workdir: str, error: str | None, plateau: float | None
 ) -> dict[str, Any]:
-    """A run's result: final/best validation MLM loss, curves, divergence, wall time, and the
-    collapse measure's curve when the monitor logged it (`monitor.every` > 0)."""
+    """A run's result: final/best validation loss, curves, divergence, wall time, and the
+    collapse measure's curve when the monitor logged it (`monitor.every` > 0).
+
+    The validation loss is BERT's MLM loss ("final_eval_mlm_loss"); a translation run, which
+    logs no MLM loss, uses its validation NLL per target token and adds BLEU and the monitor's
+    traces (`translation_fields`)."""
     records = read_metrics(workdir)
     train = curve(records, "train", "loss")
     evals = curve(records, "eval", "mlm_loss")
+    translation = not evals and any(r["split"] == "eval" and BLEU in r for r in records)
+    if translation:
+        evals = curve(records, "eval", MT_LOSS)
     collapse = curve(records, "monitor", COLLAPSE)
     finite_evals = [v for _, v, _ in evals if _finite(v)]
     is_diverged, reason = diverged(train, error)
@@ -144,18 +157,46 @@ def summarize_run(
         "eval_curve": evals,
         "train_curve": train,
         "collapse_curve": collapse,
+        **(translation_fields(records) if translation else {}),
     }
 
 
-def steps_to_target(evals: Sequence[Sequence[float]], target: float) -> float | None:
-    """The first step at which the validation loss reaches `target`.
+def translation_fields(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A translation run's own summary: its BLEU curve [[step, bleu, seconds], ...], final and
+    best BLEU, the final validation NLL ("final_eval_loss", what `eval_curve` holds), and the
+    monitor's traces `MT_TRACES` ({name: [[step, value], ...]}: collapse, per-layer gradient
+    norms of both stacks, Admin's omega), so that a failing run's mechanism is in its result."""
+    bleu = curve(records, "eval", BLEU)
+    finite = [v for _, v, _ in bleu if _finite(v)]
+    nll = curve(records, "eval", MT_LOSS)
+    traces: dict[str, list[list[float]]] = {}
+    for r in records:
+        if r["split"] != "monitor":
+            continue
+        for key, value in r.items():
+            if key.startswith(MT_TRACES) and isinstance(value, (int, float)):
+                traces.setdefault(key, []).append([r["step"], float(value)])
+    return {
+        "bleu_curve": bleu,
+        "final_bleu": bleu[-1][1] if bleu else math.nan,
+        "best_bleu": max(finite) if finite else math.nan,
+        "final_eval_loss": nll[-1][1] if nll else math.nan,
+        "monitor_traces": traces,
+    }
+
+
+def steps_to_target(
+    evals: Sequence[Sequence[float]], target: float, higher: bool = False
+) -> float | None:
+    """The first step at which the validation loss reaches `target` (falls to it; with
+    `higher`, a score such as BLEU that rises to it).
 
     Linear interpolation between the two evaluations that bracket the first crossing (the loss
     is only known at evaluations); None if it never gets there.
     """
     prev = None
     for step, loss, _ in evals:
-        if _finite(loss) and loss <= target:
+        if _finite(loss) and (loss >= target if higher else loss <= target):
             if prev is None or prev[1] == loss:
                 return float(step)
             s0, l0 = prev

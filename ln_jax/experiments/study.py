@@ -14,9 +14,11 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ln_jax.experiments import grids, report, runner, targets
+from ln_jax.experiments import grids, report, report_mt, runner, targets
 from ln_jax.experiments.runner import RunSpec
 from ln_jax.results import write_json
+
+MT_STUDIES = ("mt_warmup", "mt_depth", "mt_deep_encoder")  # translation: BLEU (report_mt)
 
 
 def run_only(
@@ -113,6 +115,8 @@ def key_seed_expansion(
 
 def _report(study, results, plateau, out, target, arms, offsets):
     plot = os.path.join(out, "curves.png")
+    if study in MT_STUDIES:
+        return _mt_report(study, results, plot, offsets, target)
     if study == "depth":
         arms = list(arms or dict.fromkeys(r["arm"] for r in results))
         arms = [a for a in arms if any(r["arm"] == a for r in results)]
@@ -121,6 +125,21 @@ def _report(study, results, plateau, out, target, arms, offsets):
     summary = report.warmup_summary(results, plateau, offsets, target)
     report.plot_warmup(summary, plateau, plot)
     return summary, report.warmup_table(summary, plateau)
+
+
+def _mt_report(study, results, plot, bleu_targets, loss_target):
+    """The translation studies' summary and table (`report_mt`): the warm-up study's cells
+    and comparisons with steps to the BLEU targets (`offsets` holds them here) and to the
+    validation-NLL target; the depth studies' cells by arm and depth."""
+    if study == "mt_warmup":
+        losses = () if loss_target is None else (loss_target,)
+        summary = report_mt.warmup_summary(results, bleu_targets, losses)
+        table = report_mt.warmup_table(summary)
+    else:
+        summary = report_mt.depth_summary(results)
+        table = report_mt.depth_table(summary, deep_encoder=study == "mt_deep_encoder")
+    report_mt.plot(summary["cells"], f"{study}: validation BLEU and NLL by step", plot)
+    return summary, table
 
 
 def _depth_summary(results: Sequence[dict[str, Any]], plateau: float) -> dict[str, Any]:

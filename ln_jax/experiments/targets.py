@@ -151,3 +151,45 @@ def key_ratios(
                     p["holds_xiong"] = bool(p["lo"] <= XIONG_RATIO <= p["hi"])
         rows.append(row)
     return rows
+
+
+def bootstrap_diff(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    paired: bool = True,
+    n_boot: int = N_BOOT,
+    seed: int = BOOT_SEED,
+) -> dict[str, Any]:
+    """mean(a) - mean(b) (e.g. final BLEU of two cells) and its 95% percentile-bootstrap
+    interval: seeds resampled as pairs (`paired`, a[i] and b[i] from the same seed, which the
+    cells share data order and initialisation key with) or each side on its own.
+
+    Returns:
+      {"diff", "lo", "hi", "n_a", "n_b", "paired"}; lo = hi = diff with one seed a side.
+    """
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.size == 0 or b.size == 0 or (paired and a.shape != b.shape):
+        raise ValueError(
+            f"bootstrap_diff needs non-empty lists (equally long when paired); got {a.size} "
+            f"and {b.size}."
+        )
+    rng = np.random.default_rng(seed)
+    ia = rng.integers(0, a.size, (n_boot, a.size))
+    ib = ia if paired else rng.integers(0, b.size, (n_boot, b.size))
+    boot = a[ia].mean(1) - b[ib].mean(1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    diff = float(a.mean() - b.mean())
+    return {"diff": diff, "lo": float(lo), "hi": float(hi), "n_a": a.size, "n_b": b.size,
+            "paired": paired}  # fmt: skip
+
+
+def bootstrap_mean(values: Sequence[float], *, n_boot: int = N_BOOT, seed: int = BOOT_SEED):
+    """(mean, lo, hi): the mean of `values` (one per seed) and its 95% percentile-bootstrap
+    interval (lo = hi = mean for a single value)."""
+    v = np.asarray(values, np.float64)
+    if v.size == 0:
+        raise ValueError("bootstrap_mean needs at least one value.")
+    idx = np.random.default_rng(seed).integers(0, v.size, (n_boot, v.size))
+    lo, hi = np.percentile(v[idx].mean(1), [2.5, 97.5])
+    return float(v.mean()), float(lo), float(hi)

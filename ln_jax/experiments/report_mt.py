@@ -1,0 +1,314 @@
+"""Tables and plots of the translation studies (results of `runner.summarize_run` on
+translation runs: `bleu_curve`, `final_bleu`, `eval_curve` = validation NLL, `monitor_traces`).
+
+BLEU is higher-is-better: steps to a BLEU target count the first evaluation at or above it
+(`runner.steps_to_target(..., higher=True)`); steps to a loss target the first at or below it.
+A cell is one grid setting pooled over its seeds; the comparisons are differences of final
+BLEU over the seeds both cells ran (paired bootstrap, `targets.bootstrap_diff`) and ratios of
+steps to a BLEU target (`targets.paired_bootstrap_ratio`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ln_jax.experiments import targets as targets_mod
+from ln_jax.experiments.report import cell_name, group, largest_spike
+from ln_jax.experiments.runner import steps_to_target
+from ln_jax.results import arm_colour, new_figure, save_figure
+
+Result = dict[str, Any]
+BLEU_TARGETS = (5.0, 10.0)
+# The papers' figures the studies are compared with (BLEU).
+XIONG_FIG2 = "Xiong et al. Fig. 2 (IWSLT14 De-En): Post-LN w/o warm-up 8.45, w/ warm-up ~34"
+LIU_TABLE2 = {  # WMT14 En-De, Transformer-base widths, encoder = decoder depth
+    "post": {6: "27.80", 12: "diverged", 18: "diverged"},
+    "pre": {6: "27.27", 12: "28.26", 18: "28.26"},
+    "admin": {6: "27.90", 12: "28.58", 18: "28.80"},
+}
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _finite(values: Sequence[float]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def mean_points(curves: Sequence[Sequence[Sequence[float]]]) -> list[list[float]]:
+    """[[step, mean value], ...] over the steps every curve has (a NaN makes the mean NaN)."""
+    if not curves:
+        return []
+    by_step = [{p[0]: p[1] for p in c} for c in curves]
+    common = sorted(set.intersection(*(set(b) for b in by_step)))
+    return [[s, float(np.mean([b[s] for b in by_step]))] for s in common]
+
+
+def run_steps(
+    r: Result, bleu_targets: Sequence[float], loss_targets: Sequence[float]
+) -> dict[str, float | None]:
+    """{"bleu>=T": step, "loss<=T": step} of one run (None where it never got there)."""
+    out = {f"bleu>={t:g}": steps_to_target(r["bleu_curve"], t, higher=True) for t in bleu_targets}
+    out.update({f"loss<={t:g}": steps_to_target(r["eval_curve"], t) for t in loss_targets})
+    return out
+
+
+def cells(
+    results: Sequence[Result],
+    bleu_targets: Sequence[float] = BLEU_TARGETS,
+    loss_targets: Sequence[float] = (),
+) -> list[dict[str, Any]]:
+    """One entry per cell (its seeds pooled, in seed order): seeds, final and best BLEU and
+    final validation NLL per seed, diverged seeds, the largest rise of the validation NLL
+    ("spike"), per-seed steps to each target, and the mean BLEU and NLL curves."""
+    out = []
+    for name, runs in group(results, cell_name).items():
+        runs = sorted(runs, key=lambda r: r["tags"].get("seed", 0))
+        steps = [run_steps(r, bleu_targets, loss_targets) for r in runs]
+        first = runs[0]
+        out.append(
+            {
+                "cell": name,
+                "arm": first["arm"],
+                **{k: first["tags"].get(k) for k in ("lr", "warmup_steps", "full")},
+                "num_layers": first["tags"].get("num_layers"),
+                "decoder_layers": first["tags"].get("decoder_layers"),
+                "seeds": [r["tags"].get("seed", 0) for r in runs],
+                "final_bleu": [r["final_bleu"] for r in runs],
+                "best_bleu": [r["best_bleu"] for r in runs],
+                "final_loss": [r["final_eval_loss"] for r in runs],
+                "diverged": sum(bool(r["diverged"]) for r in runs),
+                "spike": max(largest_spike(r["eval_curve"]) for r in runs),
+                "steps": {k: [s[k] for s in steps] for k in steps[0]},
+                "bleu_curve": mean_points([r["bleu_curve"] for r in runs]),
+                "loss_curve": mean_points([r["eval_curve"] for r in runs]),
+            }
+        )
+    return out
+
+
+def _by_seed(cell: dict[str, Any], key: str) -> dict[int, float]:
+    return dict(zip(cell["seeds"], cell[key], strict=True))
+
+
+def compare(a: dict[str, Any], b: dict[str, Any], label: str) -> dict[str, Any]:
+    """Cell `a` against cell `b` over the seeds both ran: final BLEU a - b (paired bootstrap
+    95% interval) and, per BLEU target both reached on some seed, the step ratio a / b."""
+    fa, fb = _by_seed(a, "final_bleu"), _by_seed(b, "final_bleu")
+    common = sorted(s for s in fa.keys() & fb.keys() if math.isfinite(fa[s] + fb[s]))
+    row: dict[str, Any] = {"label": label, "a": a["cell"], "b": b["cell"], "seeds": common}
+    row["bleu_diff"] = (
+        targets_mod.bootstrap_diff([fa[s] for s in common], [fb[s] for s in common])
+        if common
+        else None
+    )
+    ratios = {}
+    for key in a["steps"]:
+        if not key.startswith("bleu"):
+            continue
+        pa, pb = targets_mod.paired_steps(
+            {"seeds": a["seeds"], "steps": a["steps"]}, {"seeds": b["seeds"], "steps": b["steps"]},
+            key,
+        )  # fmt: skip
+        ratios[key] = targets_mod.paired_bootstrap_ratio(pa, pb) if pa else None
+    row["step_ratios"] = ratios
+    return row
+
+
+def _diff(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "–"
+    ci = f" [{d['lo']:+.2f}, {d['hi']:+.2f}]" if d["n_a"] > 1 else " (1 seed)"
+    return f"{d['diff']:+.2f}{ci}"
+
+
+def _ratio(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "–"
+    ci = f" [{r['lo']:.2f}, {r['hi']:.2f}]" if r["n"] > 1 else ""
+    return f"{r['ratio']:.2f}{ci} (n={r['n']})"
+
+
+def _bleu_cell(values: Sequence[float]) -> str:
+    """ "12.34 ± 0.56 [11.9, 12.8] (3)": mean ± std, its bootstrap 95% interval, seeds."""
+    v = _finite(values)
+    if not v:
+        return "–"
+    if len(v) == 1:
+        return f"{v[0]:.2f} (1)"
+    mean, lo, hi = targets_mod.bootstrap_mean(v)
+    return f"{mean:.2f} ± {np.std(v):.2f} [{lo:.1f}, {hi:.1f}] ({len(v)})"
+
+
+def _steps_cell(steps: Sequence[float | None]) -> str:
+    hit = [s for s in steps if s is not None]
+    if not hit:
+        return f"never (0/{len(steps)})"
+    return f"{np.mean(hit):.0f} ({len(hit)}/{len(steps)})"
+
+
+# --------------------------------------------------------------------------- warm-up study
+
+
+def warmup_pairs(cs: Sequence[dict[str, Any]]) -> list[tuple[str, dict, dict]]:
+    """The warm-up study's comparisons at each rate: full warm-up - none, 500 - none, Pre-LN
+    without - Post-LN with the full warm-up (cells that exist only)."""
+    by_lr: dict[float, dict[str, dict]] = {}
+    for c in cs:
+        slot = by_lr.setdefault(c["lr"], {})
+        if c["arm"] == "pre":
+            slot["pre"] = c
+        elif c["arm"] == "post_nowarmup":
+            slot["none"] = c
+        elif c.get("full"):
+            slot["full"] = c
+        elif c["warmup_steps"] == 500:
+            slot["500"] = c
+    out = []
+    for lr, s in sorted(by_lr.items()):
+        for a, b, what in (
+            ("full", "none", "Post-LN: full warm-up − none"),
+            ("500", "none", "Post-LN: 500-step warm-up − none"),
+            ("pre", "full", "Pre-LN without − Post-LN with full warm-up"),
+            ("pre", "none", "Pre-LN without − Post-LN without warm-up"),
+        ):
+            if a in s and b in s:
+                out.append((f"lr {lr:g}: {what}", s[a], s[b]))
+    return out
+
+
+def warmup_summary(
+    results: Sequence[Result],
+    bleu_targets: Sequence[float] = BLEU_TARGETS,
+    loss_targets: Sequence[float] = (),
+) -> dict[str, Any]:
+    """{"cells": [...], "comparisons": [...], "bleu_targets", "loss_targets"}."""
+    cs = cells(results, bleu_targets, loss_targets)
+    comps = [compare(a, b, label) for label, a, b in warmup_pairs(cs)]
+    return {
+        "cells": cs,
+        "comparisons": comps,
+        "bleu_targets": list(bleu_targets),
+        "loss_targets": list(loss_targets),
+    }
+
+
+def _cell_rows(cs: Sequence[dict[str, Any]], first: str) -> list[str]:
+    keys = list(cs[0]["steps"]) if cs else []
+    head = f"| {first} | seeds | diverged | final BLEU | best BLEU | final val NLL | max NLL rise |"
+    head += "".join(f" steps to {k} |" for k in keys)
+    lines = [head, "|" + "---|" * (7 + len(keys))]
+    for c in cs:
+        loss = _finite(c["final_loss"])
+        lines.append(
+            f"| {c['cell']} | {len(c['seeds'])} | {c['diverged']}/{len(c['seeds'])} | "
+            f"{_bleu_cell(c['final_bleu'])} | {_fmt(max(_finite(c['best_bleu']), default=None))} | "
+            f"{_fmt(float(np.mean(loss)) if loss else None, 3)} | {_fmt(c['spike'], 3)} |"
+            + "".join(f" {_steps_cell(c['steps'][k])} |" for k in keys)
+        )
+    return lines
+
+
+def _comparison_rows(comps: Sequence[dict[str, Any]]) -> list[str]:
+    if not comps:
+        return []
+    keys = list(comps[0]["step_ratios"])
+    lines = [
+        "",
+        "Comparisons over the seeds both cells ran (paired bootstrap 95% intervals):",
+        "",
+        "| comparison | seeds | final BLEU a − b |"
+        + "".join(f" steps a / b to {k} |" for k in keys),
+        "|" + "---|" * (3 + len(keys)),
+    ]
+    for row in comps:
+        lines.append(
+            f"| {row['label']} | {len(row['seeds'])} | {_diff(row['bleu_diff'])} |"
+            + "".join(f" {_ratio(row['step_ratios'][k])} |" for k in keys)
+        )
+    return lines
+
+
+def warmup_table(summary: dict[str, Any]) -> str:
+    """Markdown: a row per cell, then the comparisons, and the paper's figure."""
+    lines = ["Translation warm-up study (final BLEU: mean ± std [bootstrap 95%] (seeds)):", ""]
+    lines += _cell_rows(summary["cells"], "cell")
+    lines += _comparison_rows(summary["comparisons"])
+    lines += ["", f"Paper: {XIONG_FIG2}."]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- depth studies
+
+
+def depth_summary(results: Sequence[Result]) -> dict[str, Any]:
+    """Cells by (arm, encoder depth); comparisons at each depth: admin - pre, post - pre (and
+    a +dlcl arm - its arm without), over the shared seeds."""
+    cs = cells(results, (), ())
+    by = {(c["arm"], c["num_layers"]): c for c in cs}
+    comps = []
+    for depth in sorted({c["num_layers"] for c in cs}):
+        for arm in dict.fromkeys(c["arm"] for c in cs):
+            base = _baseline(arm)
+            if base and (arm, depth) in by and (base, depth) in by:
+                label = f"L{depth}: {arm} − {base}"
+                comps.append(compare(by[(arm, depth)], by[(base, depth)], label))
+    return {"cells": cs, "comparisons": comps}
+
+
+def _baseline(arm: str) -> str | None:
+    """The arm an arm is compared with: Pre-LN (same suffix) for post/admin, the arm without
+    DLCL for a +dlcl arm."""
+    if arm.endswith("+dlcl"):
+        return arm[: -len("+dlcl")]
+    for family in ("post", "admin"):
+        if arm.startswith(family):
+            return "pre" + arm[len(family) :]
+    return None
+
+
+def depth_table(summary: dict[str, Any], deep_encoder: bool = False) -> str:
+    """Markdown: a row per (arm, depth), the comparisons, and Liu et al.'s Table 2."""
+    title = "Deep-encoder study" if deep_encoder else "Translation depth study"
+    cs = sorted(summary["cells"], key=lambda c: (c["num_layers"], c["arm"]))
+    lines = [f"{title} (final BLEU: mean ± std [bootstrap 95%] (seeds)):", ""]
+    lines += _cell_rows(cs, "run cell")
+    lines += _comparison_rows(summary["comparisons"])
+    if not deep_encoder:
+        lines += ["", "Liu et al. Table 2 (WMT14 En-De, BLEU): " + "; ".join(
+            f"{arm} " + ", ".join(f"{d}L {v}" for d, v in row.items())
+            for arm, row in LIU_TABLE2.items()
+        )]  # fmt: skip
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def bleu_figure(cs: Sequence[dict[str, Any]], title: str):
+    """Mean BLEU (left) and validation NLL (right) by step, a line per cell."""
+    fig, axes = new_figure(2, width=6.0, height=4.5)
+    for i, c in enumerate(cs):
+        colour = arm_colour(c["arm"].replace("+dlcl", ""), i)
+        style = "-" if c.get("lr") in (None, max(x.get("lr") or 0 for x in cs)) else "--"
+        for ax, key in zip(axes, ("bleu_curve", "loss_curve"), strict=True):
+            pts = c[key]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, color=colour, label=c["cell"], lw=1.2)
+    axes[0].set_ylabel("validation BLEU")
+    axes[1].set_ylabel("validation NLL (nats/token)")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=6)
+    fig.suptitle(title)
+    return fig
+
+
+def plot(cs: Sequence[dict[str, Any]], title: str, path: str) -> str:
+    return save_figure(bleu_figure(cs, title), path)
