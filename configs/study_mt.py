@@ -21,9 +21,9 @@ from configs import mt
 VARIANTS = ("warmup", "depth", "deep_encoder", "gradients")
 # variant: (encoder layers, decoder layers, total_steps, eval_every); depths are set per run
 SHAPES = {
-    "warmup": (6, 6, 1600, 100),
-    "depth": (6, 6, 1200, 200),
-    "deep_encoder": (18, 6, 1200, 200),
+    "warmup": (6, 6, 1200, 100),
+    "depth": (6, 6, 600, 200),
+    "deep_encoder": (18, 6, 600, 200),
     "gradients": (6, 6, 1, 1),
 }
 
