@@ -19,7 +19,7 @@ from ln_jax.experiments import mt_grids, report_mt, runner, targets
 
 def test_full_warmup_is_the_papers_fraction_of_the_run():
     assert mt_grids.full_warmup(1600) == 128  # 4,000 / 50,000 = 8%
-    assert mt_grids.full_warmup(1200) == 96  # the warm-up study (PLAN_MT.md)
+    assert mt_grids.full_warmup(1200) == 100  # 96, raised to the floor (PLAN_MT.md)
     assert mt_grids.full_warmup(500) == 100  # floored at 2 / (1 - 0.98)
     assert mt_grids.resolve_warmup("full", 1600) == 128
     assert mt_grids.resolve_warmup("FULL", 1600, full=300) == 300
