@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Issue 35, "at the papers' width on a GPU": Xiong et al.'s key warm-up cells on translation at
+# the IWSLT width (configs/mt.py:iwslt: 6-6, 512 / 1024 / 4 heads, dropout 0.3) on the offline
+# German -> English corpus, in one call of at most 8 minutes on one H100/H200:
+#   Post-LN 1e-3 without warm-up, Post-LN 1e-3 with the full warm-up (the paper's 4,000 of
+#   50,000 steps scaled to the run: 8%), Pre-LN 1e-3 without; Adam (0.9, 0.98), inverse sqrt,
+#   gradient clipping off, label smoothing 0.1 (python -m ln_jax.experiments mt_warmup), the
+#   three runs at once on the one GPU, greedy BLEU and validation NLL every --eval_every steps,
+#   beam-5 BLEU of each final checkpoint at the end.
+# STATUS: prepared, NOT RUN YET (no GPU was lent to the session that wrote it).
+#
+#   bench/gpu_mt_warmup.sh --prepare            # here, on the CPU: writes .gpu_data/ (once)
+#   bench/gpu_mt_warmup.sh [--out DIR] [--steps N] [--eval_every N] [--budget SECONDS]
+#
+# --prepare exports the ln_jax_gettext/de-en pairs of THIS machine to plain files
+# (.gpu_data/gettext_de_en.{train,valid,test}.{src,tgt}, read as paralleltext:PREFIX): the
+# gettext corpus is built from the catalogues installed where it runs, so the GPU machine's own
+# would be another corpus. .gpu_data/ is ignored (.git/info/exclude) and carried:
+#   device run: carry [".gpu_data"], command "bench/gpu_mt_warmup.sh --out=$OUT/mt", timeout 540.
+# As the accelerator suite: the python3 on PATH (or $PYTHON), nothing installed from a network,
+# a JAX compilation cache, every step under a time limit drawn from --budget (default 480 s).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=/tmp/gpu_mt_warmup
+STEPS=3000
+EVAL_EVERY=500
+BUDGET=480
+PREPARE=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) PREPARE=1 ;;
+    --out=*) OUT=${1#--out=} ;;
+    --steps=*) STEPS=${1#--steps=} ;;
+    --eval_every=*) EVAL_EVERY=${1#--eval_every=} ;;
+    --budget=*) BUDGET=${1#--budget=} ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "gpu_mt_warmup.sh: unknown argument $1; see --help" >&2; exit 2 ;;
+  esac
+  shift
+done
+PY=${PYTHON:-python3}
+DATA=$ROOT/.gpu_data/gettext_de_en
+if [ "$PREPARE" = 1 ]; then
+  mkdir -p "$ROOT/.gpu_data"
+  grep -qx '/.gpu_data/' .git/info/exclude 2>/dev/null || echo '/.gpu_data/' >> .git/info/exclude
+  "$PY" - "$DATA" <<'PYEOF'
+import sys
+from ln_jax.data.config import DataConfig
+from ln_jax.data.parallel import open_parallel
+
+prefix = sys.argv[1]
+source = open_parallel(DataConfig(dataset="ln_jax_gettext/de-en"))
+for split, infix in (("train", "train"), ("validation", "valid"), ("test", "test")):
+    pairs = source.pairs(split)
+    one_line = lambda s: " ".join(s.split())
+    for side, index in (("src", 0), ("tgt", 1)):
+        with open(f"{prefix}.{infix}.{side}", "w") as f:
+            f.writelines(one_line(p[index]) + "\n" for p in pairs)
+    print(f"{split}: {len(pairs)} pairs -> {prefix}.{infix}.src/tgt")
+PYEOF
+  exit $?
+fi
+[ -f "$DATA.train.src" ] || { echo "no $DATA.train.src: run bench/gpu_mt_warmup.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
+mkdir -p "$OUT"
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$OUT/jax_cache}
+export TFDS_DATA_DIR=${TFDS_DATA_DIR:-$OUT/tfds}
+export XLA_PYTHON_CLIENT_MEM_FRACTION=0.28  # three runs share the GPU
+nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/environment.txt" 2>&1 || true
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+FULL=$(( STEPS * 8 / 100 ))
+STUDY=(mt_warmup --out="$OUT/study" --config=configs/mt.py:iwslt --lrs=1e-3 --pre_lrs=1e-3
+       --warmup_steps=0,full --full_warmup=$FULL --seeds=0 --jobs=3
+       --config.data.dataset=paralleltext:$DATA --config.total_steps=$STEPS
+       --config.eval_every=$EVAL_EVERY --config.checkpoint_every=$EVAL_EVERY
+       --config.log_every=100 --config.monitor.every=250)
+echo "=== $(date +%T) study: ${STUDY[*]}"
+# the runs stop at the budget less 90 s for the beam-5 scoring; rerunning this script resumes them
+timeout --kill-after=10 $(( $(left) - 90 )) "$PY" -m ln_jax.experiments "${STUDY[@]}" \
+  > "$OUT/study.log" 2>&1
+echo "study: rc=$? ($(( $(date +%s) - START ))s)" | tee "$OUT/status.txt"
+tail -n 30 "$OUT/study.log"
+for run in "$OUT"/study/runs/*/; do
+  [ "$(left)" -gt 15 ] || break
+  name=$(basename "$run")
+  timeout --kill-after=5 $(( $(left) - 10 )) "$PY" -m ln_jax.translate --workdir="$run" \
+    --beam=5 --output="$OUT/$name.beam5.txt" > "$OUT/$name.beam5.log" 2>&1
+  echo "beam5 $name: rc=$? $(grep -o 'BLEU[^|]*' "$OUT/$name.beam5.log" | tail -1)" | tee -a "$OUT/status.txt"
+done
+cp "$OUT/study/table.md" "$OUT/table.md" 2>/dev/null
+echo "done in $(( $(date +%s) - START )) s; results in $OUT (table.md, study/runs/*/result.json)"
