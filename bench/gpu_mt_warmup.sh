@@ -77,10 +77,15 @@ STUDY=(mt_warmup --out="$OUT/study" --config=configs/mt.py:iwslt --lrs=1e-3 --pr
        --config.eval_every=$EVAL_EVERY --config.checkpoint_every=$EVAL_EVERY
        --config.log_every=100 --config.monitor.every=250)
 echo "=== $(date +%T) study: ${STUDY[*]}"
-# the runs stop at the budget less 90 s for the beam-5 scoring; rerunning this script resumes them
-timeout --kill-after=10 $(( $(left) - 90 )) "$PY" -m ln_jax.experiments "${STUDY[@]}" \
-  > "$OUT/study.log" 2>&1
+# The runs stop at the budget less 90 s for the beam-5 scoring: SIGTERM to the study's whole
+# process group (its --jobs children save a checkpoint on it); rerunning this script resumes.
+setsid "$PY" -m ln_jax.experiments "${STUDY[@]}" > "$OUT/study.log" 2>&1 &
+SPID=$!
+( sleep $(( $(left) - 90 )); kill -TERM -- -$SPID 2>/dev/null; sleep 20; kill -KILL -- -$SPID 2>/dev/null ) &
+WATCH=$!
+wait $SPID
 echo "study: rc=$? ($(( $(date +%s) - START ))s)" | tee "$OUT/status.txt"
+kill $WATCH 2>/dev/null
 tail -n 30 "$OUT/study.log"
 for run in "$OUT"/study/runs/*/; do
   [ "$(left)" -gt 15 ] || break
