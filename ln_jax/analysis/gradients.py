@@ -398,7 +398,7 @@ def translation_table(result: dict[str, Any]) -> str:
         "|---|---|---|---|",
     ]
     for arm, by in result["results"].items():
-        for key, stats in by.items():
+        for key, stats in sorted(by.items(), key=lambda kv: (kv[0].startswith("decoder"), kv[0])):
             mean, std = np.asarray(stats["mean"]), np.asarray(stats["std"])
             values = ", ".join(f"{m:.3g} ± {s:.2g}" for m, s in zip(mean, std, strict=True))
             lines.append(f"| {arm} | {key} | {values} | {mean[-1] / mean[0]:.2f} |")
