@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ln_jax import cli
+from ln_jax import cli, paths
 
 
 def _finetune_config_front() -> cli.ConfigFront:
@@ -38,7 +38,10 @@ def _finetune_config_front() -> cli.ConfigFront:
 DEFAULT_CONFIG = "configs/glue.py:offline"
 COMMAND = cli.Command("python finetune.py", __doc__, _finetune_config_front())
 _WORKDIR = COMMAND.string(
-    "workdir", None, "Run directory (default: workdirs/<name>_<init>).", meta="DIR"
+    "workdir",
+    None,
+    "Run directory (default: $LN_JAX_WORKDIRS/<name>_<init>, else workdirs/...).",
+    meta="DIR",
 )
 _TRACEBACK = COMMAND.boolean("traceback", False, "Show the traceback of a user error too.")
 
@@ -48,7 +51,7 @@ def default_workdir(cfg) -> str:
     source = (cfg.init_from or "none").rstrip("/")
     tag = os.path.basename(source.removeprefix("hf:")) or "init"
     step = f"_step{cfg.init_step}" if cfg.init_step is not None else ""
-    return os.path.join("workdirs", f"{cfg.name}_{tag}{step}")
+    return paths.default_workdir(f"{cfg.name}_{tag}{step}")
 
 
 def main(inv: cli.Invocation) -> int:

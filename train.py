@@ -22,11 +22,16 @@ from __future__ import annotations
 import os
 import sys
 
-from ln_jax import cli
+from ln_jax import cli, paths
 from ln_jax.validate import Fix
 
 COMMAND = cli.Command("python train.py", __doc__, cli.train_config_front())
-_WORKDIR = COMMAND.string("workdir", None, "Run directory (default: workdirs/<name>).", meta="DIR")
+_WORKDIR = COMMAND.string(
+    "workdir",
+    None,
+    "Run directory (default: $LN_JAX_WORKDIRS/<name>, else workdirs/<name>).",
+    meta="DIR",
+)
 _ACCEPT = COMMAND.boolean(
     "accept_changes",
     False,
@@ -78,7 +83,7 @@ def _train(inv: cli.Invocation) -> int:
     with SetupSignals("setting up", enabled=not _distributed()) as signals:
         _init_distributed()  # before the config: its "auto" fields ask JAX for the platform
         cfg = inv.config()
-        workdir = _WORKDIR.value or os.path.join("workdirs", cfg.name)
+        workdir = _WORKDIR.value or paths.default_workdir(cfg.name)
         signals.what = f"setting up the run in {workdir}"
         _preflight(cfg)  # user errors before anything is created
         with cli.no_stub_workdir(workdir):

@@ -127,6 +127,7 @@ def _steps_to_average(ckpt, step: int | None, n: int, workdir: str) -> list[int]
 
 def translate_sentences(model, cfg, tokenizer, sources: Sequence[str], search, batch: int = 64):
     """The hypotheses (detokenised strings) of `sources`, in order."""
+    from ln_jax import sharding
     from ln_jax.models.translation.options import TranslationOptions
     from ln_jax.models.translation.search import translate
 
@@ -141,16 +142,37 @@ def translate_sentences(model, cfg, tokenizer, sources: Sequence[str], search, b
             "split long sentences."
         )
     width = max(options.max_source_length, longest)
+    mesh = _mesh_of(model)
+    where = sharding.batch_sharding(mesh)
     out = []
     for start in range(0, len(ids), batch):
         chunk = ids[start : start + batch]
-        src = np.full((len(chunk), width), options.pad_id, np.int32)
-        mask = np.zeros((len(chunk), width), np.int32)
-        for row, seq in enumerate(chunk):
-            src[row, : len(seq)], mask[row, : len(seq)] = seq, 1
-        result = translate(model, jnp.asarray(src), jnp.asarray(mask), search)
-        out += [tokenizer.decode([int(t) for t in row]) for row in np.asarray(result["tokens"])]
+        src, mask = _padded_rows(chunk, width, options.pad_id, sharding.batch_divisor(mesh))
+        with sharding.use_mesh(mesh):  # rows sharded over data x fsdp, as training's batches
+            result = translate(
+                model, jax.device_put(src, where), jax.device_put(mask, where), search
+            )
+        tokens = np.asarray(result["tokens"])[: len(chunk)]
+        out += [tokenizer.decode([int(t) for t in row]) for row in tokens]
     return out
+
+
+def _mesh_of(model) -> jax.sharding.Mesh:
+    """The mesh the model's parameters live on."""
+    leaf = jax.tree.leaves(nnx.state(model, nnx.Param))[0]
+    return leaf.sharding.mesh
+
+
+def _padded_rows(chunk, width: int, pad: int, multiple: int) -> tuple[np.ndarray, np.ndarray]:
+    """(src, mask) [rows, width], rows a multiple of `multiple` (extra rows repeat the first
+    source; their outputs are dropped)."""
+    rows = -(-len(chunk) // multiple) * multiple
+    src = np.full((rows, width), pad, np.int32)
+    mask = np.zeros((rows, width), np.int32)
+    for row in range(rows):
+        seq = chunk[row] if row < len(chunk) else chunk[0]
+        src[row, : len(seq)], mask[row, : len(seq)] = seq, 1
+    return src, mask
 
 
 def _parser() -> argparse.ArgumentParser:

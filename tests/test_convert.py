@@ -300,7 +300,7 @@ def test_config_from_hf_maps_every_field():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"hidden_act": "silu"}, "hidden_act 'silu'"),
+        ({"hidden_act": "mish"}, "hidden_act 'mish'"),
         ({"position_embedding_type": "relative_key"}, "absolute positions"),
         ({"model_type": "roberta"}, "only 'bert'"),
     ],

@@ -169,3 +169,21 @@ def test_the_cached_search_equals_recomputing_the_prefix(greedy):
     again = translate(model, src, src_mask, Search(beam, 7, greedy=greedy, cache=False))
     np.testing.assert_array_equal(again["tokens"], cached["tokens"])
     np.testing.assert_allclose(again["scores"], cached["scores"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_search_sharded_over_data_equals_one_device(beam):
+    """Sources sharded over 4 data x 2 fsdp devices decode to the single device's tokens, and
+    the result stays sharded by rows (each device searches its own sentences)."""
+    src, mask, _ = batch(b=8, s=6)
+    search = Search(beam=beam, max_length=7, greedy=beam == 1, max_len_a=0, max_len_b=7)
+    one = translate(make(scale=3.0), src, mask, search)
+    mesh = sharding.make_mesh(4, 2, 1)
+    with sharding.use_mesh(mesh):
+        model = make(scale=3.0)
+        where = sharding.batch_sharding(mesh)
+        out = translate(model, jax.device_put(src, where), jax.device_put(mask, where), search)
+    np.testing.assert_array_equal(np.asarray(out["tokens"]), np.asarray(one["tokens"]))
+    np.testing.assert_allclose(np.asarray(out["scores"]), np.asarray(one["scores"]), atol=1e-5)
+    assert out["tokens"].sharding.spec[0] == sharding.batch_spec()[0]
+    assert len({str(s.index) for s in out["tokens"].addressable_shards}) == 8

@@ -71,6 +71,11 @@ def head_norm(cfg: StackConfig) -> LayerNorm | RMSNorm | None:
     return norm(cfg.head_dim, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype, name="kv")
 
 
+# [batch, length, heads, kv] -> the decoding cache's key and value layouts (`KVCache`).
+KEY_LAYOUT = (0, 2, 3, 1)
+VALUE_LAYOUT = (0, 2, 1, 3)
+
+
 def masked_attention(
     q: Array, k: Array, v: Array, ok: Array | None, rate: float = 0.0, key: Array | None = None
 ) -> Array:
@@ -189,21 +194,22 @@ class Attention(nnx.Module):
         batch: int = 0,
         max_length: int = 0,
     ) -> KVCache:
-        """This module's empty decoding cache ("causal": keys/values [batch, max_length, heads,
-        kv] in the compute dtype, count 0) or the keys/values of memory [batch, src, embed]
-        with count = its lengths from memory_mask [batch, src] ("cross"). Set it with
-        `set_cache`; `ln_jax.nn.stack.init_decoding` does both for a whole stack."""
+        """This module's empty decoding cache ("causal": room for max_length keys/values in
+        the compute dtype, count 0) or the keys/values of memory [batch, src, embed] with count
+        = its lengths from memory_mask [batch, src] ("cross"), in `KVCache`'s layout. Set it
+        with `set_cache`; `ln_jax.nn.stack.init_decoding` does both for a whole stack."""
         if self.kind == "cross":
             k, v = self.keys_values(memory)
             count = sequence_lengths(memory_mask)
             if count is None:
                 count = jnp.full((memory.shape[0],), memory.shape[1], jnp.int32)
-            return KVCache(k, v, count)
+            return KVCache(k.transpose(KEY_LAYOUT), v.transpose(VALUE_LAYOUT), count)
         if self.kind != "causal":
             raise ValueError("an encoder's self-attention has no decoding cache.")
         n, h = self.query.kernel.shape[-2:]
-        empty = jnp.zeros((batch, max_length, n, h), self.query.dtype)
-        return KVCache(empty, empty, jnp.zeros((), jnp.int32))
+        keys = jnp.zeros((batch, n, h, max_length), self.query.dtype)
+        values = jnp.zeros((batch, n, max_length, h), self.query.dtype)
+        return KVCache(keys, values, jnp.zeros((), jnp.int32))
 
     def set_cache(self, cache: KVCache | None) -> None:
         """Decoding form with `cache` (see `decoding_cache`), or back to training form (None)."""
@@ -216,14 +222,14 @@ class Attention(nnx.Module):
         if self.kind == "cross":
             return self.out(_shared_source(q, c))
         k_new, v_new = self.keys_values(x)
+        k_new = k_new.transpose(KEY_LAYOUT).astype(c.key.dtype)
+        v_new = v_new.transpose(VALUE_LAYOUT).astype(c.value.dtype)
         index = c.count[...]
-        at = (0, index, 0, 0)
-        c.key[...] = jax.lax.dynamic_update_slice(c.key[...], k_new.astype(c.key.dtype), at)
-        c.value[...] = jax.lax.dynamic_update_slice(c.value[...], v_new.astype(c.key.dtype), at)
+        c.key[...] = jax.lax.dynamic_update_slice(c.key[...], k_new, (0, 0, 0, index))
+        c.value[...] = jax.lax.dynamic_update_slice(c.value[...], v_new, (0, 0, index, 0))
         c.count[...] = index + x.shape[1]
-        ok = allowed(None, q.shape[1], c.key.shape[1], True, offset=index)
-        keys, values = c.key[...].astype(q.dtype), c.value[...].astype(q.dtype)
-        return self.out(masked_attention(q, keys, values, ok))
+        ok = allowed(None, q.shape[1], c.key.shape[-1], True, offset=index)
+        return self.out(cached_attention(q, c.key[...], c.value[...], ok))
 
 
 def _shared_source(q: Array, c: KVCache) -> Array:
@@ -234,15 +240,29 @@ def _shared_source(q: Array, c: KVCache) -> Array:
     sources = c.key.shape[0]
     group = rows // sources
     grouped = q.reshape(sources, group * t, n, h)
-    ok = allowed(c.count[...], group * t, c.key.shape[1], False)
-    out = masked_attention(grouped, c.key[...].astype(q.dtype), c.value[...].astype(q.dtype), ok)
+    ok = allowed(c.count[...], group * t, c.key.shape[-1], False)
+    out = cached_attention(grouped, c.key[...], c.value[...], ok)
     return out.reshape(rows, t, n, h)
 
 
+def cached_attention(q: Array, keys: Array, values: Array, ok: Array) -> Array:
+    """Softmax attention of q [B, T, N, H] to a cache's keys [B, N, H, S] and values
+    [B, N, S, H] (`KEY_LAYOUT`, `VALUE_LAYOUT`), ok [B or 1, 1, T, S] -> [B, T, N, H]: both
+    products read the cache as stored (no per-step transpose of the cache)."""
+    scale = q.shape[-1] ** -0.5
+    keys, values = keys.astype(q.dtype), values.astype(q.dtype)
+    logits = jnp.einsum("btnh,bnhs->bnts", q, keys, preferred_element_type=jnp.float32) * scale
+    probs = jax.nn.softmax(jnp.where(ok, logits, _NEG), axis=-1).astype(values.dtype)
+    return jnp.einsum("bnts,bnsh->btnh", probs, values)
+
+
 class KVCache(nnx.Module):
-    """An attention module's decoding state: key/value [batch, length, heads, kv] and `count`:
-    the keys written so far ([] int32, causal self-attention) or each memory's length ([batch]
-    int32, cross-attention). A stack's caches carry a leading [layers] axis when scanned."""
+    """An attention module's decoding state: keys [batch, heads, kv, length] and values
+    [batch, heads, length, kv] (the layouts the two products read without a transpose; a
+    [batch, length, heads, kv] array becomes them by `KEY_LAYOUT` / `VALUE_LAYOUT`) and
+    `count`: the keys written so far ([] int32, causal self-attention) or each memory's length
+    ([batch] int32, cross-attention). A stack's caches carry a leading [layers] axis when
+    scanned; the batch is the first other axis."""
 
     def __init__(self, key: Array, value: Array, count: Array):
         self.key = nnx.Cache(key)
