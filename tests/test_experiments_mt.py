@@ -154,6 +154,26 @@ def test_warmup_report_targets_intervals_and_comparisons():
     assert "+8.00 [+8.00, +8.00]" in table and "never (0/3)" in table and "8.45" in table
 
 
+def test_monitor_rows_show_collapse_and_the_largest_gradient_of_each_stack():
+    runs = fake_warmup_results()[:2]  # post_nowarmup and post_warmup128, seed 0
+    runs[0]["monitor_traces"] = {
+        "collapse/encoder/output": [[1, 0.3], [100, 0.9], [200, 0.99]],
+        "collapse/decoder/output": [[1, 0.2], [200, 0.5]],
+        "grad_norm/layer_00/encoder/ffn": [[1, 1.0], [100, 40.0], [200, 2.0]],
+        "grad_norm/layer_01/encoder/attention": [[1, 3.0], [200, 1.0]],
+        "grad_norm/layer_00/decoder/ffn": [[1, 0.5], [200, 0.25]],
+    }
+    cells = {c["cell"]: c for c in report_mt.cells(runs, (5.0,))}
+    post = cells["post_nowarmup-lr1e-3"]
+    assert post["collapse"] == {"encoder": [0.3, 0.99], "decoder": [0.2, 0.5]}
+    # At init the largest is layer 1's attention (3.0); over the run layer 0's FFN spike (40).
+    assert post["max_grad"] == {"encoder": [3.0, 40.0], "decoder": [0.5, 0.5]}
+    assert cells["post_warmup128-lr1e-3"]["collapse"]["encoder"] is None
+    rows = "\n".join(report_mt.monitor_rows(list(cells.values())))
+    assert "| post_nowarmup-lr1e-3 | 0.30 → 0.99 | 0.20 → 0.50 | 3.000 → 40.000 |" in rows
+    assert "| post_warmup128-lr1e-3 | – | – | – | – |" in rows
+
+
 def test_bootstrap_diff_interval_widens_with_unpaired_noise():
     a, b = [10.0, 12.0, 14.0, 11.0], [8.0, 11.0, 12.0, 9.0]
     paired = targets.bootstrap_diff(a, b)

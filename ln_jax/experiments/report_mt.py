@@ -23,6 +23,7 @@ from ln_jax.results import arm_colour, new_figure, save_figure
 
 Result = dict[str, Any]
 BLEU_TARGETS = (5.0, 10.0)
+STACKS = ("encoder", "decoder")
 # The papers' figures the studies are compared with (BLEU).
 XIONG_FIG2 = "Xiong et al. Fig. 2 (IWSLT14 De-En): Post-LN w/o warm-up 8.45, w/ warm-up ~34"
 LIU_TABLE2 = {  # WMT14 En-De, Transformer-base widths, encoder = decoder depth
@@ -85,11 +86,41 @@ def cells(
                 "diverged": sum(bool(r["diverged"]) for r in runs),
                 "spike": max(largest_spike(r["eval_curve"]) for r in runs),
                 "steps": {k: [s[k] for s in steps] for k in steps[0]},
+                "collapse": {k: _mean_ends(runs, f"collapse/{k}/output") for k in STACKS},
+                "max_grad": {k: _max_grad(runs, k) for k in STACKS},
                 "bleu_curve": mean_points([r["bleu_curve"] for r in runs]),
                 "loss_curve": mean_points([r["eval_curve"] for r in runs]),
             }
         )
     return out
+
+
+def _mean_ends(runs: Sequence[Result], name: str) -> list[float] | None:
+    """[at initialisation, at the last measurement] of a monitor trace, mean over the runs
+    that logged it (None if none did)."""
+    ends = [(t[0][1], t[-1][1]) for r in runs if (t := r.get("monitor_traces", {}).get(name))]
+    return (
+        [float(np.mean([e[0] for e in ends])), float(np.mean([e[1] for e in ends]))]
+        if ends
+        else None
+    )
+
+
+def _max_grad(runs: Sequence[Result], stack: str) -> list[float] | None:
+    """[at initialisation, largest over the run] of the largest per-sub-layer gradient norm of
+    a stack (monitor "grad_norm/layer_NN/<stack>/<sub-layer>"), mean over the runs."""
+    ends = []
+    for r in runs:
+        traces = [t for k, t in r.get("monitor_traces", {}).items()
+                  if k.startswith("grad_norm/layer_") and f"/{stack}/" in k]  # fmt: skip
+        if traces:
+            first = max(t[0][1] for t in traces)
+            ends.append((first, max(max(v for _, v in t) for t in traces)))
+    return (
+        [float(np.mean([e[0] for e in ends])), float(np.mean([e[1] for e in ends]))]
+        if ends
+        else None
+    )
 
 
 def _by_seed(cell: dict[str, Any], key: str) -> dict[int, float]:
@@ -234,11 +265,39 @@ def _comparison_rows(comps: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _ends(values: list[float] | None, digits: int = 2) -> str:
+    return "–" if not values else f"{values[0]:.{digits}f} → {values[1]:.{digits}f}"
+
+
+def monitor_rows(cs: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown rows of the monitor's traces per cell: the collapse of each stack's output
+    (mean cosine between positions, at initialisation → at the end) and the largest sub-layer
+    gradient norm of each stack (at initialisation → the largest in the run)."""
+    if not any(c["collapse"]["encoder"] or c["max_grad"]["encoder"] for c in cs):
+        return []
+    lines = [
+        "",
+        "Monitor (mean over seeds): collapse of the stack output, init → end; largest "
+        "sub-layer gradient norm, init → largest in the run:",
+        "",
+        "| cell | collapse encoder | collapse decoder | grad encoder | grad decoder |",
+        "|---|---|---|---|---|",
+    ]
+    for c in cs:
+        lines.append(
+            f"| {c['cell']} | {_ends(c['collapse']['encoder'])} | "
+            f"{_ends(c['collapse']['decoder'])} | {_ends(c['max_grad']['encoder'], 3)} | "
+            f"{_ends(c['max_grad']['decoder'], 3)} |"
+        )
+    return lines
+
+
 def warmup_table(summary: dict[str, Any]) -> str:
     """Markdown: a row per cell, then the comparisons, and the paper's figure."""
     lines = ["Translation warm-up study (final BLEU: mean ± std [bootstrap 95%] (seeds)):", ""]
     lines += _cell_rows(summary["cells"], "cell")
     lines += _comparison_rows(summary["comparisons"])
+    lines += monitor_rows(summary["cells"])
     lines += ["", f"Paper: {XIONG_FIG2}."]
     return "\n".join(lines)
 
@@ -279,6 +338,7 @@ def depth_table(summary: dict[str, Any], deep_encoder: bool = False) -> str:
     lines = [f"{title} (final BLEU: mean ± std [bootstrap 95%] (seeds)):", ""]
     lines += _cell_rows(cs, "run cell")
     lines += _comparison_rows(summary["comparisons"])
+    lines += monitor_rows(cs)
     if not deep_encoder:
         lines += ["", "Liu et al. Table 2 (WMT14 En-De, BLEU): " + "; ".join(
             f"{arm} " + ", ".join(f"{d}L {v}" for d, v in row.items())
