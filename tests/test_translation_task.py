@@ -147,3 +147,15 @@ def test_translation_settings_are_checked():
     assert names[-3:] == [
         f"decoder/layer_01/{n}" for n in ("self_attention", "cross_attention", "ffn")
     ]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_translate_help_prints_usage_and_examples_and_exits_0(flag, capsys):
+    from ln_jax import translate as cmd
+
+    with pytest.raises(SystemExit) as exit_:
+        cmd.main([flag])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    assert "--workdir" in out and "--average_last" in out and "hf:" in out
+    assert "python -m ln_jax.translate --workdir=" in out  # the examples

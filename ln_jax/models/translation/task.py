@@ -278,7 +278,7 @@ def _workdir_arrays(workdir: str) -> dict:
     """{path: array} of a translation workdir's latest parameters."""
     from flax import nnx
 
-    from ln_jax.translate import load_translator
+    from ln_jax.models.translation.load import load_translator
 
     model, _, _ = load_translator(workdir)
     return dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
