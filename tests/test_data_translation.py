@@ -369,3 +369,18 @@ def test_gettext_through_the_entry_point(catalogues, tmp_path, mesh):
     )
     assert next(train)["src"].shape[0] % jax.device_count() == 0
     train.close()
+
+
+def test_making_a_local_corpus_builder_warns_nothing_on_the_terminal(tmp_path, caplog):
+    """TFDS logs "Using custom data configuration" (absl, WARNING) when a builder with a
+    custom config is made: ln_jax's local corpora demote it to INFO (train.log only)."""
+    import logging
+
+    from ln_jax.data import sitedocs
+
+    with caplog.at_level(logging.INFO, logger="absl"):
+        gettext.gettext_builder("de-en", str(tmp_path))
+        sitedocs.sitedocs_builder(str(tmp_path))
+    custom = [r for r in caplog.records if "custom data configuration" in r.getMessage()]
+    assert len(custom) == 2  # both builders were made with their custom config ...
+    assert all(r.levelno == logging.INFO for r in custom)  # ... and said so at INFO

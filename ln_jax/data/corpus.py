@@ -350,7 +350,7 @@ def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
     version folder it has just made) goes to the log file instead; one line says what is
     being prepared, and where.
     """
-    with _tfds_output_to_log():  # is_prepared warns about the version folder it looks at
+    with tfds_output_to_log():  # is_prepared warns about the version folder it looks at
         if builder.is_prepared():
             return builder
         _log.info("preparing %s in %s (generated locally, once)", builder.name, builder.data_dir)
@@ -384,9 +384,10 @@ class _DemoteWarnings(logging.Filter):
 
 
 @contextlib.contextmanager
-def _tfds_output_to_log() -> Iterator[None]:
-    """While a local corpus is generated: TFDS's printed lines to the log, its progress bars
-    off, and its warnings (absl's logger) demoted to INFO."""
+def tfds_output_to_log() -> Iterator[None]:
+    """While a local corpus is made or generated: TFDS's printed lines to the log, its
+    progress bars off, and its warnings (absl's logger, e.g. "Using custom data
+    configuration") demoted to INFO."""
     from tensorflow_datasets.core.utils import tqdm_utils
 
     bars = tqdm_utils._active

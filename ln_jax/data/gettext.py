@@ -395,4 +395,6 @@ def gettext_builder(
     pair: str, data_dir: str | None = None, config: GettextConfig | None = None
 ) -> LnJaxGettext:
     """The (not necessarily prepared) builder of `pair` from this machine's catalogues."""
-    return LnJaxGettext(data_dir=data_dir, config=config or gettext_config(pair))
+    config = config or gettext_config(pair)
+    with corpus.tfds_output_to_log():  # TFDS warns of a custom config: train.log, not the terminal
+        return LnJaxGettext(data_dir=data_dir, config=config)

@@ -253,4 +253,6 @@ def sitedocs_builder(
     data_dir: str | None = None, config: SitedocsConfig | None = None
 ) -> LnJaxSitedocs:
     """The (not necessarily prepared) builder of this installation's docstrings corpus."""
-    return LnJaxSitedocs(data_dir=data_dir, config=config or sitedocs_config())
+    config = config or sitedocs_config()
+    with corpus.tfds_output_to_log():  # TFDS warns of a custom config: train.log, not the terminal
+        return LnJaxSitedocs(data_dir=data_dir, config=config)
