@@ -11,6 +11,7 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -159,3 +160,31 @@ def test_translate_help_prints_usage_and_examples_and_exits_0(flag, capsys):
     assert exit_.value.code == 0
     assert "--workdir" in out and "--average_last" in out and "hf:" in out
     assert "python -m ln_jax.translate --workdir=" in out  # the examples
+
+
+def test_init_from_a_workdir_starts_from_its_latest_parameters(copy_run):
+    """`task_options.init_from=WORKDIR`: a fresh model takes the run's last checkpoint's
+    parameters (in its own shardings); a workdir of another shape is a one-line ConfigError."""
+    from flax import nnx
+
+    from ln_jax import sharding
+    from ln_jax.models.translation.load import load_translator
+    from ln_jax.validate import ConfigError
+
+    workdir, _ = copy_run
+    trained, _, used = load_translator(str(workdir))
+    assert used == [260]
+    cfg = mt_config(**{"task_options.init_from": str(workdir)})
+    task = make_task(cfg)
+    mesh = sharding.make_mesh(2, 2, 2)
+    with sharding.use_mesh(mesh):
+        model = task.build(nnx.Rngs(params=7))
+        assert task.initialize(model)
+    want = dict(nnx.to_flat_state(nnx.state(trained, nnx.Param)))
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        np.testing.assert_array_equal(
+            np.asarray(var.get_value()), np.asarray(want[path].get_value())
+        )
+    wider = make_task(mt_config(**{"task_options.init_from": str(workdir), "model.mlp_dim": 128}))
+    with sharding.use_mesh(mesh), pytest.raises(ConfigError, match="shape"):
+        wider.initialize(wider.build(nnx.Rngs(params=0)))
