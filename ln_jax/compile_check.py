@@ -24,6 +24,7 @@ exceeds B GiB per device.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -35,7 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ln_jax import cli, sharding
+from ln_jax import cli, console, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.config_front import config_from_command_line
 from ln_jax.train import accumulation, steps
@@ -325,9 +326,11 @@ _DEVICE_MEMORY = COMMAND.real("device_memory_gib", None, "Per-device budget, e.g
 
 def _main(inv: cli.Invocation) -> int:
     """The command's body: fake devices asked for, the report, the verdict."""
-    from absl import logging
+    with console.absl_level(logging.WARNING):  # not JAX's "Unable to initialize backend" lines
+        return _report(inv)
 
-    logging.set_verbosity(logging.WARNING)  # not JAX's "Unable to initialize backend" lines
+
+def _report(inv: cli.Invocation) -> int:
     try:
         n = requested_devices(inv.line.rest)
         if n is not None:

@@ -8,11 +8,12 @@ shown only on request (`--traceback`, or LN_JAX_TRACEBACK=1).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ln_jax import paths
 from ln_jax.validate import UserError
@@ -75,6 +76,20 @@ class _ConsoleFormatter(logging.Formatter):
         first = record.getMessage().strip().splitlines() or [""]
         more = " (more in the log file)" if record.exc_info or len(first) > 1 else ""
         return f"{record.levelname} {first[0]}{more}"
+
+
+@contextlib.contextmanager
+def absl_level(level: int) -> Iterator[None]:
+    """absl's logger (orbax, TFDS, JAX's backend lines) at `level` inside the block, as before
+    after it: a command run in-process (the tests run several in one process) leaves the
+    process's logging as it found it."""
+    logger = logging.getLogger("absl")
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 def configure_logging(log_file: str | None = None) -> None:

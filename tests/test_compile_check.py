@@ -136,3 +136,19 @@ def test_ahead_of_time_shardings_are_the_trainers():
     compiled_in = jax.tree.leaves(lowered.compile().input_shardings[0][0])
     for sh, (_, c) in zip(compiled_in, flat(concrete.state), strict=True):
         assert sh.is_equivalent_to(c.sharding, c.ndim)
+
+
+def test_the_command_run_in_process_leaves_absl_logging_as_it_found_it(capsys):
+    """compile_check quiets absl (JAX's backend lines) only while it runs: a later run in the
+    same process (the tests run many) still gets orbax's INFO lines in its train.log."""
+    import logging
+
+    absl_logger = logging.getLogger("absl")
+    absl_logger.setLevel(logging.INFO)
+    try:
+        argv = ["--config=configs/bert_preln.py:tiny", "--mesh=3,1,1"]  # 3 devices: 8 here
+        assert compile_check.COMMAND.run(compile_check._main, argv) == 2
+        assert absl_logger.level == logging.INFO
+    finally:
+        absl_logger.setLevel(logging.NOTSET)
+    assert "3" in capsys.readouterr().err

@@ -67,7 +67,7 @@ import logging
 import os
 import sys
 
-from ln_jax import cli
+from ln_jax import cli, console
 from ln_jax.experiments.grids import B2, DEPTH_ARMS, SCHEDULE, STUDY_SCHEDULES
 from ln_jax.validate import UserError
 
@@ -330,9 +330,13 @@ def _plateau(out: str, base: dict) -> dict:
 
 def main(inv: cli.Invocation) -> int:
     """The command's body: the study's runs (or the report), errors in one line (exit 2)."""
+    with console.absl_level(logging.WARNING):
+        return _main(inv)
+
+
+def _main(inv: cli.Invocation) -> int:
     from ln_jax.experiments import runner, study
 
-    logging.getLogger("absl").setLevel(logging.WARNING)
     try:
         base = inv.config_values()
     except UserError as err:
