@@ -138,7 +138,7 @@ def test_ahead_of_time_shardings_are_the_trainers():
         assert sh.is_equivalent_to(c.sharding, c.ndim)
 
 
-def test_the_command_run_in_process_leaves_absl_logging_as_it_found_it(capsys):
+def test_the_command_run_in_process_leaves_absl_logging_as_it_found_it(capsys, monkeypatch):
     """compile_check quiets absl (JAX's backend lines) only while it runs: a later run in the
     same process (the tests run many) still gets orbax's INFO lines in its train.log."""
     import logging
@@ -146,7 +146,9 @@ def test_the_command_run_in_process_leaves_absl_logging_as_it_found_it(capsys):
     absl_logger = logging.getLogger("absl")
     absl_logger.setLevel(logging.INFO)
     try:
-        argv = ["--config=configs/bert_preln.py:tiny", "--mesh=3,1,1"]  # 3 devices: 8 here
+        # a mesh the 8 devices cannot hold (-1: no fake-device request, XLA_FLAGS untouched)
+        monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+        argv = ["--config=configs/bert_preln.py:tiny", "--mesh=-1,3,1"]
         assert compile_check.COMMAND.run(compile_check._main, argv) == 2
         assert absl_logger.level == logging.INFO
     finally:
