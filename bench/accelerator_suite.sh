@@ -4,7 +4,7 @@
 #
 #   bench/accelerator_suite.sh [--cpu] [--out DIR] [--wheels DIR] [--budget SECONDS]
 #                              [--skip STEP,...]   (steps: gpu_tests flash bench profile
-#                                                   torch main_job cudnn_facts)
+#                                                   torch mt main_job cudnn_facts)
 #                              [--arms NAME,...]   (the step arms to time; default all)
 #
 #   GPU (default): BERT-base, batch 256 x 128, bf16, dropout 0.1 everywhere:
@@ -22,9 +22,12 @@
 #        and the optimised HLO (hlo/) to match its fusion names
 #     4. the PyTorch anchor: HuggingFace BertForPreTraining, eager and torch.compile, MLM at
 #        all positions and at the masked ones (bench_torch_anchor.py)
-#     5. the main job: train.py, configs/bert_preln.py for 300 steps on the embedded corpus
+#     5. translation (bench_mt_accel.py): the `iwslt` model's train step (configs/mt.py:iwslt,
+#        6-6, 512/1024/4, bf16) on the recipe's 4,096-token batch (128 x 32) and a larger one
+#        (512 x 64): target tokens/s and MFU by counted FLOPs; beam 5 on 256 sources
+#     6. the main job: train.py, configs/bert_preln.py for 300 steps on the embedded corpus
 #        (prepared in a fresh TFDS dir), loader, monitor and checkpoint at their defaults
-#     6. cuDNN dropout facts (cudnn_dropout_facts.py), then the table (suite_report.py)
+#     7. cuDNN dropout facts (cudnn_dropout_facts.py), then the table (suite_report.py)
 #   --cpu: the same steps at tiny shapes on the CPU (CI runs this so the suite never rots);
 #     no GPU tests, cuDNN facts, cudnn_nodrop arm, HLO dump or torch.compile (the pallas
 #     arms run Pallas's interpreter).
@@ -115,6 +118,7 @@ if [ "$MODE" = gpu ]; then
   SHAPE=(--size=base --batch=256 --steps=20 --warmup=3)
   TORCH=(--size=base --batch=256 --steps=10 --warmup=2)
   MAIN=(--config=configs/bert_preln.py --config.total_steps=300 --config.eval_batches=10)
+  MT=(--batches=128x32,512x64 --steps=20 --warmup=3 --sentences=256)
   # tests/conftest.py defaults JAX to the CPU and XLA to fast (unoptimised) compiles: not here
   step gpu_tests 150 env JAX_PLATFORMS=cuda,cpu LN_JAX_TEST_OPTIMIZED_COMPILE=1 \
     "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_accelerator.py
@@ -123,6 +127,8 @@ else
   TORCH=(--size=tiny --batch=8 --steps=2 --warmup=1 --vocab=8000 --modes=eager_all,eager_masked)
   MAIN=(--config=configs/bert_preln.py:tiny --config.total_steps=6 --config.log_every=2
         --config.eval_every=0 --config.eval_batches=1 --config.checkpoint_every=0)
+  MT=(--config=configs/mt.py:tiny --batches=8x16 --steps=2 --warmup=1 --sentences=4
+      --max_length=8 --rounds=1)
 fi
 ARMS=(--arm=default)  # the config as a user runs it (its "auto" choices)
 ARMS+=(--arm=pallas:model.attention_impl=pallas)  # fused attention, dropout keyed by the step
@@ -154,6 +160,7 @@ step bench 300 "${BENCH_ENV[@]}" "$PY" bench/bench_accel.py "${SHAPE[@]}" "${ARM
   --profile_arm="$PROFILE_ARM" --profile_dir="$OUT/trace" --profile_steps=3 --out="$OUT/arms.json"
 step profile 60 "$PY" bench/profile_summary.py "$OUT/trace" --steps=3 --out="$OUT/profile.json"
 step torch 200 "$PY" bench/bench_torch_anchor.py "${TORCH[@]}" --out="$OUT/torch.json"
+step mt 150 "$PY" bench/bench_mt_accel.py "${MT[@]}" --out="$OUT/mt.json"
 rm -rf "$OUT/main_job"
 step main_job 150 "$PY" train.py "${MAIN[@]}" --workdir="$OUT/main_job"
 if [ "$MODE" = gpu ]; then

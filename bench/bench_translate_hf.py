@@ -84,7 +84,9 @@ def hf_config(pad: int, activation: str, dropout: float):
 # --------------------------------------------------------------------------- train
 
 
-def train_batch(rows: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+def train_batch(
+    rows: int, length: int, seed: int = 0, vocab: int = SHAPE["vocab"]
+) -> dict[str, np.ndarray]:
     """One batch of the translation task's layout (ids PAD 0, BOS 2, EOS 3) with real padding."""
     rng = np.random.default_rng(seed)
     src = np.zeros((rows, length), np.int32)
@@ -92,8 +94,8 @@ def train_batch(rows: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
     tgt_mask = np.zeros((rows, length), np.float32)
     for r in range(rows):
         s, t = rng.integers(8, length, 2)
-        src[r, : s - 1], src[r, s - 1] = rng.integers(4, SHAPE["vocab"], s - 1), 3
-        words = rng.integers(4, SHAPE["vocab"], t - 1)
+        src[r, : s - 1], src[r, s - 1] = rng.integers(4, vocab, s - 1), 3
+        words = rng.integers(4, vocab, t - 1)
         tgt_in[r, 0], tgt_in[r, 1:t] = 2, words
         tgt_out[r, : t - 1], tgt_out[r, t - 1] = words, 3
         tgt_mask[r, :t] = 1.0

@@ -11,6 +11,7 @@
 #
 #   bench/gpu_mt_warmup.sh --prepare            # here, on the CPU: writes .gpu_data/ (once)
 #   bench/gpu_mt_warmup.sh [--out DIR] [--steps N] [--eval_every N] [--budget SECONDS]
+#                          [--config.FIELD=VALUE ...]   (passed on to every run of the study)
 #
 # --prepare exports the ln_jax_gettext/de-en pairs of THIS machine to plain files
 # (.gpu_data/gettext_de_en.{train,valid,test}.{src,tgt}, read as paralleltext:PREFIX): the
@@ -27,6 +28,7 @@ STEPS=3000
 EVAL_EVERY=500
 BUDGET=480
 PREPARE=0
+EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --prepare) PREPARE=1 ;;
@@ -34,7 +36,8 @@ while [ $# -gt 0 ]; do
     --steps=*) STEPS=${1#--steps=} ;;
     --eval_every=*) EVAL_EVERY=${1#--eval_every=} ;;
     --budget=*) BUDGET=${1#--budget=} ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --config.*) EXTRA+=("$1") ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu_mt_warmup.sh: unknown argument $1; see --help" >&2; exit 2 ;;
   esac
   shift
@@ -75,13 +78,14 @@ STUDY=(mt_warmup --out="$OUT/study" --config=configs/mt.py:iwslt --lrs=1e-3 --pr
        --warmup_steps=0,full --full_warmup=$FULL --seeds=0 --jobs=3
        --config.data.dataset=paralleltext:$DATA --config.total_steps=$STEPS
        --config.eval_every=$EVAL_EVERY --config.checkpoint_every=$EVAL_EVERY
-       --config.log_every=100 --config.monitor.every=250)
+       --config.log_every=100 --config.monitor.every=250 "${EXTRA[@]}")
 echo "=== $(date +%T) study: ${STUDY[*]}"
 # The runs stop at the budget less 90 s for the beam-5 scoring: SIGTERM to the study's whole
-# process group (its --jobs children save a checkpoint on it); rerunning this script resumes.
+# process group (its --jobs children save a checkpoint at their next step; 40 s later SIGKILL);
+# rerunning this script resumes.
 setsid "$PY" -m ln_jax.experiments "${STUDY[@]}" > "$OUT/study.log" 2>&1 &
 SPID=$!
-( sleep $(( $(left) - 90 )); kill -TERM -- -$SPID 2>/dev/null; sleep 20; kill -KILL -- -$SPID 2>/dev/null ) &
+( sleep $(( $(left) - 90 )); kill -TERM -- -$SPID 2>/dev/null; sleep 40; kill -KILL -- -$SPID 2>/dev/null ) &
 WATCH=$!
 wait $SPID
 echo "study: rc=$? ($(( $(date +%s) - START ))s)" | tee "$OUT/status.txt"

@@ -5,7 +5,8 @@ prints (and writes as summary.json / summary.md) one table and the issue's targe
 
 Inputs (each optional: a missing one is reported as not run): `arms.json` (bench_accel.py
 --arm), `torch.json` (bench_torch_anchor.py), `profile.json` (profile_summary.py),
-`main_job/metrics.jsonl` (train.py), `cudnn_facts.json`, `status.txt` (each step's exit code).
+`main_job/metrics.jsonl` (train.py), `mt.json` (bench_mt_accel.py), `cudnn_facts.json`,
+`status.txt` (each step's exit code).
 """
 
 from __future__ import annotations
@@ -98,6 +99,26 @@ def fastest_recipe_arm(arms: dict) -> str | None:
     return min(recipe, key=recipe.get) if recipe else None
 
 
+def translation_lines(mt: dict | None) -> list[str]:
+    """The translation model's rates (`mt.json` of bench_mt_accel.py), one line each."""
+    if not mt:
+        return []
+    out = []
+    for name, r in mt["train"]["arms"].items():
+        mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ""
+        out.append(
+            f"- translation {mt['config']} train step {name} ({mt['dtype']}): "
+            f"{r['median_ms']:.2f} ms, {r['target_tokens_per_s']:,.0f} target tokens/s{mfu}"
+        )
+    if "decode" in mt:
+        d = mt["decode"]
+        out.append(
+            f"- translation beam {d['beam']}: {d['sentences_per_s']:,.1f} sentences/s "
+            f"({d['sentences']} sources, {d['max_length']} tokens each)"
+        )
+    return out
+
+
 def render(folder: str) -> tuple[str, dict]:
     table, checks = rows(folder)
     lines = ["| step | ms/step | sequences/s | MFU (6ND) |", "|---|---|---|---|"]
@@ -135,6 +156,7 @@ def render(folder: str) -> tuple[str, dict]:
             f"- one attention layer, forward + backward (ms): {parts}; fastest Pallas "
             f"settings {kernel.get('best_tuning')}"
         )
+    lines += translation_lines(load(folder, "mt.json"))
     for name, err in ((load(folder, "arms.json") or {}).get("failed") or {}).items():
         lines.append(f"- arm {name} FAILED: {err[:300]}")
     status = os.path.join(folder, "status.txt")

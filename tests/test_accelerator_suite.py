@@ -29,7 +29,7 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, 
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     status = (out / "status.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in status] == [
-        "flash", "bench", "profile", "torch", "main_job"
+        "flash", "bench", "profile", "torch", "mt", "main_job"
     ]  # fmt: skip
     flash = json.loads((out / "flash.json").read_text())
     tuned = {n: ms for n, ms in flash["ms"].items() if n.startswith("pallas")}
@@ -53,6 +53,14 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, 
     assert profile["kernel_ms_per_step"] == pytest.approx(
         sum(c["ms_per_step"] for c in profile["classes"].values())
     )
+
+    mt = json.loads((out / "mt.json").read_text())
+    step = mt["train"]["arms"]["8x16"]
+    assert step["target_tokens_per_s"] == pytest.approx(
+        step["target_tokens_per_step"] / (step["median_ms"] / 1e3)
+    )
+    assert mt["decode"]["sentences_per_s"] == pytest.approx(4 / mt["decode"]["median_s"])
+    assert "- translation configs/mt.py:tiny train step 8x16 (float32)" in run.stdout
 
     summary = json.loads((out / "summary.json").read_text())
     table = {r["what"].split(" (")[0]: r for r in summary["rows"]}
