@@ -38,6 +38,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -105,7 +106,7 @@ def train_arms(cfg, batches: list[tuple[int, int]]):
     pieces = steps.init_state(cfg, mesh)
     train = steps.in_mesh(steps.jit_steps(cfg, mesh, pieces)[0], mesh)
     box = {"state": pieces.state}
-    arms, data = {}, {}
+    arms, data, compile_s = {}, {}, {}
     for rows, length in batches:
         name = f"{rows}x{length}"
         data[name] = train_batch(rows, length, vocab=cfg.model.vocab_size)
@@ -115,13 +116,16 @@ def train_arms(cfg, batches: list[tuple[int, int]]):
             box["state"], metrics = train(box["state"], pieces.rest, b)
             return jax.block_until_ready(metrics)
 
+        start = time.perf_counter()
         step()  # compile this shape
+        compile_s[name] = time.perf_counter() - start
+        print(f"train {name}: first step {compile_s[name]:.1f} s (with compilation)", flush=True)
         arms[name] = step
-    return arms, data
+    return arms, data, compile_s
 
 
 def train_result(cfg, args, batches) -> dict:
-    arms, data = train_arms(cfg, batches)
+    arms, data, compile_s = train_arms(cfg, batches)
     times = run_alternating(arms, args.warmup, args.steps)
     kind = jax.devices()[0].device_kind
     peak = table_peak(kind, cfg.model.dtype) if jax.default_backend() != "cpu" else None
@@ -138,6 +142,7 @@ def train_result(cfg, args, batches) -> dict:
             "tflop_per_step": flops / 1e12,
             "tflops": flops / median / 1e12,
             "mfu": flops / median / (peak * 1e12) if peak else None,
+            "first_step_s": compile_s[name],
             "seconds": t,
         }
     return {"peak_tflops": peak, "arms": out}
@@ -160,13 +165,16 @@ def decode_result(cfg, args) -> dict:
         model = Translation(cfg).build(nnx.Rngs(params=0))
         src, mask = jax.numpy.asarray(src, "int32"), jax.numpy.asarray(mask, "int32")
         arms = {"beam": lambda: jax.block_until_ready(translate(model, src, mask, search))}
+        start = time.perf_counter()
         arms["beam"]()  # compile
+        first = time.perf_counter() - start
+        print(f"beam: first call (compilation included) {first:.1f} s", flush=True)
         times = run_alternating(arms, 1, args.rounds)["beam"]
     median = statistics.median(times)
     return {"beam": args.beam, "sentences": args.sentences, "max_length": args.max_length,
             "sentences_per_s": args.sentences / median,
             "generated_tokens_per_s": args.sentences * args.max_length / median,
-            "median_s": median, "seconds": times}  # fmt: skip
+            "median_s": median, "first_call_s": first, "seconds": times}  # fmt: skip
 
 
 def main(argv=None) -> dict:

@@ -26,18 +26,8 @@ STEPS=2500
 EVAL_EVERY=250
 BUDGET=480
 PREPARE=0
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --prepare) PREPARE=1 ;;
-    --out=*) OUT=${1#--out=} ;;
-    --steps=*) STEPS=${1#--steps=} ;;
-    --eval_every=*) EVAL_EVERY=${1#--eval_every=} ;;
-    --budget=*) BUDGET=${1#--budget=} ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
-    *) echo "gpu_bert_xiong.sh: unknown argument $1; see --help" >&2; exit 2 ;;
-  esac
-  shift
-done
+. bench/gpu_common.sh
+gpu_parse_args "$0" 20 "$@"
 PY=${PYTHON:-python3}
 TEXT=$ROOT/.gpu_data/sitedocs
 if [ "$PREPARE" = 1 ]; then
@@ -68,15 +58,10 @@ PYEOF
   exit $?
 fi
 ls "$TEXT"/*.txt > /dev/null 2>&1 || { echo "no $TEXT/*.txt: run bench/gpu_bert_xiong.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
-mkdir -p "$OUT"
-START=$(date +%s)
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$OUT/jax_cache}
-export TFDS_DATA_DIR=${TFDS_DATA_DIR:-$OUT/tfds}
-nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/environment.txt" 2>&1 || true
+gpu_environment
 COMMON=(--config.data.dataset=textdir:$TEXT --config.data.vocab_size=8000
         --config.total_steps=$STEPS --config.eval_every=$EVAL_EVERY --config.eval_batches=10
-        --config.checkpoint_every=$EVAL_EVERY --config.log_every=100)
+        --config.checkpoint_every=$EVAL_EVERY --config.log_every=100 "${EXTRA[@]}")
 : > "$OUT/status.txt"
 n=0
 for arm in bert_preln bert_postln; do

@@ -7,7 +7,9 @@
 #   gradient clipping off, label smoothing 0.1 (python -m ln_jax.experiments mt_warmup), the
 #   three runs at once on the one GPU, greedy BLEU and validation NLL every --eval_every steps,
 #   beam-5 BLEU of each final checkpoint at the end.
-# STATUS: prepared, NOT RUN YET (no GPU was lent to the session that wrote it).
+# STATUS: tried once (2026-11-26, one H100, docs/gpu.md "session 15") with 320 s after the
+# accelerator suite: compilation (about a minute a program, three processes at once) left the
+# runs at step 200-250 of 2,000, no BLEU. Give it a call of its own (the default 480 s budget).
 #
 #   bench/gpu_mt_warmup.sh --prepare            # here, on the CPU: writes .gpu_data/ (once)
 #   bench/gpu_mt_warmup.sh [--out DIR] [--steps N] [--eval_every N] [--budget SECONDS]
@@ -28,20 +30,8 @@ STEPS=3000
 EVAL_EVERY=500
 BUDGET=480
 PREPARE=0
-EXTRA=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --prepare) PREPARE=1 ;;
-    --out=*) OUT=${1#--out=} ;;
-    --steps=*) STEPS=${1#--steps=} ;;
-    --eval_every=*) EVAL_EVERY=${1#--eval_every=} ;;
-    --budget=*) BUDGET=${1#--budget=} ;;
-    --config.*) EXTRA+=("$1") ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
-    *) echo "gpu_mt_warmup.sh: unknown argument $1; see --help" >&2; exit 2 ;;
-  esac
-  shift
-done
+. bench/gpu_common.sh
+gpu_parse_args "$0" 24 "$@"
 PY=${PYTHON:-python3}
 DATA=$ROOT/.gpu_data/gettext_de_en
 if [ "$PREPARE" = 1 ]; then
@@ -65,14 +55,8 @@ PYEOF
   exit $?
 fi
 [ -f "$DATA.train.src" ] || { echo "no $DATA.train.src: run bench/gpu_mt_warmup.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
-mkdir -p "$OUT"
-START=$(date +%s)
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$OUT/jax_cache}
-export TFDS_DATA_DIR=${TFDS_DATA_DIR:-$OUT/tfds}
+gpu_environment
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.28  # three runs share the GPU
-nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/environment.txt" 2>&1 || true
-left() { echo $((BUDGET - ($(date +%s) - START))); }
 FULL=$(( STEPS * 8 / 100 ))
 STUDY=(mt_warmup --out="$OUT/study" --config=configs/mt.py:iwslt --lrs=1e-3 --pre_lrs=1e-3
        --warmup_steps=0,full --full_warmup=$FULL --seeds=0 --jobs=3
@@ -89,6 +73,8 @@ SPID=$!
 WATCH=$!
 wait $SPID
 echo "study: rc=$? ($(( $(date +%s) - START ))s)" | tee "$OUT/status.txt"
+# The study's runs are its children: after a SIGTERM they are still saving when it exits.
+while pgrep -g "$SPID" > /dev/null 2>&1 && [ "$(left)" -gt 30 ]; do sleep 1; done
 kill $WATCH 2>/dev/null
 tail -n 30 "$OUT/study.log"
 for run in "$OUT"/study/runs/*/; do

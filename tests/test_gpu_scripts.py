@@ -1,0 +1,48 @@
+"""The one-call GPU study scripts (bench/gpu_mt_warmup.sh, bench/gpu_bert_xiong.sh) share their
+command line (bench/gpu_common.sh): help, a wrong argument, the missing prepared data."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SCRIPTS = {"gpu_mt_warmup.sh": "gettext_de_en", "gpu_bert_xiong.sh": "sitedocs"}
+
+
+def _run(script: str, *args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", os.path.join(cwd, "bench", script), *args],
+        capture_output=True, text=True, timeout=60, cwd=cwd,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_help_prints_the_header_and_exits_0(script):
+    run = _run(script, "--help")
+    assert run.returncode == 0
+    assert run.stdout.startswith("# ") and "--prepare" in run.stdout
+    assert "set -uo" not in run.stdout  # the header only, not the code
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_an_unknown_argument_is_a_one_line_error(script):
+    run = _run(script, "--steps=5", "--bogus")
+    assert run.returncode == 2
+    assert run.stderr.strip() == f"{script}: unknown argument --bogus; see --help"
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_without_prepared_data_it_names_the_prepare_command(script, tmp_path):
+    copy = tmp_path / "repo"
+    (copy / "bench").mkdir(parents=True)
+    for name in (script, "gpu_common.sh"):
+        shutil.copy(os.path.join(ROOT, "bench", name), copy / "bench" / name)
+    run = _run(script, f"--out={tmp_path / 'out'}", cwd=str(copy))
+    assert run.returncode == 2
+    assert f"run bench/{script} --prepare here first" in run.stderr
+    assert SCRIPTS[script] in run.stderr
+    assert not (tmp_path / "out").exists()  # nothing started
