@@ -50,6 +50,9 @@ def base_config() -> ml_collections.ConfigDict:
     # elsewhere: on an H200 rbg was no faster); config.json records the resolved one
     c.dropout_rng = "auto"
     c.nan_policy = "stop"  # non-finite loss/gradient: "stop" (keep last checkpoint) or "skip"
+    # JAX's persistent compilation cache: auto ($LN_JAX_CACHE_DIR/jax_compilation on a GPU/TPU,
+    # off on a CPU), off, or a folder; a resumed or repeated run reads its compiled programs
+    c.compilation_cache = "auto"
 
     c.model = ml_collections.ConfigDict()
     c.model.size = "base"  # tiny | mini | base | large: sets the four shape fields below

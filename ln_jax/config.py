@@ -15,6 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from ln_jax import compile_cache
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
 from ln_jax.task import factory as task_factory
@@ -486,6 +487,10 @@ class TrainConfig:
         "auto" (resolved when the config is built: rbg on a TPU, threefry elsewhere).
       nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
         last good checkpoint is kept) or "skip" (drop that update and go on).
+      compilation_cache: JAX's persistent compilation cache while the run trains: "auto"
+        (resolved when the config is built: $LN_JAX_CACHE_DIR/jax_compilation, else
+        ~/.cache/ln_jax/jax_compilation, on a GPU/TPU; "off" on a CPU), "off", or a folder
+        (`ln_jax.compile_cache`; $JAX_COMPILATION_CACHE_DIR wins if set).
       monitor: per-layer measurements and early warnings (`MonitorConfig`).
     """
 
@@ -502,6 +507,7 @@ class TrainConfig:
     grad_accum_steps: int = 1
     nan_policy: str = "stop"
     dropout_rng: str = AUTO
+    compilation_cache: str = AUTO
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -529,6 +535,9 @@ class TrainConfig:
         )
         if self.dropout_rng == AUTO:
             object.__setattr__(self, "dropout_rng", auto_dropout_rng(platform()))
+        if self.compilation_cache == AUTO:
+            object.__setattr__(self, "compilation_cache", compile_cache.resolve(AUTO, platform()))
+        compile_cache.resolve(self.compilation_cache, platform())  # "" is an error
         if self.total_steps <= 0:
             raise ValueError(f"total_steps={self.total_steps} must be positive.")
         if self.grad_accum_steps < 0:

@@ -32,6 +32,7 @@ CONFIG_FILE = "config.json"
 #   checkpoint_every            written, not what is trained.
 #   nan_policy                  "skip" and "stop" train alike until a non-finite step, where
 #                               "stop" ends the run: a run that finishes computed the same.
+#   compilation_cache           where compiled programs are kept: the same programs run.
 #   checkpoint.*                how checkpoints are kept, written and restored (`fallback`:
 #                               the way back from a corrupt one).
 #   monitor.*                   what is measured and warned about (cadence, thresholds).
@@ -57,6 +58,7 @@ FREE_FIELDS = frozenset(
         "eval_every",
         "checkpoint_every",
         "nan_policy",
+        "compilation_cache",
         "data.cache_dir",
         "data.download",
         "data.worker_count",

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from ln_jax import console, paths, sharding
+from ln_jax import compile_cache, console, paths, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.nn.placement_setup import setup_placements
 from ln_jax.task import Task, make_task
@@ -232,7 +232,7 @@ def train_and_evaluate(
     """
     run_identity.prepare_workdir(workdir)
     lock = run_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
-    with lock:
+    with lock, compile_cache.use(cfg.compilation_cache):
         return _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption, scope)
 
 
