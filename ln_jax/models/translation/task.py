@@ -23,7 +23,8 @@ from ln_jax import sharding
 from ln_jax.data import joint_tokenizer as tok_lib
 from ln_jax.models import hf_io
 from ln_jax.models.translation import convert
-from ln_jax.models.translation.model import Translator, label_smoothed_nll
+from ln_jax.models.translation.loss import label_smoothed_nll
+from ln_jax.models.translation.model import Translator
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.models.translation.search import Search, translate
 from ln_jax.nn.blocks import DecoderLayer, EncoderLayer
