@@ -448,6 +448,7 @@ def arm_result(cfg: TrainConfig, mesh, feeds: Feeds, times: dict, peak: tuple) -
             "hidden_dropout": cfg.model.hidden_dropout,
             "attention_dropout": cfg.model.attention_dropout,
             "remat": cfg.model.remat,
+            "activation": cfg.model.activation,
         },  # fmt: skip
         "shape": s,
         "num_params": feeds.num_params,

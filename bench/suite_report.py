@@ -89,12 +89,12 @@ def rows(folder: str) -> tuple[list[dict], dict]:
 
 def fastest_recipe_arm(arms: dict) -> str | None:
     """The fastest arm at the targets' BERT-base shape that keeps the recipe's dropout (hidden
-    and attention 0.1) and BERT's vocabulary (30522), or None."""
+    and attention 0.1), its erf GELU and BERT's vocabulary (30522), or None."""
     recipe = {
         name: r["feeds"]["fixed"]["median_s"]
         for name, r in arms.items()
         if r["config"]["hidden_dropout"] > 0 and r["config"]["attention_dropout"] > 0
-        and r["shape"]["vocab"] == 30522
+        and r["shape"]["vocab"] == 30522 and r["config"].get("activation", "gelu") == "gelu"
     }  # fmt: skip
     return min(recipe, key=recipe.get) if recipe else None
 

@@ -78,3 +78,18 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, 
     recipe = {n: r["feeds"]["fixed"]["median_s"] for n, r in arms.items() if n != "main"}
     assert summary["targets"]["fastest_recipe_arm"] == min(recipe, key=recipe.get)
     assert "| ln_jax default (xla, threefry, V=30522) |" in run.stdout
+
+
+def test_the_fastest_recipe_arm_keeps_the_recipes_dropout_activation_and_vocabulary():
+    def arm(seconds, activation="gelu", attention_dropout=0.1, vocab=30522):
+        config = {"hidden_dropout": 0.1, "attention_dropout": attention_dropout,
+                  "activation": activation}  # fmt: skip
+        return {"config": config, "shape": {"vocab": vocab},
+                "feeds": {"fixed": {"median_s": seconds}}}  # fmt: skip
+
+    arms = {"default": arm(0.073), "gelu_tanh": arm(0.060, activation="gelu_tanh"),
+            "cudnn_nodrop": arm(0.065, attention_dropout=0.0), "main": arm(0.050, vocab=8000),
+            "pallas": arm(0.077)}  # fmt: skip
+    assert suite_report.fastest_recipe_arm(arms) == "default"
+    del arms["default"]
+    assert suite_report.fastest_recipe_arm(arms) == "pallas"
