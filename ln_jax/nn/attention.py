@@ -222,6 +222,8 @@ class Attention(nnx.Module):
         if self.kind == "cross":
             return self.out(_shared_source(q, c))
         k_new, v_new = self.keys_values(x)
+        if isinstance(c, BeamCache):
+            return self.out(_beam_attention(q, k_new, v_new, c))
         k_new = k_new.transpose(KEY_LAYOUT).astype(c.key.dtype)
         v_new = v_new.transpose(VALUE_LAYOUT).astype(c.value.dtype)
         index = c.count[...]
@@ -256,6 +258,61 @@ def cached_attention(q: Array, keys: Array, values: Array, ok: Array) -> Array:
     return jnp.einsum("bnts,bnsh->btnh", probs, values)
 
 
+def _beam_attention(q: Array, k_new: Array, v_new: Array, c: BeamCache) -> Array:
+    """Causal self-attention of one new position of every hypothesis, q/k_new/v_new [rows, 1,
+    heads, kv] (rows = sources x group, a source's rows adjacent), through a `BeamCache`:
+    writes the keys/values at the cache's count into each hypothesis' own slot, then each
+    query attends to all of its source's slots and positions, masked to its own history (the
+    slot holding each of its positions, `slots`) -> [rows, 1, heads, kv]. The same softmax as
+    `cached_attention` over the hypothesis' keys; masked keys weigh exactly 0."""
+    rows, t, n, h = q.shape
+    if t != 1:
+        raise ValueError(f"a beam cache decodes one position at a time, not {t}.")
+    sources, group, length = c.slots.shape[-3:]
+    index = c.count[...]
+
+    def grouped(a: Array) -> Array:  # [rows, 1, heads, kv] -> [sources, heads, group, kv]
+        return a.reshape(sources, group, n, h).transpose(0, 2, 1, 3)
+
+    k_new = grouped(k_new).transpose(0, 1, 3, 2).astype(c.key.dtype)
+    v_new = grouped(v_new).astype(c.value.dtype)
+    c.key[...] = jax.lax.dynamic_update_slice(c.key[...], k_new, (0, 0, 0, index * group))
+    c.value[...] = jax.lax.dynamic_update_slice(c.value[...], v_new, (0, 0, index * group, 0))
+    own = jnp.broadcast_to(jnp.arange(group, dtype=jnp.int32)[None, :, None], (sources, group, 1))
+    c.slots[...] = jax.lax.dynamic_update_slice(c.slots[...], own, (0, 0, index))
+    c.count[...] = index + 1
+    # ok [sources, 1, group, length x group]: query j sees position s <= index of slot slots[s]
+    mine = c.slots[...][..., None] == jnp.arange(group)
+    ok = (mine & (jnp.arange(length) <= index)[:, None]).reshape(sources, 1, group, -1)
+    keys, values = c.key[...].astype(q.dtype), c.value[...].astype(q.dtype)
+    logits = jnp.einsum("injh,inhp->injp", grouped(q), keys, preferred_element_type=jnp.float32)
+    logits = jnp.where(ok, logits * h**-0.5, _NEG)
+    probs = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
+    out = jnp.einsum("injp,inph->injh", probs, values)
+    return out.transpose(0, 2, 1, 3).reshape(rows, 1, n, h)
+
+
+def beam_cache(cache: KVCache, group: int) -> BeamCache:
+    """An empty causal `decoding_cache` (rows = sources x group; a leading [layers] axis
+    too when scanned) laid out for a search of `group` hypotheses per source: a `BeamCache`.
+    The search then reorders its hypotheses by `reorder_beams`, moving no keys or values."""
+    *lead, rows, n, h, length = cache.key.shape
+    sources = rows // group
+    key = jnp.zeros((*lead, sources, n, h, length * group), cache.key.dtype)
+    value = jnp.zeros((*lead, sources, n, length * group, h), cache.value.dtype)
+    slots = jnp.zeros((*lead, sources, group, length), jnp.int32)
+    return BeamCache(key, value, cache.count[...], slots)
+
+
+def reorder_beams(cache: BeamCache, parents: Array) -> None:
+    """The hypotheses of a `BeamCache` reordered: hypothesis j of source i continues
+    parents [sources, group]'s hypothesis (of the same source). Only `slots` moves."""
+    slots = cache.slots[...]
+    index = jnp.broadcast_to(parents[..., None], slots.shape[-3:])
+    index = jnp.broadcast_to(index, slots.shape)  # a leading [layers] axis, if any
+    cache.slots[...] = jnp.take_along_axis(slots, index, axis=-2)
+
+
 class KVCache(nnx.Module):
     """An attention module's decoding state: keys [batch, heads, kv, length] and values
     [batch, heads, length, kv] (the layouts the two products read without a transpose; a
@@ -268,3 +325,18 @@ class KVCache(nnx.Module):
         self.key = nnx.Cache(key)
         self.value = nnx.Cache(value)
         self.count = nnx.Cache(count)
+
+
+class BeamCache(KVCache):
+    """A causal self-attention cache shared by each source's `group` hypotheses (a beam
+    search; `beam_cache`): keys [sources, heads, kv, length x group] and values [sources,
+    heads, length x group, kv] (position s of slot j at s x group + j), written once per
+    position in the slot of the hypothesis that computed them, never moved; `slots`
+    [sources, group, length] int32: the slot holding each position of each hypothesis'
+    history (its ancestors'); `count` [] int32. Reordering the hypotheses gathers `slots`
+    only, not the keys/values (`reorder_beams`); each query attends to its source's
+    [length x group] keys masked to its own history."""
+
+    def __init__(self, key: Array, value: Array, count: Array, slots: Array):
+        super().__init__(key, value, count)
+        self.slots = nnx.Cache(slots)

@@ -2,12 +2,16 @@
 
 The source is encoded once; every decoder layer's cross-attention keys/values are computed
 once per source and shared by its beams (the beams' queries attend to one [src] copy, no
-per-beam copies); self-attention keys/values are cached per beam and re-gathered when beams
-reorder. A hypothesis' score is its summed log-probability divided by a length penalty:
-fairseq's len^lenpen, or GNMT's ((5 + len) / 6)^alpha, len counting the tokens generated
-with EOS. `max_len = a * src_len + b` per sentence (capped by `max_length`): there EOS is
-forced. With `stop="bound"` (default) every EOS among a step's top 2 x beam continuations
-finishes a hypothesis, and a sentence stops when `beam` hypotheses are finished and no live one
+per-beam copies); self-attention keys/values are cached per beam, written once and never
+moved: when beams reorder only a table of each hypothesis' ancestors moves
+(`ln_jax.nn.attention.BeamCache`). Each step takes each hypothesis' top 2 x beam + 2 tokens
+from the raw logits and the softmax's normaliser from one more pass (`_top_tokens`), then
+the top 2 x beam of a sentence's candidates. A hypothesis' score is its summed
+log-probability divided by a length penalty: fairseq's len^lenpen, or GNMT's
+((5 + len) / 6)^alpha, len counting the tokens generated with EOS.
+`max_len = a * src_len + b` per sentence (capped by `max_length`): there EOS is forced.
+With `stop="bound"` (default) every EOS among a step's top 2 x beam continuations finishes a
+hypothesis, and a sentence stops when `beam` hypotheses are finished and no live one
 can still beat the worst of them (with a beam as wide as the live hypotheses, the search is
 exact). `stop="first"` is fairseq's rule: an EOS finishes a hypothesis only from the top `beam`
 continuations, and a sentence stops at its first `beam` finished (beam 1 is greedy search).
@@ -24,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ln_jax.models.translation.options import Specials
-from ln_jax.nn.attention import Attention
+from ln_jax.nn.attention import Attention, beam_cache, reorder_beams
 from ln_jax.nn.stack import init_decoding
 
 Array = jax.Array
@@ -106,6 +110,9 @@ def _translate(graphdef, state, src, src_mask, search: Search, ids: Specials) ->
     rows = src.shape[0] * search.beam
     if search.cache:
         init_decoding(model.decoder, rows, search.max_length, memory, src_mask)
+        if not search.greedy:
+            for attention in _self_attentions(model):
+                attention.set_cache(beam_cache(attention.cache, search.beam))
         graphdef, caches, rest = nnx.split(model, nnx.Cache, ...)
         carry = {"caches": caches, "rest": rest}  # through the loop: its variables, its trace
         step = functools.partial(_next_logits, graphdef)
@@ -255,26 +262,34 @@ def _beam_step(step, limit, search: Search, graphdef, ids: Specials, s: dict) ->
         jnp.concatenate([s["fin_tokens"], grown], 1), pick[..., None], 1
     )
     live, keep = jax.lax.top_k(jnp.where(is_eos, NEG, top), k)
-    rows = (jnp.arange(b)[:, None] * k + jnp.take_along_axis(origin, keep, 1)).reshape(-1)
+    parents = jnp.take_along_axis(origin, keep, 1)
     return {
         "t": t + 1,
         "tokens": jnp.take_along_axis(grown, keep[:, :, None], 1),
         "live": live,
         "fin_tokens": fin_tokens,
         "fin": fin,
-        "caches": _reorder(graphdef, caches, rows) if "caches" in caches else caches,
+        "caches": _reorder(graphdef, caches, parents) if "caches" in caches else caches,
     }
 
 
-def _reorder(graphdef, carry: dict, rows: Array) -> dict:
-    """The self-attention caches gathered to the surviving beams' rows [batch * beam]."""
+def _self_attentions(model) -> list[Attention]:
+    """The decoder's causal self-attention modules (one stacked module per sub-layer when
+    its layers are scanned)."""
+    stack = model.decoder
+    layers = [stack.layers] if stack.cfg.scan_layers else stack.layers
+    return [
+        sublayer.branch
+        for layer in layers
+        for _, sublayer in layer.sublayers()
+        if isinstance(sublayer.branch, Attention) and sublayer.branch.kind == "causal"
+    ]
+
+
+def _reorder(graphdef, carry: dict, parents: Array) -> dict:
+    """The self-attention caches' hypotheses reordered: each continues parents [batch, beam]
+    (of its sentence). A `BeamCache` moves only its slots table, no keys or values."""
     model = nnx.merge(graphdef, carry["caches"], carry["rest"])
-    axis = 1 if model.decoder.cfg.scan_layers else 0
-    layers = [model.decoder.layers] if model.decoder.cfg.scan_layers else model.decoder.layers
-    for layer in layers:
-        for _, sublayer in layer.sublayers():
-            branch = sublayer.branch
-            if isinstance(branch, Attention) and branch.kind == "causal":
-                branch.cache.key[...] = jnp.take(branch.cache.key[...], rows, axis=axis)
-                branch.cache.value[...] = jnp.take(branch.cache.value[...], rows, axis=axis)
+    for attention in _self_attentions(model):
+        reorder_beams(attention.cache, parents)
     return {**carry, "caches": nnx.state(model, nnx.Cache)}
