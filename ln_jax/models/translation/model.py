@@ -192,22 +192,3 @@ def tied_projection(h: Array, table: Array) -> Array:
     b, t, d = h.shape
     out = jnp.dot(h.reshape(b * t, d), table.T, preferred_element_type=jnp.float32)
     return out.reshape(b, t, -1)
-
-
-def label_smoothed_nll(
-    logits: Array, targets: Array, weights: Array, epsilon: float, vocab_size: int
-) -> tuple[Array, Array]:
-    """fairseq's label-smoothed cross-entropy, summed over weighted tokens.
-
-    logits [batch, t, V_padded] float32, targets [batch, t], weights [batch, t] ->
-    (smoothed loss sum, nll sum): per token (1 - eps - eps_i) * nll + eps_i * sum_v(-log p_v),
-    eps_i = eps / (vocab_size - 1), over the real vocabulary rows only.
-    """
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    vocab = jnp.arange(logits.shape[-1])
-    nll = -jnp.sum(jnp.where(vocab == targets[..., None], logp, 0.0), axis=-1)
-    smooth = -jnp.sum(jnp.where(vocab < vocab_size, logp, 0.0), axis=-1)
-    eps_i = epsilon / (vocab_size - 1)
-    loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
-    w = weights.astype(jnp.float32)
-    return (loss * w).sum(), (nll * w).sum()
