@@ -34,7 +34,6 @@ faster). Rate: sentences/s and generated tokens/s (sentences x max_length).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -47,7 +46,7 @@ import numpy as np  # noqa: E402
 
 from bench.bench_accel import table_peak  # noqa: E402
 from bench.bench_translate_hf import train_batch  # noqa: E402
-from bench.measure import run_alternating  # noqa: E402
+from bench.measure import run_alternating, write_result  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -193,9 +192,7 @@ def main(argv=None) -> dict:
         result["decode"] = d = decode_result(cfg, args)
         print(f"beam {d['beam']}: {d['sentences_per_s']:,.1f} sentences/s "
               f"({d['sentences']} sources, {d['max_length']} tokens each)")  # fmt: skip
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_result(args.out, result)
     return result
 
 
