@@ -70,12 +70,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_config(spec: str, dtype: str, attention: str = "auto"):
-    """The TrainConfig of `spec` on one device, the whole batch in one step."""
+    """The TrainConfig of `spec` on one device, the whole batch in one step, every position
+    computed (`task_options.skip_padding` off: the FLOPs are counted on padded positions)."""
     from ln_jax.config_front import build_config as build
     from ln_jax.config_front import config_from_command_line
 
     defaults = {"model.dtype": dtype, "model.attention_impl": attention, "grad_accum_steps": 1,
-                "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}  # fmt: skip
+                "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1,
+                "task_options.skip_padding": "off"}  # fmt: skip
     values, _ = config_from_command_line([], spec, defaults)
     return build(values)
 

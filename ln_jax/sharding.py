@@ -149,6 +149,15 @@ def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
     return NamedSharding(mesh, batch_spec())
 
 
+def batch_shards(rows: int) -> int:
+    """Into how many device shards the current mesh splits a batch of `rows` (the data x fsdp
+    device count where it divides `rows`, else their gcd; 1 outside a mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty:
+        return 1
+    return math.gcd(rows, mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1))
+
+
 def batch_divisor(mesh: jax.sharding.Mesh) -> int:
     """The global batch size must be a multiple of this (the data x fsdp device count)."""
     return mesh.shape["data"] * mesh.shape["fsdp"]

@@ -282,11 +282,19 @@ class FeedForward(nnx.Module):
         self.wo = Dense((cfg.mlp_dim,), (cfg.hidden_size,), ("mlp", "embed"), **kw)
         self.activation = cfg.activation
 
-    reads = ()  # the inputs a branch takes besides x (`ln_jax.nn.blocks.ResidualSublayer`)
+    reads = ("layout",)  # inputs a branch takes besides x (`ln_jax.nn.blocks.ResidualSublayer`)
 
-    def __call__(self, x: Array, *, dropout_key: Array | None = None) -> Array:
-        """x: [batch, length, embed] -> [batch, length, embed]; `dropout_key` is unused."""
+    def __call__(self, x: Array, *, layout: Any = None, dropout_key: Array | None = None) -> Array:
+        """x: [batch, length, embed] -> [batch, length, embed]; with a `TokenLayout`
+        (`ln_jax.nn.tokens`) only the real tokens' chunks are computed (padded positions get
+        zeros or their values, which no real token reads). `dropout_key` is unused."""
         del dropout_key
+        if layout is not None:
+            return layout.apply(self._tokens, x)
         h = activation(self.activation, self.wi(x))
         h = constrain(h, ("act_batch", "act_length", "act_mlp"))
         return self.wo(h)
+
+    def _tokens(self, x: Array) -> Array:
+        """x [tokens, embed] -> [tokens, embed]."""
+        return self.wo(activation(self.activation, self.wi(x)))

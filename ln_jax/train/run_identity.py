@@ -33,6 +33,8 @@ CONFIG_FILE = "config.json"
 #   nan_policy                  "skip" and "stop" train alike until a non-finite step, where
 #                               "stop" ends the run: a run that finishes computed the same.
 #   compilation_cache           where compiled programs are kept: the same programs run.
+#   task_options.skip_padding   whether translation's padded positions are computed: the real
+#                               tokens get the same values (tests/test_skip_padding.py).
 #   checkpoint.*                how checkpoints are kept, written and restored (`fallback`:
 #                               the way back from a corrupt one).
 #   monitor.*                   what is measured and warned about (cadence, thresholds).
@@ -59,6 +61,7 @@ FREE_FIELDS = frozenset(
         "checkpoint_every",
         "nan_policy",
         "compilation_cache",
+        "task_options.skip_padding",
         "data.cache_dir",
         "data.download",
         "data.worker_count",

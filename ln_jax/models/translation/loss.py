@@ -21,19 +21,27 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def label_smoothed_nll(
-    logits: Array, targets: Array, weights: Array, epsilon: float, vocab_size: int
+def token_losses(
+    logits: Array, targets: Array, epsilon: float, vocab_size: int
 ) -> tuple[Array, Array]:
-    """fairseq's label-smoothed cross-entropy, summed over weighted tokens.
+    """fairseq's label-smoothed cross-entropy of each token.
 
-    logits [batch, t, V_padded] float32 (rows from `vocab_size` on are padding and ignored),
-    targets [batch, t] int, weights [batch, t] -> (smoothed loss sum, nll sum).
+    logits [..., V_padded] float32 (rows from `vocab_size` on are padding and ignored),
+    targets [...] int -> (smoothed loss [...], nll [...]).
     """
     real = logits[..., :vocab_size] if logits.shape[-1] != vocab_size else logits
     lse = jax.nn.logsumexp(real, axis=-1)
     nll = lse - jnp.take_along_axis(real, targets[..., None], axis=-1)[..., 0]
     smooth = vocab_size * lse - real.sum(axis=-1)
     eps_i = epsilon / (vocab_size - 1)
-    loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+    return (1.0 - epsilon - eps_i) * nll + eps_i * smooth, nll
+
+
+def label_smoothed_nll(
+    logits: Array, targets: Array, weights: Array, epsilon: float, vocab_size: int
+) -> tuple[Array, Array]:
+    """`token_losses` summed over weighted tokens: logits [batch, t, V_padded], targets and
+    weights [batch, t] -> (smoothed loss sum, nll sum)."""
+    loss, nll = token_losses(logits, targets, epsilon, vocab_size)
     w = weights.astype(jnp.float32)
     return (loss * w).sum(), (nll * w).sum()

@@ -18,12 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ln_jax import sharding
 from ln_jax.config import ModelConfig
+from ln_jax.models.translation.loss import token_losses
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.nn.blocks import ACT, Record, StackDepth
 from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, LayerNorm, dropout, split_key
 from ln_jax.nn.stack import Decoder, Encoder
+from ln_jax.nn.tokens import TokenLayout
 from ln_jax.sharding import constrain
 
 Array = jax.Array
@@ -110,6 +113,14 @@ class Translator(nnx.Module):
             else None
         )
         self.vocab_size = cfg.vocab_size
+        self.skip_padding = options.skip_padding == "on"
+
+    def layout(self, mask: Array) -> TokenLayout | None:
+        """The real tokens of mask [batch, length] (`ln_jax.nn.tokens`), or None if
+        `skip_padding` is off: then every position is computed."""
+        if not self.skip_padding:
+            return None
+        return TokenLayout.of(mask, sharding.batch_shards(mask.shape[0]))
 
     def encode(
         self, src: Array, src_mask: Array, key: Array | None = None, record: bool = False
@@ -117,7 +128,10 @@ class Translator(nnx.Module):
         """src, src_mask [batch, src_len] -> (memory [batch, src_len, embed], records)."""
         k_emb, k_enc = split_key(key, 2)
         x = self.embed(src, k_emb)
-        return self.encoder(x, mask=src_mask, dropout_key=k_enc, record=record)
+        inputs = {"mask": src_mask}
+        if (layout := self.layout(src_mask)) is not None:
+            inputs["layout"] = layout
+        return self.encoder(x, dropout_key=k_enc, record=record, **inputs)
 
     def decode(
         self,
@@ -131,15 +145,33 @@ class Translator(nnx.Module):
         """tgt_in [batch, t] (BOS then the target shifted right; positions offset..) ->
         (float32 logits [batch, t, vocab_padded] with padded rows masked, records). While
         decoding (`ln_jax.nn.stack.init_decoding`) memory and src_mask are in the caches."""
-        k_emb, k_dec = split_key(key, 2)
-        y = self.embed(tgt_in, k_emb, offset)
-        inputs = {} if memory is None else {"memory": memory, "memory_mask": src_mask}
-        h, rec = self.decoder(y, dropout_key=k_dec, record=record, **inputs)
+        h, rec = self.decode_states(tgt_in, memory, src_mask, key, record, offset)
         return self.logits(h), rec
 
+    def decode_states(
+        self,
+        tgt_in: Array,
+        memory: Array | None,
+        src_mask: Array | None,
+        key: Array | None = None,
+        record: bool = False,
+        offset: Array | int = 0,
+    ) -> tuple[Array, Record]:
+        """`decode` before the output projection: -> (h [batch, t, embed], records)."""
+        k_emb, k_dec = split_key(key, 2)
+        y = self.embed(tgt_in, k_emb, offset)
+        inputs: dict[str, Any] = {}
+        if memory is not None:  # the training form (decoding keeps memory in its caches)
+            inputs = {"memory": memory, "memory_mask": src_mask}
+            positions = jnp.arange(tgt_in.shape[1])[None, :]
+            real = (tgt_in != self.options.pad_id) | (positions == 0)  # BOS may be pad
+            if (layout := self.layout(real)) is not None:
+                inputs["layout"] = layout
+        return self.decoder(y, dropout_key=k_dec, record=record, **inputs)
+
     def logits(self, h: Array) -> Array:
-        """h [batch, t, embed] -> float32 logits [batch, t, vocab_padded] (padded rows at
-        MASKED_LOGIT)."""
+        """h [batch, t, embed] (or [tokens, embed]) -> float32 logits [batch, t, vocab_padded]
+        (or [tokens, vocab_padded]; padded rows at MASKED_LOGIT)."""
         if self.output is None:
             table = self.embed.word[...].astype(h.dtype)
             out = tied_projection(h, table)
@@ -147,11 +179,28 @@ class Translator(nnx.Module):
             out = self.output(h).astype(jnp.float32)
         if self.bias is not None:
             out = out + self.bias[...]
-        out = constrain(out, ("act_batch", "act_length", "act_vocab"))
+        if out.ndim == 3:
+            out = constrain(out, ("act_batch", "act_length", "act_vocab"))
         if out.shape[-1] == self.vocab_size:  # no padded rows to mask
             return out
         real = jnp.arange(out.shape[-1]) < self.vocab_size
         return jnp.where(real, out, MASKED_LOGIT)
+
+    def loss_sums(
+        self, h: Array, targets: Array, weights: Array, epsilon: float
+    ) -> tuple[Array, Array]:
+        """The output projection and fairseq's label-smoothed loss of h [batch, t, embed]
+        against targets [batch, t] weighted by weights [batch, t] -> (smoothed loss sum, nll
+        sum); with `skip_padding` only the weighted tokens' chunks are projected."""
+
+        def per_token(h: Array, targets: Array) -> Array:  # [..., embed], [...] -> [..., 2]
+            loss, nll = token_losses(self.logits(h), targets, epsilon, self.vocab_size)
+            return jnp.stack([loss, nll], axis=-1)
+
+        layout = self.layout(weights)
+        both = per_token(h, targets) if layout is None else layout.apply(per_token, h, targets)
+        sums = (both * weights.astype(jnp.float32)[..., None]).sum(axis=(0, 1))
+        return sums[0], sums[1]
 
     def __call__(
         self,
@@ -161,13 +210,16 @@ class Translator(nnx.Module):
         *,
         dropout_key: Array | None = None,
         record: bool = False,
+        hidden: bool = False,
     ) -> dict[str, Any]:
-        """Teacher-forced forward pass: {"logits": [batch, tgt_len, vocab_padded] float32,
-        "intermediates": {"encoder": ..., "decoder": ...} (if record)}."""
+        """Teacher-forced forward pass: {"logits": [batch, tgt_len, vocab_padded] float32 (or,
+        with `hidden`, "hidden": the decoder's output [batch, tgt_len, embed] for
+        `loss_sums`), "intermediates": {"encoder": ..., "decoder": ...} and "memory" (if
+        record)}."""
         k_enc, k_dec = split_key(dropout_key, 2)
         memory, rec_enc = self.encode(src, src_mask, k_enc, record)
-        logits, rec_dec = self.decode(tgt_in, memory, src_mask, k_dec, record)
-        out: dict[str, Any] = {"logits": logits}
+        h, rec_dec = self.decode_states(tgt_in, memory, src_mask, k_dec, record)
+        out: dict[str, Any] = {"hidden": h} if hidden else {"logits": self.logits(h)}
         if record:
             out["intermediates"] = {"encoder": rec_enc, "decoder": rec_dec}
             out["memory"] = memory
@@ -185,10 +237,10 @@ class Translator(nnx.Module):
 
 
 def tied_projection(h: Array, table: Array) -> Array:
-    """h [batch, t, embed] x table [vocab, embed] -> float32 logits [batch, t, vocab], as one
-    2-D matmul [batch * t, embed] x [embed, vocab]: XLA's CPU backend then computes the
-    table's gradient without transposing the whole [batch * t, vocab] logits' gradient (that
-    copy took 600 ms of a 2.7 s `configs/mt.py:small` step on one core)."""
-    b, t, d = h.shape
-    out = jnp.dot(h.reshape(b * t, d), table.T, preferred_element_type=jnp.float32)
-    return out.reshape(b, t, -1)
+    """h [..., embed] x table [vocab, embed] -> float32 logits [..., vocab], as one 2-D matmul
+    [tokens, embed] x [embed, vocab]: XLA's CPU backend then computes the table's gradient
+    without transposing the whole [tokens, vocab] logits' gradient (that copy took 600 ms of a
+    2.7 s `configs/mt.py:small` step on one core)."""
+    lead, d = h.shape[:-1], h.shape[-1]
+    out = jnp.dot(h.reshape(-1, d), table.T, preferred_element_type=jnp.float32)
+    return out.reshape(*lead, -1)

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ln_jax.config import ModelConfig
+from ln_jax.config import ModelConfig, platform
 from ln_jax.validate import check_choice, reject_unknown_keys
 
 # Token ids of ln_jax's translation vocabularies (`ln_jax.data` builds its sentencepiece models
@@ -18,6 +18,7 @@ from ln_jax.validate import check_choice, reject_unknown_keys
 # (HuggingFace Marian: pad = vocab - 1, eos = 0, decoder start = pad) sets its own.
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 POSITIONS = ("sinusoidal", "learned")
+SKIP_PADDING = ("auto", "on", "off")
 
 
 class Specials(NamedTuple):
@@ -51,6 +52,11 @@ class TranslationOptions:
         `train.py` (its latest checkpoint) or "hf:PATH", a local HuggingFace Marian folder
         (`ln_jax.models.translation.convert`; use `--config=configs/mt.py:hf:PATH`, which
         takes the model's shape, vocabulary and ids from it). Fresh runs only.
+      skip_padding: "on": the feed-forward layers and the output projection with its loss run
+        on the real tokens only, in chunks that are skipped once they hold only padding
+        (`ln_jax.nn.tokens`; the same values to float round-off); "off": on every position;
+        "auto" (resolved when the config is built, recorded in config.json): "on" on a CPU,
+        "off" on a GPU or TPU (`lax.cond` there reads its predicate on the host; unmeasured).
     """
 
     decoder_layers: int | None = None
@@ -68,6 +74,7 @@ class TranslationOptions:
     eos_id: int = EOS
     output_bias: bool = False
     init_from: str | None = None
+    skip_padding: str = "auto"
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None, cfg: ModelConfig) -> TranslationOptions:
@@ -78,6 +85,8 @@ class TranslationOptions:
         out = cls(**values)
         if out.decoder_layers is None:
             out = dataclasses.replace(out, decoder_layers=cfg.num_layers)
+        if out.skip_padding == "auto":
+            out = dataclasses.replace(out, skip_padding=auto_skip_padding(platform()))
         out.check(cfg)
         return out
 
@@ -87,6 +96,7 @@ class TranslationOptions:
 
     def check(self, cfg: ModelConfig) -> None:
         check_choice("task_options.positions", self.positions, POSITIONS)
+        check_choice("task_options.skip_padding", self.skip_padding, SKIP_PADDING)
         for name, value in zip(("pad_id", "bos_id", "eos_id"), self.specials, strict=True):
             if not 0 <= value < cfg.vocab_size:
                 raise ValueError(
@@ -119,3 +129,9 @@ class TranslationOptions:
         if isinstance(placement, tuple) or "*" in str(placement) or "," in str(placement):
             placement = cfg.layer_placements[-1]  # a per-layer list describes the encoder
         return cfg.replace(num_layers=self.decoder_layers, dlcl=False, placement=placement)
+
+
+def auto_skip_padding(on: str) -> str:
+    """skip_padding="auto": "on" on a CPU (the `small` train step against HuggingFace Marian,
+    docs/translation.md), "off" on a GPU or TPU."""
+    return "on" if on == "cpu" else "off"

@@ -23,7 +23,6 @@ from ln_jax import sharding
 from ln_jax.data import joint_tokenizer as tok_lib
 from ln_jax.models import hf_io
 from ln_jax.models.translation import convert
-from ln_jax.models.translation.loss import label_smoothed_nll
 from ln_jax.models.translation.model import Translator
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.models.translation.search import Search, translate
@@ -59,8 +58,10 @@ class Translation:
 
     @staticmethod
     def check_config(cfg: Any) -> None:
-        """Raises ValueError for task_options the model cannot run (called by TrainConfig)."""
-        TranslationOptions.from_mapping(cfg.task_options, cfg.model)
+        """Raises ValueError for task_options the model cannot run (called by TrainConfig), and
+        records the platform's choice of an "auto" `skip_padding` in the config."""
+        options = TranslationOptions.from_mapping(cfg.task_options, cfg.model)
+        cfg.task_options["skip_padding"] = options.skip_padding
 
     # ----------------------------------------------------------------- model and loss
 
@@ -118,17 +119,20 @@ class Translation:
         record: bool = False,
     ) -> tuple[Array, dict[str, Array], dict]:
         outputs = model(
-            batch["src"], batch["src_mask"], batch["tgt_in"], dropout_key=key, record=record
+            batch["src"],
+            batch["src_mask"],
+            batch["tgt_in"],
+            dropout_key=key,
+            record=record,
+            hidden=True,
         )
-        smoothed, nll = self._sums(model, outputs["logits"], batch)
+        smoothed, nll = self._sums(model, outputs["hidden"], batch)
         n = normalizers["tokens"]
         return smoothed / n, {"loss": smoothed / n, "nll_loss": nll / n}, outputs
 
-    def _sums(self, model: Translator, logits: Array, batch: Batch) -> tuple[Array, Array]:
+    def _sums(self, model: Translator, hidden: Array, batch: Batch) -> tuple[Array, Array]:
         eps = self.options.label_smoothing
-        return label_smoothed_nll(
-            logits, batch["tgt_out"], batch["tgt_mask"], eps, model.vocab_size
-        )
+        return model.loss_sums(hidden, batch["tgt_out"], batch["tgt_mask"], eps)
 
     def initialize(self, model: Translator) -> bool:
         """A fresh run from `task_options.init_from`: a translation workdir's latest parameters
@@ -170,8 +174,8 @@ class Translation:
         """Summed losses, the token count and (with BLEU) the batch's decoded hypotheses
         [batch, max_target_length + 1] with each row's position in the split (`index` [batch],
         -1 on padding rows)."""
-        logits = model(batch["src"], batch["src_mask"], batch["tgt_in"])["logits"]
-        smoothed, nll = self._sums(model, logits, batch)
+        hidden = model(batch["src"], batch["src_mask"], batch["tgt_in"], hidden=True)["hidden"]
+        smoothed, nll = self._sums(model, hidden, batch)
         out = {"loss": smoothed, "nll_loss": nll, "tokens": batch["tgt_mask"].sum()}
         if self.options.eval_bleu:
             decoded = translate(model, batch["src"], batch["src_mask"], self.search())

@@ -1,0 +1,108 @@
+"""Position-wise work on the real tokens only: a padded batch's tokens compacted, in chunks
+that are skipped once they hold only padding.
+
+A right-padded batch [batch, length] wastes every position-wise matmul (a feed-forward, the
+output projection) on its padding: 40% of the positions of a typical translation batch. The
+shapes must stay static, so nothing is cut; instead:
+
+  layout = TokenLayout.of(mask, groups)          # once per batch
+  y = layout.apply(fn, x)                        # x [batch, length, d] -> [batch, length, d']
+
+`apply` gathers each group's real tokens to the front of a [groups, tokens] row (a
+permutation: stable, so real tokens keep their order), cuts the row into chunks of `chunk`
+tokens, runs `fn` on each chunk under `lax.cond` inside a `lax.scan`, skipping every chunk
+that starts at or after the largest group's real-token count, and scatters the result back to
+[batch, length, d']. Real tokens get exactly fn(x) (float round-off aside: the matmuls are
+cut differently); padded positions get fn(x) or zeros, which no real token reads (attention
+masks padded keys, the loss weights them 0). The backward of `cond` is a `cond`: the skipped
+chunks cost nothing there either.
+
+`groups` is the number of batch shards (`ln_jax.sharding.batch_shards`): each group is one
+shard's rows, so the gathers stay on their device under a data-parallel mesh. `lax.cond` skips
+work on the CPU; XLA:GPU and TPU would read the predicate on the host every chunk, which is
+why `TranslationOptions.skip_padding` resolves to on for the CPU only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+CHUNK = 256  # tokens a chunk: [256, 256] x [256, 1024] still runs at the CPU's matmul rate
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["order", "inverse", "count"],
+    meta_fields=["chunk"],
+)
+@dataclasses.dataclass(frozen=True)
+class TokenLayout:
+    """Where a batch's real tokens are.
+
+    Attributes:
+      order: [groups, n] int32, for each group (n = its rows x length positions, flattened)
+        the positions of its real tokens first, in order, then its padded positions.
+      inverse: [groups, n] int32, the inverse permutation.
+      count: [] int32, the most real tokens in any group.
+      chunk: tokens a chunk (static).
+    """
+
+    order: Array
+    inverse: Array
+    count: Array
+    chunk: int = CHUNK
+
+    @classmethod
+    def of(cls, mask: Array, groups: int = 1, chunk: int = CHUNK) -> TokenLayout:
+        """mask [batch, length] (nonzero = real token); batch divisible by groups."""
+        b, length = mask.shape
+        if b % groups:
+            raise ValueError(f"a batch of {b} rows does not split into {groups} groups.")
+        real = (mask != 0).reshape(groups, b // groups * length)
+        order = jnp.argsort(~real, axis=1, stable=True).astype(jnp.int32)
+        inverse = jnp.argsort(order, axis=1).astype(jnp.int32)
+        count = real.sum(axis=1).max().astype(jnp.int32)
+        return cls(order, inverse, count, chunk)
+
+    def apply(self, fn: Callable[..., Array], *xs: Array) -> Array:
+        """fn on the real tokens of xs (each [batch, length, ...], same batch and length) ->
+        [batch, length, ...fn's trailing shape]; fn maps [tokens, ...] to [tokens, ...]."""
+        b, length = xs[0].shape[:2]
+        packed = [self._pack(x) for x in xs]  # each [chunks, groups, chunk, ...]
+        k, g = packed[0].shape[:2]
+        flat = [p.reshape(k, g * self.chunk, *p.shape[3:]) for p in packed]
+        out = jax.eval_shape(fn, *[f[0] for f in flat])
+
+        def chunk(i: int, *chunks: Array) -> Array:
+            return jax.lax.cond(
+                i * self.chunk < self.count,
+                fn,
+                lambda *_: jnp.zeros(out.shape, out.dtype),
+                *chunks,
+            )
+
+        first = k // 2  # computed as one call, without conditions (see the module docstring)
+        head = [fn(*[f[:first].reshape(-1, *f.shape[2:]) for f in flat])] if first else []
+        tail = [chunk(i, *[f[i] for f in flat]) for i in range(first, k)]
+        ys = jnp.concatenate(head + tail, axis=0)
+        ys = ys.reshape(k, g, self.chunk, *out.shape[1:]).swapaxes(0, 1)
+        ys = ys.reshape(g, k * self.chunk, *out.shape[1:])[:, : self.order.shape[1]]
+        idx = self.inverse.reshape(*self.inverse.shape, *([1] * (ys.ndim - 2)))
+        return jnp.take_along_axis(ys, idx, axis=1).reshape(b, length, *out.shape[1:])
+
+    def _pack(self, x: Array) -> Array:
+        """x [batch, length, ...] -> [chunks, groups, chunk, ...], real tokens first."""
+        g, n = self.order.shape
+        rows = x.reshape(g, n, *x.shape[2:])
+        idx = self.order.reshape(g, n, *([1] * (x.ndim - 2)))
+        packed = jnp.take_along_axis(rows, idx, axis=1)
+        k = -(-n // self.chunk)
+        pad = [(0, 0), (0, k * self.chunk - n)] + [(0, 0)] * (x.ndim - 2)
+        packed = jnp.pad(packed, pad).reshape(g, k, self.chunk, *x.shape[2:])
+        return packed.swapaxes(0, 1)
