@@ -11,7 +11,9 @@ Not a test. Both arms run in ONE process on one pinned core (torch with one thre
   on one batch of its middle length bucket (64 sentences x 32 source x 32 target tokens, real
   padding: lengths drawn from 8..32). ln_jax: the trainer's own step (`ln_jax.train.steps`:
   init_state + jit_steps, the label-smoothed loss, AdamW (0.9, 0.98), no clipping as the
-  config). HuggingFace: `MarianMTModel` of the same shape in eager PyTorch, `train()`, the
+  config; on the CPU `task_options.skip_padding` resolves to on: the feed-forward layers and
+  the output projection skip the padded positions, `--skip_padding=off` computes them).
+  HuggingFace: `MarianMTModel` of the same shape in eager PyTorch, `train()`, the
   logits' cross-entropy with label smoothing 0.1 over the target tokens, `backward`,
   `AdamW.step`, `zero_grad` (a constant learning rate: the schedule is not part of the cost).
   Rate: target tokens per second (source tokens are the same for both).
@@ -62,6 +64,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--dropout_rng", help="train: the ln_jax arm's dropout_rng (default: the config's)"
     )
+    p.add_argument(
+        "--skip_padding",
+        choices=("auto", "on", "off"),
+        help="train: the ln_jax arm's task_options.skip_padding (default: the config's)",
+    )
     p.add_argument("--out", help="write the result (JSON) here")
     return p.parse_args(argv)
 
@@ -103,7 +110,12 @@ def train_batch(
             "tgt_out": tgt_out, "tgt_mask": tgt_mask}  # fmt: skip
 
 
-def build_ln_jax_train(batch: dict, dropout_rng: str | None = None, dtype: str = "float32"):
+def build_ln_jax_train(
+    batch: dict,
+    dropout_rng: str | None = None,
+    dtype: str = "float32",
+    skip_padding: str | None = None,
+):
     """The trainer's step of `configs/mt.py:small` on a one-device mesh, compiled."""
     from configs import mt
     from ln_jax import sharding
@@ -115,6 +127,8 @@ def build_ln_jax_train(batch: dict, dropout_rng: str | None = None, dtype: str =
     values["mesh"] = {"data": 1, "fsdp": 1, "tensor": 1}
     if dropout_rng:
         values["dropout_rng"] = dropout_rng
+    if skip_padding:
+        values["task_options"]["skip_padding"] = skip_padding
     values["model"]["dtype"] = dtype
     cfg = build_config(values)
     mesh = sharding.single_device_mesh()
@@ -167,7 +181,7 @@ def build_hf_train(batch: dict, dtype: str = "float32"):
 def run_train(args) -> dict:
     batch = train_batch(args.rows, args.length)
     arms = {
-        "ln_jax": build_ln_jax_train(batch, args.dropout_rng, args.dtype),
+        "ln_jax": build_ln_jax_train(batch, args.dropout_rng, args.dtype, args.skip_padding),
         "hf_torch": build_hf_train(batch, args.dtype),
     }
     times = run_alternating(arms, args.warmup, args.rounds)
