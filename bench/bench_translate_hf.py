@@ -17,6 +17,9 @@ Not a test. Both arms run in ONE process on one pinned core (torch with one thre
   logits' cross-entropy with label smoothing 0.1 over the target tokens, `backward`,
   `AdamW.step`, `zero_grad` (a constant learning rate: the schedule is not part of the cost).
   Rate: target tokens per second (source tokens are the same for both).
+* `--mode=skip`: ln_jax's train step (as `--mode=train`) with `task_options.skip_padding` on
+  against the same step with it off, no torch: the ratio is the skipped step's time over the
+  unskipped one's.
 * `--mode=decode`: one randomly initialised `MarianMTModel` (the `small` shape, Marian's ids,
   swish) and the same model imported into ln_jax (`ln_jax.models.translation.convert`), the
   same sources (`--sentences` x up to `--src_len` tokens, padded), beam 5: `generate(
@@ -46,7 +49,7 @@ SHAPE = {"layers": 3, "width": 256, "ffn": 1024, "heads": 4, "vocab": 8000}
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", choices=("train", "decode"), default="train")
+    p.add_argument("--mode", choices=("train", "decode", "skip"), default="train")
     p.add_argument("--rounds", type=int, default=10, help="timed calls of each arm")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rows", type=int, default=64, help="train: sentences in the batch")
@@ -191,6 +194,19 @@ def run_train(args) -> dict:
             "ratio": rate["ln_jax"] / rate["hf_torch"]}  # fmt: skip
 
 
+def run_skip(args) -> dict:
+    batch = train_batch(args.rows, args.length)
+    arms = {
+        name: build_ln_jax_train(batch, args.dropout_rng, args.dtype, name.split("_")[1])
+        for name in ("skip_on", "skip_off")
+    }
+    times = run_alternating(arms, args.warmup, args.rounds)
+    tokens = float(batch["tgt_mask"].sum())
+    rate = {n: tokens / statistics.median(t) for n, t in times.items()}
+    return {"target_tokens_per_step": tokens, "tokens_per_s": rate, "seconds": times,
+            "time_ratio": rate["skip_off"] / rate["skip_on"]}  # fmt: skip
+
+
 # --------------------------------------------------------------------------- decode
 
 
@@ -269,13 +285,17 @@ def main(argv=None) -> dict:
 
     args = parse_args(argv)
     torch.set_num_threads(1)
-    result = run_train(args) if args.mode == "train" else run_decode(args)
+    run = {"train": run_train, "skip": run_skip, "decode": run_decode}[args.mode]
+    result = run(args)
     result.update(args=vars(args), device=jax.devices()[0].device_kind, torch=torch.__version__)
     rates = result.get("tokens_per_s") or result["sentences_per_s"]
-    unit = "target tokens/s" if args.mode == "train" else "sentences/s"
+    unit = "sentences/s" if args.mode == "decode" else "target tokens/s"
     for name, r in rates.items():
         print(f"{name:12s} {r:10.1f} {unit} (median of {args.rounds})")
-    print(f"ln_jax / HuggingFace = {result['ratio']:.2f}x")
+    if args.mode == "skip":
+        print(f"skipped step / unskipped step = {result['time_ratio']:.2f} of the time")
+    else:
+        print(f"ln_jax / HuggingFace = {result['ratio']:.2f}x")
     if args.mode == "decode":
         print(f"same tokens: {result['same_tokens']}; mean output {result['mean_output_tokens']}")
     write_result(args.out, result)
