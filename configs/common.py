@@ -46,8 +46,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.steps_per_epoch = 0  # N > 0: eval records carry epoch = step // N (0 = no epochs counted)
     c.eval_batches = 50  # validation batches per evaluation (None = one pass)
     c.grad_accum_steps = 0  # micro-batches per update; 0 = auto: the fewest that fit in memory
-    # dropout PRNG: threefry (portable bits), rbg, unsafe_rbg, or auto (rbg on a TPU, threefry
-    # elsewhere: on an H200 rbg was no faster); config.json records the resolved one
+    # dropout PRNG: threefry (portable bits), hash (portable, fused into its consumer), rbg,
+    # unsafe_rbg, or auto (rbg on a TPU, hash elsewhere); config.json records the resolved one
     c.dropout_rng = "auto"
     c.nan_policy = "stop"  # non-finite loss/gradient: "stop" (keep last checkpoint) or "skip"
     # JAX's persistent compilation cache: auto ($LN_JAX_CACHE_DIR/jax_compilation on a GPU/TPU,

@@ -37,6 +37,7 @@ def get_config(variant: str | None = None):
     c.checkpoint_every = 250  # a killed study resumes mid-run from here
     c.log_every = 10
     c.nan_policy = "stop"  # a non-finite loss ends the run, recorded as diverged
+    c.dropout_rng = "threefry"  # the studies' runs were recorded with it (then the CPU default)
     # the collapse measure (monitor "collapse/output", step 1 = at initialisation) every N steps
     c.monitor.every = 100 if variant == "depth" else 0
 

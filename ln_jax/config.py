@@ -80,10 +80,14 @@ def auto_dtype(on: str) -> str:
 
 def auto_dropout_rng(on: str) -> str:
     """dropout_rng="auto": the TPU's bit generator ("rbg") on a TPU, the usual advice there
-    (unmeasured here); on a GPU the fused counter hash ("hash": BERT-base step 77.0 -> 74.6 ms
-    with the Pallas attention, 90.6 -> 86.7 ms with XLA's, one H100, docs/gpu.md); threefry (the
-    same bits on every backend and mesh) on a CPU, where the tests and studies run."""
-    return {"tpu": "rbg", "gpu": "hash"}.get(on, "threefry")
+    (unmeasured here); elsewhere the fused counter hash ("hash"). On a GPU: BERT-base step 77.0
+    -> 74.6 ms with the Pallas attention, 90.6 -> 86.7 ms with XLA's (one H100, docs/gpu.md). On
+    a CPU: the translation `small` train step against HuggingFace Marian 1.10x -> 1.21x
+    (docs/translation.md), where threefry's bits cost about 0.11 s of a 1.2 s step. Like
+    threefry's, hash bits are the same on every backend and mesh (integer arithmetic on each
+    element's global index), so CPU runs stay reproducible; the studies recorded with threefry
+    pin it in their configs (configs/study.py, configs/study_mt.py)."""
+    return "rbg" if on == "tpu" else "hash"
 
 
 REMAT_POLICIES = ("none", "full", "dots")
@@ -484,7 +488,7 @@ class TrainConfig:
         cheaper for BERT-base's ~1.2e9 dropout bits per step; bits depend on the backend), or
         "hash" (threefry keys, bits from a counter hash of the element index that XLA fuses
         into the op using the mask: no bit array in memory; `ln_jax.nn.random`), or
-        "auto" (resolved when the config is built: rbg on a TPU, threefry elsewhere).
+        "auto" (resolved when the config is built: rbg on a TPU, hash elsewhere).
       nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
         last good checkpoint is kept) or "skip" (drop that update and go on).
       compilation_cache: JAX's persistent compilation cache while the run trains: "auto"

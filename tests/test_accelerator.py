@@ -84,7 +84,7 @@ NO_ATTENTION_DROPOUT = {"model.attention_dropout": 0.0}
 @pytest.mark.parametrize(
     "on, extra, expected",
     [
-        ("cpu", {}, ("float32", "xla", "threefry")),
+        ("cpu", {}, ("float32", "xla", "hash")),
         ("gpu", {}, ("bfloat16", "pallas", "hash")),  # the recipe's attention dropout: Pallas
         ("gpu", NO_ATTENTION_DROPOUT, ("bfloat16", "cudnn", "hash")),
         ("tpu", {}, ("bfloat16", "xla", "rbg")),

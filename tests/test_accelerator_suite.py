@@ -41,7 +41,7 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, 
     assert list(arms) == ["default", "pallas_hash", "main"]
     assert arms["pallas_hash"]["config"]["attention_impl"] == "pallas"
     assert arms["pallas_hash"]["config"]["dropout_rng"] == "hash"
-    assert arms["default"]["config"]["dropout_rng"] == "threefry"  # "auto" on a CPU
+    assert arms["default"]["config"]["dropout_rng"] == "hash"  # "auto" on a CPU
     assert arms["default"]["config"]["attention_impl"] == "xla"
     assert arms["main"]["shape"]["vocab"] == 8000 and arms["default"]["shape"]["vocab"] == 30522
     base = arms["default"]["feeds"]["fixed"]["median_s"]
@@ -77,7 +77,7 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, 
     assert "main_job_over_fixed" in (out / "summary.md").read_text()
     recipe = {n: r["feeds"]["fixed"]["median_s"] for n, r in arms.items() if n != "main"}
     assert summary["targets"]["fastest_recipe_arm"] == min(recipe, key=recipe.get)
-    assert "| ln_jax default (xla, threefry, V=30522) |" in run.stdout
+    assert "| ln_jax default (xla, hash, V=30522) |" in run.stdout
 
 
 def test_the_fastest_recipe_arm_keeps_the_recipes_dropout_activation_and_vocabulary():

@@ -41,7 +41,7 @@ def test_apply_equals_fn_on_real_tokens_with_gradients(groups):
     np.testing.assert_allclose(np.where(real, ya, 0), np.where(real, yb, 0), atol=1e-6)
     np.testing.assert_allclose(a, b, rtol=1e-6)
     np.testing.assert_allclose(ga[0], gb[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ga[1], gb[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ga[1], gb[1], rtol=1e-5, atol=1e-5)
 
 
 def test_chunks_past_the_real_tokens_are_skipped():

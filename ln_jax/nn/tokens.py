@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 CHUNK = 256  # tokens a chunk: [256, 256] x [256, 1024] still runs at the CPU's matmul rate
@@ -84,19 +85,14 @@ class TokenLayout:
         k, g = packed[0].shape[:2]
         flat = [p.reshape(k, g * self.chunk, *p.shape[3:]) for p in packed]
         out = jax.eval_shape(fn, *[f[0] for f in flat])
-
-        def chunk(i: int, *chunks: Array) -> Array:
-            return jax.lax.cond(
-                i * self.chunk < self.count,
-                fn,
-                lambda *_: jnp.zeros(out.shape, out.dtype),
-                *chunks,
-            )
-
         first = k // 2  # computed as one call, without conditions (see the module docstring)
-        head = [fn(*[f[:first].reshape(-1, *f.shape[2:]) for f in flat])] if first else []
-        tail = [chunk(i, *[f[i] for f in flat]) for i in range(first, k)]
-        ys = jnp.concatenate(head + tail, axis=0)
+        parts = [fn(*[f[:first].reshape(-1, *f.shape[2:]) for f in flat])] if first else []
+        if first < k:
+            needed = (self.count + self.chunk - 1) // self.chunk - first
+            converted, consts = jax.closure_convert(fn, *[f[0] for f in flat])
+            tail = _ragged(converted, needed, consts, [f[first:] for f in flat])
+            parts.append(tail.reshape(-1, *out.shape[1:]))
+        ys = jnp.concatenate(parts, axis=0)
         ys = ys.reshape(k, g, self.chunk, *out.shape[1:]).swapaxes(0, 1)
         ys = ys.reshape(g, k * self.chunk, *out.shape[1:])[:, : self.order.shape[1]]
         idx = self.inverse.reshape(*self.inverse.shape, *([1] * (ys.ndim - 2)))
@@ -112,3 +108,62 @@ class TokenLayout:
         pad = [(0, 0), (0, k * self.chunk - n)] + [(0, 0)] * (x.ndim - 2)
         packed = jnp.pad(packed, pad).reshape(g, k, self.chunk, *x.shape[2:])
         return packed.swapaxes(0, 1)
+
+
+def _zero_cotangent(x: Array) -> Array:
+    """A zero cotangent of x: float0 for integer arrays."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ragged(fn: Callable[..., Array], n: Array, consts: list, chunks: list) -> Array:
+    """fn(*chunk_i, *consts) for the chunks i < n (each of chunks [m, ...]) -> [m, ...out],
+    zeros after; a while loop, so only the first n chunks cost anything."""
+    return _ragged_fwd(fn, n, consts, chunks)[0]
+
+
+def _ragged_fwd(fn, n, consts, chunks):
+    out = jax.eval_shape(fn, *[c[0] for c in chunks], *consts)
+    ys = jnp.zeros((chunks[0].shape[0], *out.shape), out.dtype)
+
+    def body(i, ys):
+        return ys.at[i].set(fn(*[c[i] for c in chunks], *consts))
+
+    return jax.lax.fori_loop(0, n, body, ys), (n, consts, chunks)
+
+
+def _ragged_bwd(fn, residuals, dys):
+    """Per computed chunk: fn's vjp (its forward recomputed), the chunk's cotangents written,
+    the consts' (the parameters') accumulated."""
+    n, consts, chunks = residuals
+    inexact = [jnp.issubdtype(c.dtype, jnp.inexact) for c in consts]
+    d_consts = [jnp.zeros_like(c) for c, f in zip(consts, inexact, strict=True) if f]
+    d_chunks = [jnp.zeros_like(c) for c in chunks if jnp.issubdtype(c.dtype, jnp.inexact)]
+
+    def body(i, carry):
+        dc, dx = carry
+        xs = [c[i] for c in chunks]
+        _, vjp = jax.vjp(fn, *xs, *consts)
+        grads = vjp(dys[i])
+        gx = [
+            g
+            for g, x in zip(grads[: len(xs)], xs, strict=True)
+            if jnp.issubdtype(x.dtype, jnp.inexact)
+        ]
+        gc = [g for g, f in zip(grads[len(xs) :], inexact, strict=True) if f]
+        dx = [d.at[i].set(g) for d, g in zip(dx, gx, strict=True)]
+        dc = [a + g for a, g in zip(dc, gc, strict=True)]
+        return dc, dx
+
+    d_consts, d_chunks = jax.lax.fori_loop(0, n, body, (d_consts, d_chunks))
+    it_c, it_x = iter(d_consts), iter(d_chunks)
+    out_c = [next(it_c) if f else _zero_cotangent(c) for c, f in zip(consts, inexact, strict=True)]
+    out_x = [
+        next(it_x) if jnp.issubdtype(c.dtype, jnp.inexact) else _zero_cotangent(c) for c in chunks
+    ]
+    return _zero_cotangent(n), out_c, out_x
+
+
+_ragged.defvjp(_ragged_fwd, _ragged_bwd)
