@@ -11,22 +11,27 @@ shapes must stay static, so nothing is cut; instead:
 `apply` gathers each group's real tokens to the front of a [groups, tokens] row (a stable
 permutation: real tokens keep their order) and cuts the row into chunks of `chunk` tokens. The
 first half of the chunks runs as one call of `fn` (a batch is rarely less than half real);
-each later chunk runs under its own `lax.cond`, skipped when it starts at or after the largest
-group's real-token count. The result is scattered back to [batch, length, d']. Real tokens get
-exactly fn(x) (float round-off aside: the matmuls are cut differently); padded positions get
-fn(x) or zeros, which no real token reads (attention masks padded keys, the loss weights them
-0). The backward of `cond` is a `cond`: skipped chunks cost nothing there either.
+the later ones run in one `lax.while_loop` that stops after the last chunk holding a real
+token of the largest group. Its custom VJP (`_ragged`) runs the same loop backwards: each
+chunk's forward recomputed for its VJP, the parameters' gradients (`fn`'s closed-over arrays,
+made explicit by `jax.closure_convert`) accumulated in the loop's carry. The result is
+scattered back to [batch, length, d']. Real tokens get exactly fn(x) (float round-off aside:
+the matmuls are cut differently); padded positions get fn(x) or zeros, which no real token
+reads (attention masks padded keys, the loss weights them 0).
 
-Measured on one core (the `small` train step, 64 x 32 batch, 43% padding): the feed-forward
-layers and the output projection this way take the step to 0.88-0.92x of its time. Every chunk
-under a `cond` (no head) was slower (each executed `cond` copies its weights in and returns a
-whole weight gradient); one `lax.switch` over prefix lengths was slower than the conds; the
-attention projections this way gained nothing (docs/translation.md).
+Measured on one core (the `small` train step, 64 x 32 batch, 43% padding; `python
+bench/bench_translate_hf.py --mode=skip`): the feed-forward layers and the output projection
+this way take the step to 0.84 of its time. Slower, each interleaved with the unskipped step
+in one process: one `lax.cond` per later chunk (0.885; an executed `cond` copies its weights
+in and returns a whole weight gradient), every chunk under a `cond` (0.92), one `lax.switch`
+over prefix lengths (0.93); skipping the attention's projections too gained nothing
+(docs/translation.md).
 
 `groups` is the number of batch shards (`ln_jax.sharding.batch_shards`): each group is one
-shard's rows, so the gathers stay on their device under a data-parallel mesh. `lax.cond` skips
-work on the CPU; XLA:GPU and TPU read the predicate on the host each chunk, which is why
-`TranslationOptions.skip_padding` resolves to on for the CPU only.
+shard's rows, so the gathers stay on their device under a data-parallel mesh. On the CPU the
+loop's bound costs nothing to read; XLA:GPU and TPU read a while loop's predicate on the host,
+which is why `TranslationOptions.skip_padding` resolves to on for the CPU only (unmeasured
+there).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class TranslationOptions:
         on the real tokens only, in chunks that are skipped once they hold only padding
         (`ln_jax.nn.tokens`; the same values to float round-off); "off": on every position;
         "auto" (resolved when the config is built, recorded in config.json): "on" on a CPU,
-        "off" on a GPU or TPU (`lax.cond` there reads its predicate on the host; unmeasured).
+        "off" on a GPU or TPU (a while loop there reads its predicate on the host; unmeasured).
     """
 
     decoder_layers: int | None = None
