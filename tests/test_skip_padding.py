@@ -60,11 +60,11 @@ def test_chunks_past_the_real_tokens_are_skipped():
     assert int(by_group.count) == 16  # rows 0-1: 16 real tokens; rows 2-3: 5
 
 
-def _model(skip: str, dropout: float = 0.1) -> Translator:
+def _model(skip: str, dropout: float = 0.1, **kw) -> Translator:
     cfg = ModelConfig(
         size="custom", vocab_size=21, hidden_size=16, num_heads=2, mlp_dim=32, num_layers=2,
         hidden_dropout=dropout, attention_dropout=dropout, init="xavier", activation="relu",
-        max_position_embeddings=80, embedding_layernorm=False,
+        max_position_embeddings=80, embedding_layernorm=False, **kw,
     )  # fmt: skip
     opts = TranslationOptions.from_mapping({"skip_padding": skip}, cfg)
     return Translator(cfg, opts, rngs=nnx.Rngs(params=0))
@@ -82,14 +82,16 @@ def _batch(rows=6, length=12):
     }
 
 
-def test_translator_loss_and_gradients_equal_with_and_without_skipping(dropout=0.1):
-    """Dropout sits outside the skipped projections, so even its masks are the same."""
+@pytest.mark.parametrize("stack", [{}, {"scan_layers": True, "remat": "full"}])
+def test_translator_loss_and_gradients_equal_with_and_without_skipping(stack, dropout=0.1):
+    """Dropout sits outside the skipped projections, so even its masks are the same; layers
+    as a list, and scanned under remat (the loop's custom VJP inside both transforms)."""
     b = _batch()
     key = jax.random.key(7)
     results = {}
     with sharding.use_mesh(sharding.single_device_mesh()):
         for skip in ("on", "off"):
-            model = _model(skip, dropout)
+            model = _model(skip, dropout, **stack)
             assert model.skip_padding == (skip == "on")
 
             def loss(model):
