@@ -141,23 +141,13 @@ class Translator(nnx.Module):
         key: Array | None = None,
         record: bool = False,
         offset: Array | int = 0,
+        project: bool = True,
     ) -> tuple[Array, Record]:
         """tgt_in [batch, t] (BOS then the target shifted right; positions offset..) ->
-        (float32 logits [batch, t, vocab_padded] with padded rows masked, records). While
-        decoding (`ln_jax.nn.stack.init_decoding`) memory and src_mask are in the caches."""
-        h, rec = self.decode_states(tgt_in, memory, src_mask, key, record, offset)
-        return self.logits(h), rec
-
-    def decode_states(
-        self,
-        tgt_in: Array,
-        memory: Array | None,
-        src_mask: Array | None,
-        key: Array | None = None,
-        record: bool = False,
-        offset: Array | int = 0,
-    ) -> tuple[Array, Record]:
-        """`decode` before the output projection: -> (h [batch, t, embed], records)."""
+        (float32 logits [batch, t, vocab_padded] with padded rows masked, records); with
+        `project=False` the decoder's output h [batch, t, embed] instead (for `loss_sums`).
+        While decoding (`ln_jax.nn.stack.init_decoding`) memory and src_mask are in the
+        caches."""
         k_emb, k_dec = split_key(key, 2)
         y = self.embed(tgt_in, k_emb, offset)
         inputs: dict[str, Any] = {}
@@ -167,7 +157,8 @@ class Translator(nnx.Module):
             real = (tgt_in != self.options.pad_id) | (positions == 0)  # BOS may be pad
             if (layout := self.layout(real)) is not None:
                 inputs["layout"] = layout
-        return self.decoder(y, dropout_key=k_dec, record=record, **inputs)
+        h, rec = self.decoder(y, dropout_key=k_dec, record=record, **inputs)
+        return (self.logits(h) if project else h), rec
 
     def logits(self, h: Array) -> Array:
         """h [batch, t, embed] (or [tokens, embed]) -> float32 logits [batch, t, vocab_padded]
@@ -218,8 +209,8 @@ class Translator(nnx.Module):
         record)}."""
         k_enc, k_dec = split_key(dropout_key, 2)
         memory, rec_enc = self.encode(src, src_mask, k_enc, record)
-        h, rec_dec = self.decode_states(tgt_in, memory, src_mask, k_dec, record)
-        out: dict[str, Any] = {"hidden": h} if hidden else {"logits": self.logits(h)}
+        h, rec_dec = self.decode(tgt_in, memory, src_mask, k_dec, record, project=not hidden)
+        out: dict[str, Any] = {"hidden" if hidden else "logits": h}
         if record:
             out["intermediates"] = {"encoder": rec_enc, "decoder": rec_dec}
             out["memory"] = memory
