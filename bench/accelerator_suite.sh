@@ -17,7 +17,8 @@
 #        attention whose dropout is keyed by the step, ln_jax/nn/flash.py), hash
 #        (dropout_rng=hash: fused counter-hash dropout bits), pallas_hash (both), cudnn_nodrop
 #        (attention dropout 0: "auto" takes cuDNN's fused attention), gelu_tanh (the tanh GELU,
-#        not the recipe's: what erf costs), main (default at the main job's vocabulary, 8000:
+#        not the recipe's: what erf costs), row_major (model.activation_layout=row_major: the
+#        residual stream pinned row-major), main (default at the main job's vocabulary, 8000:
 #        the step the main job is compared with); a profile of
 #        $PROFILE_ARM (default pallas_hash) summarised by kernel class (profile_summary.py)
 #        and the optimised HLO (hlo/) to match its fusion names
@@ -139,6 +140,9 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 # tanh GELU (not the recipe's erf): XLA can fuse bias + tanh GELU into cuBLASLt's epilogue; the
 # erf GELU's forward alone took 3.7 ms of the 60.7 ms step on an H100 (docs/gpu.md, session 15)
 [ "$MODE" = gpu ] && ARMS+=(--arm=gelu_tanh:model.activation=gelu_tanh)
+# the residual stream pinned row-major (model.activation_layout): on an H100 XLA laid it out
+# batch-minor and transposed around every residual add and LayerNorm backward (docs/gpu.md)
+[ "$MODE" = gpu ] && ARMS+=(--arm=row_major:model.activation_layout=row_major)
 ARMS+=(--arm=main:data.vocab_size=8000)  # default at the main job's vocabulary
 PROFILE_ARM=${PROFILE_ARM:-pallas_hash}
 if [ -n "$ONLY" ]; then  # --arms: keep the named ones, in the order above

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from ln_jax import compile_cache
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
+from ln_jax.sharding import ACTIVATION_LAYOUTS
 from ln_jax.task import factory as task_factory
 from ln_jax.train.optim import OptimConfig
 from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
@@ -162,6 +163,11 @@ class ModelConfig:
         where it can run the config, else "xla"; see `auto_attention`). Both take the padding
         as sequence lengths of a right-padded mask. cuDNN's own attention dropout is refused:
         measured on an H200 (jax 0.11.2), it draws the same masks at every step.
+      activation_layout: "auto" (XLA chooses every activation's memory layout) or "row_major"
+        (the residual stream [batch, length, embed] is pinned to row-major at the embeddings'
+        output and every sub-layer's output, forward and backward; `sharding.activation_layout`).
+        The same values either way; a GPU performance experiment (issue 34: XLA:GPU laid the
+        stream out batch-minor and transposed around each residual add and LayerNorm backward).
       remat: "none", "full" (recompute each layer in the backward pass) or "dots".
       scan_layers: stack layer parameters [num_layers, ...] and lax.scan over them.
       nsp_head: build the next-sentence-prediction head.
@@ -191,6 +197,7 @@ class ModelConfig:
     residual_float32: bool = False
     vocab_multiple: int = 1
     attention_impl: str = AUTO
+    activation_layout: str = "auto"
     remat: str = "none"
     scan_layers: bool = False
     nsp_head: bool = True
@@ -203,6 +210,7 @@ class ModelConfig:
         _check_model_choice("init", self.init, INITS)
         _check_model_choice("dtype", self.dtype, (*DTYPES, AUTO))
         _check_model_choice("attention_impl", self.attention_impl, (*ATTENTION_IMPLS, AUTO))
+        _check_model_choice("activation_layout", self.activation_layout, ACTIVATION_LAYOUTS)
         _check_model_choice("remat", self.remat, REMAT_POLICIES)
         self._check_shapes()
         self._resolve_admin_init()

@@ -11,6 +11,7 @@ When the next JAX sharding API change lands, this is the only file that should n
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
@@ -19,11 +20,15 @@ import jax
 import numpy as np
 from flax import linen as nn
 from flax import nnx
+from jax.experimental.layout import Layout, with_layout_constraint
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ln_jax.validate import ConfigError
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
+# The residual stream [batch, length, embed]: the activation every sub-layer reads and adds to.
+ACT: tuple[str, ...] = ("act_batch", "act_length", "act_embed")
+ACTIVATION_LAYOUTS = ("auto", "row_major")
 
 # Logical axis -> mesh axis (or axes, or None = replicated).
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
@@ -131,8 +136,41 @@ def named_sharding(
     return NamedSharding(mesh, logical_to_spec(names, rules))
 
 
+_ROW_MAJOR_STREAM = contextvars.ContextVar("ln_jax_row_major_stream", default=False)
+
+
+@contextlib.contextmanager
+def activation_layout(layout: str) -> Iterator[None]:
+    """While a model is traced inside it, "row_major" pins the memory layout of the residual
+    stream (every activation `constrain`ed to `ACT`: the embeddings' output and each
+    sub-layer's output) to row-major [batch, length, embed], in the forward pass and in its
+    cotangent; "auto" leaves every layout to XLA (`model.activation_layout`).
+
+    Values are unchanged; only where XLA may transpose moves. On an H100, XLA:GPU laid the
+    stream out batch-minor and transposed it around every residual add and LayerNorm backward
+    (docs/gpu.md); this pins it.
+    """
+    if layout not in ACTIVATION_LAYOUTS:
+        raise ConfigError(
+            f"activation layout {layout!r} is not one of {ACTIVATION_LAYOUTS}: set "
+            "--config.model.activation_layout to one of them."
+        )
+    token = _ROW_MAJOR_STREAM.set(layout == "row_major")
+    try:
+        yield
+    finally:
+        _ROW_MAJOR_STREAM.reset(token)
+
+
+def _row_major(x: jax.Array) -> jax.Array:
+    return with_layout_constraint(x, Layout(major_to_minor=tuple(range(x.ndim))))
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-    """Constrains an activation to its logical sharding; a no-op outside a mesh context."""
+    """Constrains an activation to its logical sharding (a no-op outside a mesh context) and,
+    inside `activation_layout("row_major")`, the residual stream's layout to row-major."""
+    if _ROW_MAJOR_STREAM.get() and tuple(names) == ACT:
+        x = _row_major(x)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is None or mesh.empty:
         return x

@@ -24,11 +24,10 @@ from ln_jax.nn.init import admin_closed_form, deepnorm_constants
 from ln_jax.nn.layers import DyT, FeedForward, LayerNorm, RMSNorm, dropout, split_key
 from ln_jax.nn.placements import PlacementRule
 from ln_jax.nn.spec import StackConfig
-from ln_jax.sharding import constrain
+from ln_jax.sharding import ACT, constrain
 
 Array = jax.Array
 Record = dict[str, Array]
-ACT = ("act_batch", "act_length", "act_embed")
 
 
 Norm = LayerNorm | RMSNorm | DyT

@@ -47,6 +47,8 @@ CONFIG_FILE = "config.json"
 #   total_steps, optim.total_steps   the learning-rate schedule of the remaining steps (shown).
 #   grad_accum_steps            the same batch split otherwise: equal to float round-off (1e-5).
 #   mesh.*                      the same program on other devices: reductions in another order.
+#   model.activation_layout     the same program with the residual stream in another memory
+#                               layout: the same values up to the order of reductions.
 #   data.data_dir               where the prepared data is read: another folder may hold
 #                               another preparation.
 #   eval_batches, data.eval_batch_size, data.eval_num_batches
@@ -75,6 +77,7 @@ CONSENT_FIELDS = frozenset(
         "mesh.data",
         "mesh.fsdp",
         "mesh.tensor",
+        "model.activation_layout",
         "data.data_dir",
         "eval_batches",
         "data.eval_batch_size",

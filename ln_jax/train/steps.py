@@ -175,7 +175,8 @@ def _forward(graphdef, params, rest, batch: Batch, key, task: Task, normalizers,
     task's activation measures divided by `measure` (the number of micro-batches, so that
     their sum is the mean)."""
     model = nnx.merge(graphdef, params, rest)
-    loss, metrics, outputs = task.loss(model, batch, key, normalizers, record=bool(measure))
+    with sharding.activation_layout(task.cfg.model.activation_layout):
+        loss, metrics, outputs = task.loss(model, batch, key, normalizers, record=bool(measure))
     if measure:
         stats = task.forward_measures(model, outputs, batch)
         metrics["monitor"] = jax.tree.map(lambda x: jax.lax.stop_gradient(x) / measure, stats)
