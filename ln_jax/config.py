@@ -80,14 +80,11 @@ def auto_dtype(on: str) -> str:
 
 
 def auto_dropout_rng(on: str) -> str:
-    """dropout_rng="auto": the TPU's bit generator ("rbg") on a TPU, the usual advice there
-    (unmeasured here); elsewhere the fused counter hash ("hash"). On a GPU: BERT-base step 77.0
-    -> 74.6 ms with the Pallas attention, 90.6 -> 86.7 ms with XLA's (one H100, docs/gpu.md). On
-    a CPU: the translation `small` train step against HuggingFace Marian 1.10x -> 1.21x
-    (docs/translation.md), where threefry's bits cost about 0.11 s of a 1.2 s step. Like
-    threefry's, hash bits are the same on every backend and mesh (integer arithmetic on each
-    element's global index), so CPU runs stay reproducible; the studies recorded with threefry
-    pin it in their configs (configs/study.py, configs/study_mt.py)."""
+    """dropout_rng="auto": "rbg" on a TPU (the usual advice there, unmeasured here), else the
+    fused counter hash "hash": on an H100 BERT-base 77.0 -> 74.6 ms a step with the Pallas
+    attention (docs/gpu.md); on a CPU the translation step against Marian 1.10x -> 1.21x
+    (docs/translation.md). Hash bits, like threefry's, are the same on every backend and mesh;
+    the studies recorded with threefry pin it (configs/study.py, configs/study_mt.py)."""
     return "rbg" if on == "tpu" else "hash"
 
 
@@ -163,11 +160,8 @@ class ModelConfig:
         where it can run the config, else "xla"; see `auto_attention`). Both take the padding
         as sequence lengths of a right-padded mask. cuDNN's own attention dropout is refused:
         measured on an H200 (jax 0.11.2), it draws the same masks at every step.
-      activation_layout: "auto" (XLA chooses every activation's memory layout) or "row_major"
-        (the residual stream [batch, length, embed] is pinned to row-major at the embeddings'
-        output and every sub-layer's output, forward and backward; `sharding.activation_layout`).
-        The same values either way; a GPU performance experiment (issue 34: XLA:GPU laid the
-        stream out batch-minor and transposed around each residual add and LayerNorm backward).
+      activation_layout: "xla" (XLA picks memory layouts) or "row_major" (the residual stream
+        pinned row-major, forward and backward; same values; `sharding.activation_layout`).
       remat: "none", "full" (recompute each layer in the backward pass) or "dots".
       scan_layers: stack layer parameters [num_layers, ...] and lax.scan over them.
       nsp_head: build the next-sentence-prediction head.
@@ -197,7 +191,7 @@ class ModelConfig:
     residual_float32: bool = False
     vocab_multiple: int = 1
     attention_impl: str = AUTO
-    activation_layout: str = "auto"
+    activation_layout: str = "xla"
     remat: str = "none"
     scan_layers: bool = False
     nsp_head: bool = True

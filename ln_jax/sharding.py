@@ -28,7 +28,7 @@ from ln_jax.validate import ConfigError
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
 # The residual stream [batch, length, embed]: the activation every sub-layer reads and adds to.
 ACT: tuple[str, ...] = ("act_batch", "act_length", "act_embed")
-ACTIVATION_LAYOUTS = ("auto", "row_major")
+ACTIVATION_LAYOUTS = ("xla", "row_major")
 
 # Logical axis -> mesh axis (or axes, or None = replicated).
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
@@ -144,7 +144,7 @@ def activation_layout(layout: str) -> Iterator[None]:
     """While a model is traced inside it, "row_major" pins the memory layout of the residual
     stream (every activation `constrain`ed to `ACT`: the embeddings' output and each
     sub-layer's output) to row-major [batch, length, embed], in the forward pass and in its
-    cotangent; "auto" leaves every layout to XLA (`model.activation_layout`).
+    cotangent; "xla" leaves every layout to XLA (`model.activation_layout`).
 
     Values are unchanged; only where XLA may transpose moves. On an H100, XLA:GPU laid the
     stream out batch-minor and transposed it around every residual add and LayerNorm backward

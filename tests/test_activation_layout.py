@@ -48,9 +48,9 @@ def _step(layout: str, scan: bool, mesh) -> tuple[dict, dict, str]:
 
 
 @pytest.mark.parametrize("scan", [False, True])
-def test_the_row_major_stream_trains_exactly_as_auto_on_a_2x2x2_mesh(scan):
+def test_the_row_major_stream_trains_exactly_as_xla_s_layouts_on_a_2x2x2_mesh(scan):
     mesh = sharding.make_mesh(2, 2, 2)
-    p_auto, m_auto, text_auto = _step("auto", scan, mesh)
+    p_auto, m_auto, text_auto = _step("xla", scan, mesh)
     p_pin, m_pin, text_pin = _step("row_major", scan, mesh)
     # The pin reaches the program: the embeddings' output and each sub-layer's output in the
     # forward pass, and their cotangents in the backward one (the scan's body holds the
@@ -92,5 +92,5 @@ def test_the_pin_applies_only_to_the_residual_stream_and_only_inside_the_context
     assert pins(sharding.ACT) == 0
     with sharding.activation_layout("row_major"):
         assert pins(sharding.ACT) == 1 and pins(other) == 0
-    with sharding.activation_layout("auto"):
+    with sharding.activation_layout("xla"):
         assert pins(sharding.ACT) == 0
