@@ -161,9 +161,32 @@ def run_reporting_errors(
         return _report(err, EXIT_USER_ERROR, show_traceback)
     except failures as err:
         return _report(err, 1, show_traceback)
+    except Exception as err:
+        if not _out_of_memory(err):
+            raise
+        return _report(OutOfMemoryError(err), 1, show_traceback)
     except KeyboardInterrupt:
         print("aborted (nothing saved since the last checkpoint)", file=sys.stderr)
         return 130
+
+
+class OutOfMemoryError(Exception):
+    """A device ran out of memory: XLA's first line, then what to change."""
+
+    def __init__(self, err: BaseException):
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        super().__init__(
+            f"the device ran out of memory ({first}). The step does not fit: let ln_jax pick "
+            "the micro-batches (--config.grad_accum_steps=0, auto), lower "
+            "--config.data.global_batch_size, or recompute activations "
+            "(--config.model.remat=full); `python -m ln_jax.compile_check --config=...` "
+            "estimates the memory ahead of time. The last checkpoint is kept."
+        )
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """XLA's allocation failure (a JaxRuntimeError whose status is RESOURCE_EXHAUSTED)."""
+    return type(err).__name__ == "JaxRuntimeError" and "RESOURCE_EXHAUSTED" in str(err)
 
 
 def run_command(

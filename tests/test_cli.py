@@ -366,6 +366,25 @@ def test_no_stub_workdir_removes_only_what_this_command_created(tmp_path):
 # --------------------------------------------------------------------------- SIGTERM in set-up
 
 
+def test_a_device_out_of_memory_is_one_line_with_what_to_change(capsys):
+    """A real XLA allocation failure (4 TiB on the CPU) becomes one line and exit status 1;
+    any other runtime error still shows its traceback (it is a bug)."""
+    import jax
+    import jax.numpy as jnp
+
+    from ln_jax import console
+
+    huge = lambda: jnp.zeros((2**40,), jnp.float32).block_until_ready()
+    assert console.run_reporting_errors(huge) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("error: the device ran out of memory (RESOURCE_EXHAUSTED: Out of memory")
+    assert "--config.grad_accum_steps=0" in err and "--config.model.remat=full" in err
+    bad = lambda: jax.jit(lambda x: x[jnp.int32(0)])(jnp.zeros((0,)))
+    with pytest.raises(IndexError):
+        console.run_reporting_errors(bad)
+
+
 def test_set_up_signals_are_installed_then_handed_back():
     before = signal.getsignal(signal.SIGTERM)
     with SetupSignals("loading") as signals:
