@@ -114,10 +114,9 @@ class Dense(nnx.Module):
         k_out = kernel.shape[self.n_in :]
         flat = x.astype(self.dtype).reshape(math.prod(lead), math.prod(k_in))
         y = jnp.dot(flat, kernel.reshape(math.prod(k_in), math.prod(k_out)))
-        y = y.reshape(*lead, *k_out)
-        if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
-        return y
+        if self.bias is not None:  # on the 2-D product: a GPU GEMM's bias epilogue takes it
+            y = y + self.bias[...].astype(self.dtype).reshape(-1)
+        return y.reshape(*lead, *k_out)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
