@@ -59,15 +59,25 @@ class Embeddings(nnx.Module):
         if segment_ids is None:
             segment_ids = jnp.zeros_like(input_ids)
         x = _lookup(self.word[...], "vocab", input_ids)
-        x = (
-            x
-            + self.position[...][None, :length]
-            + _lookup(self.segment[...], "segment", segment_ids)
-        )
+        x = x + self.position[...][None, :length] + _segment_rows(self.segment[...], segment_ids)
         x = constrain(x.astype(self.dtype), ACT)
         if self.norm is not None:
             x = self.norm(x)
         return dropout(x, self.dropout_rate, dropout_key)
+
+
+def _segment_rows(table: Array, ids: Array) -> Array:
+    """table [rows, embed], ids [batch, length] -> [batch, length, embed]. A table of a few
+    rows (BERT's 2 segments) by selects, not a gather: the gather's backward is a scatter-add
+    of every token into those rows (on a GPU, atomics on the same 2 x embed addresses), a
+    select's is a masked sum. Same values (ids outside the table give zeros)."""
+    if table.shape[0] > 8:
+        return _lookup(table, "segment", ids)
+    table = constrain(table, ("segment", "act_embed"))
+    out = jnp.zeros((), table.dtype)
+    for row in range(table.shape[0]):
+        out = jnp.where((ids == row)[..., None], table[row], out)
+    return out
 
 
 def _lookup(table: Array, rows: str, ids: Array) -> Array:
