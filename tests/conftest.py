@@ -45,32 +45,6 @@ if hermetic.HOME_ENV not in os.environ:
     os.environ[hermetic.HOME_ENV] = _home
 hermetic.point_defaults_at(os.environ[hermetic.HOME_ENV])
 
-# Seconds each of the slowest files took in a full run on 2 cores (`--durations=0`,
-# 2026-11-27; 1,685 s of tests in all). xdist's `loadfile` hands whole files to its two
-# workers in collection order (`--no-loadscope-reorder` in pyproject.toml): the long ones go
-# first, so that the short ones fill in at the end and the workers finish together.
-SLOW_FILES = {
-    "test_placements.py": 176,
-    "test_translation_model.py": 129,
-    "test_trainer.py": 112,
-    "test_finetune.py": 108,
-    "test_translation_task.py": 106,
-    "test_accelerator_suite.py": 105,
-    "test_readme_commands.py": 98,
-    "test_models.py": 65,
-    "test_multihost.py": 62,
-    "test_analysis.py": 52,
-    "test_experiments.py": 51,
-    "test_run_trust.py": 48,
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    """The slowest files first (longest first); every file's tests stay together, in order."""
-    cost = lambda item: SLOW_FILES.get(os.path.basename(str(item.path)), 0)
-    items.sort(key=lambda item: -cost(item))
-
-
 _TREE_BEFORE = pytest.StashKey[dict]()
 _TREE_CHANGES = pytest.StashKey[list]()
 
