@@ -326,3 +326,38 @@ def test_ffn_gradient_norms_by_layer_of_both_stacks():
     np.testing.assert_allclose(norms["encoder/W1"], [np.sqrt(6), 2 * np.sqrt(6)], rtol=1e-6)
     np.testing.assert_allclose(norms["encoder/W2"], [2 * np.sqrt(6), 4 * np.sqrt(6)], rtol=1e-6)
     np.testing.assert_allclose(norms["decoder/W1"], [3 * np.sqrt(6)], rtol=1e-6)
+
+
+def test_monitor_curves_take_the_largest_sublayer_and_omega_in_forward_order(tmp_path):
+    runs = fake_warmup_results()[:2]
+    runs[0]["monitor_traces"] = {
+        "collapse/encoder/output": [[1, 0.3], [100, 0.9]],
+        "grad_norm/layer_00/decoder/ffn": [[1, 0.5], [100, 4.0]],
+        "grad_norm/layer_01/decoder/self_attention": [[1, 2.0], [100, 1.0]],
+        "omega/layer_00/decoder/self_attention": [[1, 1.0], [100, 1.1]],
+        "omega/layer_00/decoder/cross_attention": [[1, 1.5], [100, 1.4]],
+        "omega/layer_00/decoder/ffn": [[1, 2.0], [100, 2.0]],
+        "omega/layer_01/decoder/self_attention": [[1, 2.5], [100, 2.6]],
+    }
+    cells = {c["cell"]: c for c in report_mt.cells(runs, (5.0,))}
+    traces = cells["post_nowarmup-lr1e-3"]["traces"]
+    assert traces["grad/decoder"] == [[1, 2.0], [100, 4.0]]  # the largest at each step
+    assert traces["collapse/encoder"] == [[1, 0.3], [100, 0.9]]
+    # self-attention, cross-attention, FFN of layer 0, then layer 1: [profiled, end].
+    assert traces["omega/decoder"] == [[1.0, 1.1], [1.5, 1.4], [2.0, 2.0], [2.5, 2.6]]
+    assert traces["omega/encoder"] == [] and traces["grad/encoder"] == []
+    path = report_mt.plot_monitor(list(cells.values()), "t", str(tmp_path / "monitor.png"))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_line_styles_tell_depths_and_dlcl_apart_within_an_arm():
+    cs = [
+        {"cell": "L6-pre", "arm": "pre_warmup", "num_layers": 6},
+        {"cell": "L18-pre", "arm": "pre_warmup", "num_layers": 18},
+        {"cell": "L18-dlcl", "arm": "pre_warmup+dlcl", "num_layers": 18},
+        {"cell": "L6-post", "arm": "post_warmup", "num_layers": 6},
+    ]
+    styles = report_mt.line_styles(cs)
+    assert styles["L6-pre"] == styles["L6-post"] == "-"
+    assert len({styles["L6-pre"], styles["L18-pre"], styles["L18-dlcl"]}) == 3

@@ -24,6 +24,7 @@ from ln_jax.results import arm_colour, new_figure, save_figure
 Result = dict[str, Any]
 BLEU_TARGETS = (5.0, 10.0)
 STACKS = ("encoder", "decoder")
+SUBLAYER_ORDER = ("attention", "self_attention", "cross_attention", "ffn")  # forward order
 # The papers' figures the studies are compared with (BLEU).
 XIONG_FIG2 = "Xiong et al. Fig. 2 (IWSLT14 De-En): Post-LN w/o warm-up 8.45, w/ warm-up ~34"
 LIU_TABLE2 = {  # WMT14 En-De, Transformer-base widths, encoder = decoder depth
@@ -88,6 +89,7 @@ def cells(
                 "steps": {k: [s[k] for s in steps] for k in steps[0]},
                 "collapse": {k: _mean_ends(runs, f"collapse/{k}/output") for k in STACKS},
                 "max_grad": {k: _max_grad(runs, k) for k in STACKS},
+                "traces": monitor_curves(runs),
                 "bleu_curve": mean_points([r["bleu_curve"] for r in runs]),
                 "loss_curve": mean_points([r["eval_curve"] for r in runs]),
             }
@@ -121,6 +123,44 @@ def _max_grad(runs: Sequence[Result], stack: str) -> list[float] | None:
         if ends
         else None
     )
+
+
+def _grad_curve(r: Result, stack: str) -> list[list[float]]:
+    """[[step, largest sub-layer gradient norm of `stack` at that step], ...] of one run."""
+    traces = [t for k, t in r.get("monitor_traces", {}).items()
+              if k.startswith("grad_norm/layer_") and f"/{stack}/" in k]  # fmt: skip
+    if not traces:
+        return []
+    by_step: dict[float, float] = {}
+    for t in traces:
+        for step, v in t:
+            by_step[step] = max(by_step.get(step, -math.inf), v)
+    return [[s, by_step[s]] for s in sorted(by_step)]
+
+
+def omega_by_sublayer(r: Result, stack: str) -> list[list[float]]:
+    """Admin's omega of each residual branch of `stack` in forward order, one row per branch:
+    [profiled (first value), at the end]; [] for a run without omega."""
+    traces = r.get("monitor_traces", {})
+    keys = [k for k in traces if k.startswith("omega/layer_") and f"/{stack}/" in k]
+    keys.sort(key=lambda k: (k.split("/")[1], SUBLAYER_ORDER.index(k.split("/")[-1])))
+    return [[traces[k][0][1], traces[k][-1][1]] for k in keys]
+
+
+def monitor_curves(runs: Sequence[Result]) -> dict[str, list[list[float]]]:
+    """A cell's monitor curves by step, mean over its seeds: "collapse/<stack>" (the stack
+    output's collapse) and "grad/<stack>" (the largest sub-layer gradient norm); and
+    "omega/<stack>" ([profiled, end] per residual branch, mean over seeds; empty without Admin)."""
+    out: dict[str, list[list[float]]] = {}
+    for stack in STACKS:
+        key = f"collapse/{stack}/output"
+        out[f"collapse/{stack}"] = mean_points(
+            [t for r in runs if (t := r.get("monitor_traces", {}).get(key))]
+        )
+        out[f"grad/{stack}"] = mean_points([g for r in runs if (g := _grad_curve(r, stack))])
+        omegas = [o for r in runs if (o := omega_by_sublayer(r, stack))]
+        out[f"omega/{stack}"] = np.mean(omegas, axis=0).tolist() if omegas else []
+    return out
 
 
 def _by_seed(cell: dict[str, Any], key: str) -> dict[int, float]:
@@ -350,16 +390,32 @@ def depth_table(summary: dict[str, Any], deep_encoder: bool = False) -> str:
 # --------------------------------------------------------------------------- plots
 
 
+def line_styles(cs: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """{cell: matplotlib line style}: cells that share an arm's colour are told apart by
+    style: the highest rate, the shallowest stack and no DLCL solid, then dashed, dotted."""
+
+    def variant(c):
+        return (-(c.get("lr") or 0), c.get("num_layers") or 0, c["arm"].endswith("+dlcl"))
+
+    order = sorted({variant(c) for c in cs})
+    styles = ("-", "--", ":", "-.")
+    return {c["cell"]: styles[order.index(variant(c)) % len(styles)] for c in cs}
+
+
+def _colour(c: dict[str, Any], i: int) -> str:
+    return arm_colour(c["arm"].replace("+dlcl", ""), i)
+
+
 def bleu_figure(cs: Sequence[dict[str, Any]], title: str):
     """Mean BLEU (left) and validation NLL (right) by step, a line per cell."""
     fig, axes = new_figure(2, width=6.0, height=4.5)
+    styles = line_styles(cs)
     for i, c in enumerate(cs):
-        colour = arm_colour(c["arm"].replace("+dlcl", ""), i)
-        style = "-" if c.get("lr") in (None, max(x.get("lr") or 0 for x in cs)) else "--"
         for ax, key in zip(axes, ("bleu_curve", "loss_curve"), strict=True):
             pts = c[key]
             if pts:
-                ax.plot(*zip(*pts, strict=True), style, color=colour, label=c["cell"], lw=1.2)
+                ax.plot(*zip(*pts, strict=True), styles[c["cell"]], color=_colour(c, i),
+                        label=c["cell"], lw=1.2)  # fmt: skip
     axes[0].set_ylabel("validation BLEU")
     axes[1].set_ylabel("validation NLL (nats/token)")
     for ax in axes:
@@ -370,5 +426,51 @@ def bleu_figure(cs: Sequence[dict[str, Any]], title: str):
     return fig
 
 
+MONITOR_PANELS = (
+    ("collapse/encoder", "encoder output collapse (mean cosine)"),
+    ("collapse/decoder", "decoder output collapse (mean cosine)"),
+    ("grad/encoder", "largest encoder sub-layer grad norm"),
+    ("grad/decoder", "largest decoder sub-layer grad norm"),
+)
+
+
+def monitor_figure(cs: Sequence[dict[str, Any]], title: str):
+    """The monitor's traces by step, a line per cell (mean over seeds), on a 3 × 2 grid: the
+    collapse of each stack's output, the largest sub-layer gradient norm of each stack (log
+    scale), Admin's omega per residual branch (profiled: circles, at the end: crosses), and
+    the legend."""
+    fig, grid = new_figure(3, 2, width=4.2, height=3.3)
+    axes = grid.ravel()
+    styles = line_styles(cs)
+    for i, c in enumerate(cs):
+        for ax, (key, _) in zip(axes, MONITOR_PANELS, strict=False):
+            if pts := c["traces"][key]:
+                ax.plot(*zip(*pts, strict=True), styles[c["cell"]], color=_colour(c, i),
+                        label=c["cell"], lw=1.1)  # fmt: skip
+        offset = 0
+        for stack in STACKS:
+            omega = np.asarray(c["traces"][f"omega/{stack}"]).reshape(-1, 2)
+            x = offset + np.arange(len(omega))
+            axes[4].plot(x, omega[:, 0], "o", ms=3, color=_colour(c, i), mfc="none")
+            axes[4].plot(x, omega[:, 1], "x", ms=3, color=_colour(c, i), label=c["cell"])
+            offset += len(omega)
+    for ax, (key, label) in zip(axes, MONITOR_PANELS, strict=False):
+        ax.set_title(label, fontsize=8)
+        ax.set_xlabel("step")
+        ax.set_yscale("log" if key.startswith("grad/") else "linear")
+    axes[4].set_title("Admin ω by residual branch (encoder, then decoder)", fontsize=8)
+    axes[4].set_xlabel("branch (layer-major)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[5].axis("off")
+    axes[5].legend(*axes[0].get_legend_handles_labels(), loc="center", fontsize=7)
+    fig.suptitle(title)
+    return fig
+
+
 def plot(cs: Sequence[dict[str, Any]], title: str, path: str) -> str:
     return save_figure(bleu_figure(cs, title), path)
+
+
+def plot_monitor(cs: Sequence[dict[str, Any]], title: str, path: str) -> str:
+    return save_figure(monitor_figure(cs, title), path)

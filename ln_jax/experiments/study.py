@@ -139,6 +139,8 @@ def _mt_report(study, results, plot, bleu_targets, loss_target):
         summary = report_mt.depth_summary(results)
         table = report_mt.depth_table(summary, deep_encoder=study == "mt_deep_encoder")
     report_mt.plot(summary["cells"], f"{study}: validation BLEU and NLL by step", plot)
+    monitor = os.path.join(os.path.dirname(plot), "monitor.png")
+    report_mt.plot_monitor(summary["cells"], f"{study}: monitor traces by step", monitor)
     return summary, table
 
 
