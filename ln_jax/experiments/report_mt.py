@@ -460,6 +460,9 @@ def monitor_figure(cs: Sequence[dict[str, Any]], title: str):
         ax.set_yscale("log" if key.startswith("grad/") else "linear")
     axes[4].set_title("Admin ω by residual branch (encoder, then decoder)", fontsize=8)
     axes[4].set_xlabel("branch (layer-major)")
+    if not any(c["traces"][f"omega/{k}"] for c in cs for k in STACKS):
+        axes[4].axis("off")
+        axes[4].text(0.5, 0.5, "no Admin arm", ha="center", transform=axes[4].transAxes)
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[5].axis("off")
