@@ -209,6 +209,17 @@ def test_depth_report_compares_admin_and_post_with_pre_at_each_depth():
     assert "| L18-post_warmup | 2 | 2/2 |" in table and "18L 28.80" in table
 
 
+def test_deep_encoder_report_names_the_shape_and_compares_dlcl_with_plain_pre():
+    results = []
+    for arm, bleu in (("post_warmup", 0.5), ("pre_warmup", 9.0), ("pre_warmup+dlcl", 9.75)):
+        r = fake_run(f"E18D6-{arm}", arm, 0, [1.0, bleu], [6.0, 4.0])
+        r["tags"].update(num_layers=18, decoder_layers=6)
+        results.append(r)
+    comps = {c["label"]: c for c in report_mt.depth_summary(results)["comparisons"]}
+    assert set(comps) == {"E18D6: post_warmup − pre_warmup", "E18D6: pre_warmup+dlcl − pre_warmup"}
+    assert comps["E18D6: pre_warmup+dlcl − pre_warmup"]["bleu_diff"]["diff"] == pytest.approx(0.75)
+
+
 # --------------------------------------------------------------------------- end to end
 
 

@@ -355,7 +355,8 @@ def depth_summary(results: Sequence[Result]) -> dict[str, Any]:
         for arm in dict.fromkeys(c["arm"] for c in cs):
             base = _baseline(arm)
             if base and (arm, depth) in by and (base, depth) in by:
-                label = f"L{depth}: {arm} − {base}"
+                shape = by[(arm, depth)]["cell"].split("-")[0]  # "L18", "E18D6"
+                label = f"{shape}: {arm} − {base}"
                 comps.append(compare(by[(arm, depth)], by[(base, depth)], label))
     return {"cells": cs, "comparisons": comps}
 
