@@ -13,6 +13,7 @@ if it changed the checkout's `workdirs/` or left a new ignored file in the tree.
 """
 
 import atexit
+import fcntl
 import os
 import shutil
 import tempfile
@@ -79,3 +80,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             "a test wrote where the defaults point (train.py without --workdir, a relative "
             "path): give it a tmp_path (tests/hermetic.py)."
         )
+
+
+@pytest.fixture
+def cpu_to_itself():
+    """Runs the test while no other test that takes this fixture runs (a file lock in the
+    session's home, shared by the xdist workers).
+
+    For the tests that start several JAX processes at once (the two gloo-coupled processes of
+    `test_multihost`, the accelerator suite's benchmarks): on 2 cores, side by side, they
+    starved each other (a CI run of 2026-11-27: both past their 360 s limits, where alone they
+    take 50-90 s). The other worker goes on with ordinary tests meanwhile.
+    """
+    path = os.path.join(os.environ[hermetic.HOME_ENV], "cpu_to_itself.lock")
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

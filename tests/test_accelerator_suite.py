@@ -17,7 +17,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 @pytest.mark.slow
-def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(data_dir, tmp_path):
+def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
+    data_dir, tmp_path, cpu_to_itself
+):
     out = tmp_path / "suite"
     env = dict(os.environ, TFDS_DATA_DIR=data_dir, PYTHON=sys.executable)
     run = subprocess.run(

@@ -183,7 +183,7 @@ def _pair(tmp_path, data_dir, workdir, launch: str, sigterm_at: int | None = Non
 
 
 def test_two_processes_preempted_and_resumed_match_one_process(
-    tmp_path, data_dir, tokenizer, make_config
+    tmp_path, data_dir, tokenizer, make_config, cpu_to_itself
 ):
     """Two processes x 4 devices, one of them preempted (SIGTERM) after step 1 and the job
     resumed, against one process x 8 devices: the same losses, each process loading only its
