@@ -88,6 +88,23 @@ def test_background_failure_is_raised_by_close(tmp_path, monkeypatch):
     assert not (tmp_path / "20").exists()
 
 
+async def _commit_timed_out(self, item, directory):
+    # What orbax raises when its commit threads outlive its limit (wall time: a process paused
+    # with SIGSTOP during a save ran into it on resuming).
+    raise TimeoutError("Thread write_metadata_after_commits did not complete within 1200 s")
+
+
+def test_a_timed_out_save_says_to_rerun_not_to_check_the_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", _commit_timed_out)
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(async_save=True))
+    ckpt.save(20, state(), {"position": 20}, {"name": "t"})
+    with pytest.raises(CheckpointError, match=f"{tmp_path / '20'}: TimeoutError") as raised:
+        ckpt.close()
+    message = str(raised.value)
+    assert "time limit" in message and "rerun the same command" in message
+    assert "writable" not in message
+
+
 def test_background_failure_is_raised_by_the_next_save_and_only_once(tmp_path, monkeypatch):
     ckpt = Checkpointer(tmp_path, CheckpointConfig(async_save=True))
     monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", _no_space)

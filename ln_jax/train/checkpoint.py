@@ -80,6 +80,19 @@ def _cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}"
 
 
+def _save_hint(err: BaseException) -> str:
+    """What to do about a failed save: a timeout (orbax waits at most 1,200 s for its commit
+    threads, in wall time: a process paused with SIGSTOP or a disk that stalls runs out) is
+    not a full or read-only disk."""
+    if isinstance(err, TimeoutError) or isinstance(err.__cause__, TimeoutError):
+        return (
+            "the background save ran past orbax's time limit (was the process paused, or the "
+            "disk stalled?); rerun the same command: it resumes from the last complete "
+            "checkpoint."
+        )
+    return "check that the workdir is writable and has space."
+
+
 def _write_replicated_arrays_once() -> None:
     """Orbax splits the writing of replicated arrays between replicas with an eager slice per
     array shape; on CPU those compilations cost ~20 s for a small model's first save (measured:
@@ -203,10 +216,7 @@ class Checkpointer:
 
     def _save_error(self, step: int | None, err: Exception) -> CheckpointError:
         path = self.directory if step is None else self.directory / str(step)
-        return CheckpointError(
-            f"cannot save checkpoint {path}: {_cause(err)}; check that the workdir is writable "
-            "and has space."
-        )
+        return CheckpointError(f"cannot save checkpoint {path}: {_cause(err)}; {_save_hint(err)}")
 
     def restore(self, target: Any) -> tuple[int, Any, dict] | None:
         """Restores the latest checkpoint into `target`'s shapes and shardings.
