@@ -136,6 +136,18 @@ def test_a_field_added_since_the_run_shows_as_unset():
     assert str(change) == "monitor.window: (unset) -> 20" and change.kind == "free"
 
 
+def test_a_run_recorded_before_a_consent_field_existed_resumes_at_its_old_value():
+    # model.activation_layout was added after runs were recorded; they had XLA's layout.
+    old = run_identity.as_dict(TrainConfig())
+    del old["model"]["activation_layout"]
+    assert run_identity.differences(old, run_identity.as_dict(TrainConfig())) == []
+    pinned = run_identity.as_dict(TrainConfig())
+    pinned["model"]["activation_layout"] = "row_major"
+    (change,) = run_identity.differences(old, pinned)
+    assert str(change) == "model.activation_layout: 'xla' -> 'row_major'"
+    assert change.kind == "consent"
+
+
 # --------------------------------------------------------------------------- the terminal
 
 

@@ -86,7 +86,11 @@ CONSENT_FIELDS = frozenset(
 )
 # Fields added after runs were recorded, with the value those runs had: a config.json without
 # the field matches a config that has this value.
-ADDED_FIELDS: dict[str, Any] = {"task": "bert_pretraining", "steps_per_epoch": 0}
+ADDED_FIELDS: dict[str, Any] = {
+    "task": "bert_pretraining",
+    "steps_per_epoch": 0,
+    "model.activation_layout": "xla",  # added 2026-11-26; XLA chose the layout before
+}
 # Consent fields that move the learning-rate schedule: the change is shown before it is taken.
 SCHEDULE_FIELDS = frozenset({"total_steps", "optim.total_steps"})
 
