@@ -218,7 +218,7 @@ def test_tiny_grid_end_to_end_writes_results_and_plot(data_dir, tmp_path):
         assert _lines(tmp_path, s.name) == lines[s.name]
 
 
-def test_interrupted_grid_resumes_without_redoing_finished_runs(data_dir, tmp_path):
+def test_interrupted_grid_resumes_without_redoing_finished_runs(data_dir, tmp_path, monkeypatch):
     base = base_config(data_dir)
     specs = grids.depth_grid([1], ["pre", "post"], [0], [1e-3])
     out = str(tmp_path)
@@ -226,6 +226,14 @@ def test_interrupted_grid_resumes_without_redoing_finished_runs(data_dir, tmp_pa
     study.run_only(base, specs, out, specs[0].name, plateau=6.7)
     first = tmp_path / "runs" / specs[0].name / "result.json"
     stamp = first.stat().st_mtime_ns
+    # The second run fails: the report covers the first (marked incomplete), then the error.
+    with monkeypatch.context() as m:
+        m.setattr(runner, "run_one", lambda *a, **k: (_ for _ in ()).throw(OSError("disk")))
+        with pytest.raises(runner.RunsFailed, match=f"{specs[1].name} \\(OSError: disk\\)"):
+            study.run("depth", base, specs, out, plateau=6.7, arms=["pre", "post"])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert not saved["complete"] and [r["name"] for r in saved["runs"]] == [specs[0].name]
+    assert "| pre | 0/1 |" in (tmp_path / "table.md").read_text()
     results = runner.run_grid(base, specs, out, plateau=6.7)
     assert [r["name"] for r in results] == [s.name for s in specs]
     assert first.stat().st_mtime_ns == stamp  # not redone
@@ -283,7 +291,7 @@ def test_a_run_held_by_a_live_process_is_not_trained_twice(data_dir, tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         lock.write_text(str(holder.pid))
-        with pytest.raises(runner.RunLockedError, match=f"process {holder.pid}"):
+        with pytest.raises(runner.RunsFailed, match=f"RunLockedError: .*process {holder.pid}"):
             runner.run_grid(base_config(data_dir), [spec], str(tmp_path))
         assert not (lock.parent / "metrics.jsonl").exists()  # nothing trained
     finally:
@@ -293,6 +301,68 @@ def test_a_run_held_by_a_live_process_is_not_trained_twice(data_dir, tmp_path):
     with runner.run_lock(str(lock.parent)):
         assert lock.read_text() == str(os.getpid())
     assert not lock.exists()
+
+
+def test_a_failed_run_does_not_stop_the_grid(data_dir, tmp_path, monkeypatch):
+    """In-process: the run after a failing one still trains; the failure is named at the end
+    (with the finished runs' results), and a SIGTERM still stops the grid at once."""
+    specs = grids.depth_grid([1], ["post", "pre", "admin"], [0], [1e-3])
+    tried = []
+
+    def fake_run_one(base, spec, out, plateau, extend=False):
+        tried.append(spec.name)
+        if spec.arm == "post":
+            raise TimeoutError("the checkpoint save took longer than 1200 s")
+        if spec.arm == "pre":
+            raise runner.RunLockedError(f"{spec.name} is being trained by process 7")
+
+    monkeypatch.setattr(runner, "run_one", fake_run_one)
+    with pytest.raises(runner.RunsFailed) as info:
+        runner.run_grid(base_config(data_dir), specs, str(tmp_path))
+    assert tried == [s.name for s in specs]
+    post, pre = specs[0].name, specs[1].name
+    assert info.value.failed == {
+        post: "TimeoutError: the checkpoint save took longer than 1200 s",
+        pre: f"RunLockedError: {pre} is being trained by process 7",
+    }
+    assert info.value.results == []
+    assert "2 run(s) failed" in str(info.value) and "rerun the same command" in str(info.value)
+
+    def preempted(*args, **kwargs):
+        tried.append("preempted")
+        raise SystemExit(0)
+
+    monkeypatch.setattr(runner, "run_one", preempted)
+    with pytest.raises(SystemExit):
+        runner.run_grid(base_config(data_dir), specs, str(tmp_path))
+    assert tried[-1] == "preempted" and tried.count("preempted") == 1
+
+
+def test_a_failed_worker_does_not_stop_the_others(data_dir, tmp_path, monkeypatch):
+    specs = grids.depth_grid([1], ["post", "pre", "admin"], [0], [1e-3])
+    bad = specs[1].name
+
+    def child(argv, name):  # a worker that exits 3 for one run, 0 for the others
+        return [sys.executable, "-c", f"import sys; sys.exit({3 if name == bad else 0})"]
+
+    monkeypatch.setattr(runner, "_child_command", child)
+    with pytest.raises(runner.RunsFailed) as info:
+        runner.run_grid(base_config(data_dir), specs, str(tmp_path), jobs=2)
+    assert list(info.value.failed) == [bad]
+    assert "exit status 3" in info.value.failed[bad]
+    assert f"runs/{bad}/log.txt" in info.value.failed[bad]
+
+
+def test_a_study_whose_runs_all_failed_says_so(data_dir, tmp_path, monkeypatch):
+    specs = grids.depth_grid([1], ["pre"], [0], [1e-3])
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runner, "run_one", broken)
+    with pytest.raises(runner.RunsFailed, match="No space left on device"):
+        study.run("depth", base_config(data_dir), specs, str(tmp_path), plateau=6.7)
+    assert not (tmp_path / "results.json").exists()
 
 
 def test_forced_nan_run_is_recorded_as_diverged(data_dir, tmp_path):

@@ -37,7 +37,9 @@ with an optional `_warmup` (the --warmup_steps warm-up) or `_radam` (RAdam, no w
 and `+qk`. With --key_seeds the warm-up study, once its sweep is finished, trains the extra seeds
 of the best Post-LN and Pre-LN cells (see `targets.best_cell`) and reports the step ratio with
 a bootstrap interval. Rerunning the same command resumes: finished runs are kept, a run cut off
-midway continues from its checkpoint. `--only=NAME` trains one run; `--report` only rewrites
+midway continues from its checkpoint. A run that fails (a failed checkpoint save, a run held
+by another process) does not stop the others: the report covers the finished runs and the
+command exits 1 naming the failed ones. `--only=NAME` trains one run; `--report` only rewrites
 the report. `--extend=PATTERN,...` with a larger `--config.total_steps` continues the finished
 runs it names from their last checkpoint (schedules independent of the run's length only):
 
@@ -376,6 +378,9 @@ def _main(inv: cli.Invocation) -> int:
             expand=expand,
             extend=_EXTEND.value,
         )
+    except runner.RunsFailed as err:  # the table of the finished runs is printed already
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 1
     except (UserError, ValueError) as err:
         return inv.report(err)
     print(results["table"])

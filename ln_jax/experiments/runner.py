@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from ln_jax.results import read_metrics, write_json
 from ln_jax.train.workdir_lock import LOCK_FILE, RunLockedError, run_lock  # noqa: F401
+from ln_jax.validate import UserError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,21 @@ BLEU = "bleu"
 MT_LOSS = "nll_loss"
 # The monitor's measures kept in a translation run's result (prefixes of metrics.jsonl names).
 MT_TRACES = ("collapse/", "grad_norm", "omega/")
+
+
+class RunsFailed(RuntimeError):
+    """Some runs of a grid failed (an exception, or a worker's nonzero exit) while the others
+    went on: `failed` maps each failed run's name to what went wrong, `results` holds the
+    stored results of every finished run of the grid."""
+
+    def __init__(self, failed: Mapping[str, str], results: list[dict[str, Any]], out: str):
+        self.failed, self.results = dict(failed), results
+        names = "; ".join(f"{n} ({why})" for n, why in self.failed.items())
+        super().__init__(
+            f"{len(self.failed)} run(s) failed while the others went on: {names}. Each one's "
+            f"log and checkpoints are in {out}/runs/NAME/; rerun the same command to retry them "
+            "(a run resumes from its last checkpoint, finished runs are kept)."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,12 +356,15 @@ def _pin(slot: int, jobs: int) -> Any:
     return lambda: os.sched_setaffinity(0, share)
 
 
-def run_parallel(pending: Sequence[RunSpec], argv: Sequence[str], jobs: int, out: str) -> None:
+def run_parallel(
+    pending: Sequence[RunSpec], argv: Sequence[str], jobs: int, out: str
+) -> dict[str, str]:
     """Runs each pending spec as `python -m ln_jax.experiments ... --only=NAME`, `jobs` at once.
 
-    Each child is pinned to its share of the CPUs; its log is OUT/runs/NAME/log.txt.
+    Each child is pinned to its share of the CPUs; its log is OUT/runs/NAME/log.txt. A child
+    that fails does not stop the others. Returns {name: why} of the failed children.
     """
-    queue, running = list(pending), {}
+    queue, running, failed = list(pending), {}, {}
     while queue or running:
         free = [s for s in range(jobs) if s not in running]
         while queue and free:
@@ -364,6 +384,34 @@ def run_parallel(pending: Sequence[RunSpec], argv: Sequence[str], jobs: int, out
                 del running[slot]
                 status = "done" if proc.returncode == 0 else f"FAILED rc={proc.returncode}"
                 print(f"{status}: {spec.name}", flush=True)
+                if proc.returncode != 0:
+                    log_path = os.path.join(out, "runs", spec.name, "log.txt")
+                    failed[spec.name] = f"exit status {proc.returncode}, see {log_path}"
+    return failed
+
+
+def run_sequential(
+    base: Mapping[str, Any],
+    pending: Sequence[RunSpec],
+    out: str,
+    plateau: float | None,
+    first: int,
+    total: int,
+) -> dict[str, str]:
+    """Trains `pending` here one after another; a run that raises is reported (with its
+    traceback) and the next one starts. Returns {name: why} of the failed runs. A SIGTERM
+    (SystemExit) or Ctrl-C still stops the whole grid."""
+    failed = {}
+    for i, spec in enumerate(pending):
+        print(f"[{first + i + 1}/{total}] {spec.name}", flush=True)
+        try:
+            run_one(base, spec, out, plateau, extend=load_result(out, spec) is not None)
+        except Exception as err:  # noqa: BLE001 (one run's failure must not stop the grid)
+            if not isinstance(err, UserError):  # a user error's message says it all
+                traceback.print_exc()
+            failed[spec.name] = f"{type(err).__name__}: {err}"
+            print(f"FAILED: {spec.name}: {failed[spec.name]}", flush=True)
+    return failed
 
 
 def run_grid(
@@ -380,7 +428,9 @@ def run_grid(
     named by the `extend` patterns to the config's total_steps; returns all stored results.
 
     With `jobs` > 1 the runs go to subprocesses (`argv` is this command line, re-run per run
-    with --only=NAME); otherwise they run here one after another.
+    with --only=NAME); otherwise they run here one after another. A failed run does not stop
+    the others: once all have had their turn, `RunsFailed` names the failed ones (and carries
+    the finished runs' results).
     """
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -395,12 +445,13 @@ def run_grid(
         flush=True,
     )
     if jobs > 1 and len(pending) > 1:
-        run_parallel(pending, argv, jobs, out)
+        failed = run_parallel(pending, argv, jobs, out)
     else:
-        for i, spec in enumerate(pending):
-            print(f"[{done + i + 1}/{len(specs)}] {spec.name}", flush=True)
-            run_one(base, spec, out, plateau, extend=load_result(out, spec) is not None)
-    return collect(specs, out, plateau)
+        failed = run_sequential(base, pending, out, plateau, done, len(specs))
+    results = collect(specs, out, plateau)
+    if failed:
+        raise RunsFailed(failed, results, out)
+    return results
 
 
 def collect(

@@ -61,17 +61,22 @@ def run(
     `expand`, given the results of `specs` once all of them are finished, returns more runs
     (the key cells' extra seeds of the warm-up study), trained and reported with them.
     `extend`: patterns of finished runs to continue to the config's total_steps (fnmatch).
+    If runs failed (`runner.RunsFailed`), the report covers the finished ones and the error is
+    raised again once it is written.
 
     Returns:
       {"results": [...], "summary": ..., "table": markdown}.
     """
     os.makedirs(out, exist_ok=True)
     grid = (base, out, plateau, jobs, argv, train, extend)
-    results = _train_or_collect(specs, *grid)
+    results, failure = _train_or_collect(specs, *grid)
     extra = expand(results) if expand and len(results) == len(specs) else []
     if extra:
-        results += _train_or_collect(extra, *grid)
+        more, failure = _train_or_collect(extra, *grid)
+        results += more
     if not results:
+        if failure:
+            raise failure
         raise ValueError(f"no finished runs in {out}; run the study without --report first.")
     summary, table = _report(study, results, plateau, out, target, arms, offsets)
     write_json(
@@ -87,15 +92,26 @@ def run(
     )
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(table + "\n")
+    if failure:
+        print(table, flush=True)
+        raise failure
     return {"results": results, "summary": summary, "table": table}
 
 
-def _train_or_collect(specs, base, out, plateau, jobs, argv, train, extend) -> list[dict[str, Any]]:
-    if train:
-        return runner.run_grid(
+def _train_or_collect(
+    specs, base, out, plateau, jobs, argv, train, extend
+) -> tuple[list[dict[str, Any]], runner.RunsFailed | None]:
+    """The finished runs' results (after training the missing ones if `train`), and the
+    `RunsFailed` of the runs that failed, if any."""
+    if not train:
+        return runner.collect(specs, out, plateau), None
+    try:
+        grid = runner.run_grid(
             base, specs, out, plateau=plateau, jobs=jobs, argv=argv, extend=extend
         )
-    return runner.collect(specs, out, plateau)
+    except runner.RunsFailed as err:
+        return err.results, err
+    return grid, None
 
 
 def key_seed_expansion(
