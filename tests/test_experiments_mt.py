@@ -197,7 +197,8 @@ def test_depth_report_compares_admin_and_post_with_pre_at_each_depth():
                 ("pre_warmup", 9.0),
                 ("admin_warmup", 11.0),
             ):
-                r = fake_run(f"L{depth}-{arm}", arm, seed, [1.0, bleu + seed], [6.0, 4.0])
+                nll = 4.0 - (0.1 + 0.2 * seed) * (arm == "admin_warmup")
+                r = fake_run(f"L{depth}-{arm}", arm, seed, [1.0, bleu + seed], [6.0, nll])
                 r["tags"].update(num_layers=depth, decoder_layers=depth)
                 r["diverged"] = arm == "post_warmup" and depth == 18
                 results.append(r)
@@ -205,7 +206,11 @@ def test_depth_report_compares_admin_and_post_with_pre_at_each_depth():
     comps = {c["label"]: c for c in summary["comparisons"]}
     assert comps["L6: admin_warmup − pre_warmup"]["bleu_diff"]["diff"] == pytest.approx(2.0)
     assert comps["L18: post_warmup − pre_warmup"]["bleu_diff"]["diff"] == pytest.approx(-8.5)
+    # Final validation NLL a − b, paired by seed: Admin 0.1 (seed 0) and 0.3 (seed 1) below.
+    nll = comps["L18: admin_warmup − pre_warmup"]["nll_diff"]
+    assert nll["diff"] == pytest.approx(-0.2) and nll["lo"] == pytest.approx(-0.3)
     table = report_mt.depth_table(summary)
+    assert "| L18: admin_warmup − pre_warmup | 2 | +2.00 [+2.00, +2.00] | -0.200 [-0.300," in table
     assert "| L18-post_warmup | 2 | 2/2 |" in table and "18L 28.80" in table
 
 

@@ -167,17 +167,24 @@ def _by_seed(cell: dict[str, Any], key: str) -> dict[int, float]:
     return dict(zip(cell["seeds"], cell[key], strict=True))
 
 
-def compare(a: dict[str, Any], b: dict[str, Any], label: str) -> dict[str, Any]:
-    """Cell `a` against cell `b` over the seeds both ran: final BLEU a - b (paired bootstrap
-    95% interval) and, per BLEU target both reached on some seed, the step ratio a / b."""
-    fa, fb = _by_seed(a, "final_bleu"), _by_seed(b, "final_bleu")
+def _paired_diff(a: dict[str, Any], b: dict[str, Any], key: str) -> tuple[list[int], Any]:
+    """The seeds where both cells' `key` is finite, and a - b over them (paired bootstrap
+    95% interval; None without such a seed)."""
+    fa, fb = _by_seed(a, key), _by_seed(b, key)
     common = sorted(s for s in fa.keys() & fb.keys() if math.isfinite(fa[s] + fb[s]))
+    if not common:
+        return common, None
+    return common, targets_mod.bootstrap_diff([fa[s] for s in common], [fb[s] for s in common])
+
+
+def compare(a: dict[str, Any], b: dict[str, Any], label: str) -> dict[str, Any]:
+    """Cell `a` against cell `b` over the seeds both ran: final BLEU a - b and final
+    validation NLL a - b (paired bootstrap 95% intervals) and, per BLEU target both reached
+    on some seed, the step ratio a / b."""
+    common, bleu_diff = _paired_diff(a, b, "final_bleu")
     row: dict[str, Any] = {"label": label, "a": a["cell"], "b": b["cell"], "seeds": common}
-    row["bleu_diff"] = (
-        targets_mod.bootstrap_diff([fa[s] for s in common], [fb[s] for s in common])
-        if common
-        else None
-    )
+    row["bleu_diff"] = bleu_diff
+    row["nll_diff"] = _paired_diff(a, b, "final_loss")[1]
     ratios = {}
     for key in a["steps"]:
         if not key.startswith("bleu"):
@@ -191,11 +198,11 @@ def compare(a: dict[str, Any], b: dict[str, Any], label: str) -> dict[str, Any]:
     return row
 
 
-def _diff(d: dict[str, Any] | None) -> str:
+def _diff(d: dict[str, Any] | None, digits: int = 2) -> str:
     if not d:
         return "–"
-    ci = f" [{d['lo']:+.2f}, {d['hi']:+.2f}]" if d["n_a"] > 1 else " (1 seed)"
-    return f"{d['diff']:+.2f}{ci}"
+    ci = f" [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]" if d["n_a"] > 1 else " (1 seed)"
+    return f"{d['diff']:+.{digits}f}{ci}"
 
 
 def _ratio(r: dict[str, Any] | None) -> str:
@@ -293,13 +300,14 @@ def _comparison_rows(comps: Sequence[dict[str, Any]]) -> list[str]:
         "",
         "Comparisons over the seeds both cells ran (paired bootstrap 95% intervals):",
         "",
-        "| comparison | seeds | final BLEU a − b |"
+        "| comparison | seeds | final BLEU a − b | final val NLL a − b |"
         + "".join(f" steps a / b to {k} |" for k in keys),
-        "|" + "---|" * (3 + len(keys)),
+        "|" + "---|" * (4 + len(keys)),
     ]
     for row in comps:
         lines.append(
-            f"| {row['label']} | {len(row['seeds'])} | {_diff(row['bleu_diff'])} |"
+            f"| {row['label']} | {len(row['seeds'])} | {_diff(row['bleu_diff'])} | "
+            f"{_diff(row.get('nll_diff'), 3)} |"
             + "".join(f" {_ratio(row['step_ratios'][k])} |" for k in keys)
         )
     return lines
