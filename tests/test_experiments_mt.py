@@ -162,16 +162,24 @@ def test_monitor_rows_show_collapse_and_the_largest_gradient_of_each_stack():
         "grad_norm/layer_00/encoder/ffn": [[1, 1.0], [100, 40.0], [200, 2.0]],
         "grad_norm/layer_01/encoder/attention": [[1, 3.0], [200, 1.0]],
         "grad_norm/layer_00/decoder/ffn": [[1, 0.5], [200, 0.25]],
+        # Cross-attention entropy, mean over the decoder's layers at the steps both logged.
+        "attention_entropy/layer_00/decoder/cross_attention": [[1, 2.0], [100, 2.5], [200, 3.0]],
+        "attention_entropy/layer_01/decoder/cross_attention": [[1, 1.0], [200, 2.0]],
+        "attention_entropy/layer_00/decoder/self_attention": [[1, 9.0], [200, 9.0]],
     }
     cells = {c["cell"]: c for c in report_mt.cells(runs, (5.0,))}
     post = cells["post_nowarmup-lr1e-3"]
     assert post["collapse"] == {"encoder": [0.3, 0.99], "decoder": [0.2, 0.5]}
     # At init the largest is layer 1's attention (3.0); over the run layer 0's FFN spike (40).
     assert post["max_grad"] == {"encoder": [3.0, 40.0], "decoder": [0.5, 0.5]}
+    assert report_mt.cross_attention_entropy(runs[0]) == [[1, 1.5], [200, 2.5]]
+    assert post["cross_entropy"] == [1.5, 2.5]
+    assert post["traces"]["cross_entropy"] == [[1, 1.5], [200, 2.5]]
     assert cells["post_warmup128-lr1e-3"]["collapse"]["encoder"] is None
     rows = "\n".join(report_mt.monitor_rows(list(cells.values())))
     assert "| post_nowarmup-lr1e-3 | 0.30 → 0.99 | 0.20 → 0.50 | 3.000 → 40.000 |" in rows
-    assert "| post_warmup128-lr1e-3 | – | – | – | – |" in rows
+    assert "| 0.500 → 0.500 | 1.50 → 2.50 |" in rows
+    assert "| post_warmup128-lr1e-3 | – | – | – | – | – |" in rows
 
 
 def test_bootstrap_diff_interval_widens_with_unpaired_noise():
@@ -362,6 +370,7 @@ def test_monitor_curves_take_the_largest_sublayer_and_omega_in_forward_order(tmp
     # self-attention, cross-attention, FFN of layer 0, then layer 1: [profiled, end].
     assert traces["omega/decoder"] == [[1.0, 1.1], [1.5, 1.4], [2.0, 2.0], [2.5, 2.6]]
     assert traces["omega/encoder"] == [] and traces["grad/encoder"] == []
+    assert traces["cross_entropy"] == []  # no entropy logged
     path = report_mt.plot_monitor(list(cells.values()), "t", str(tmp_path / "monitor.png"))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

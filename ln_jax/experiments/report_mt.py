@@ -89,6 +89,7 @@ def cells(
                 "steps": {k: [s[k] for s in steps] for k in steps[0]},
                 "collapse": {k: _mean_ends(runs, f"collapse/{k}/output") for k in STACKS},
                 "max_grad": {k: _max_grad(runs, k) for k in STACKS},
+                "cross_entropy": _cross_entropy_ends(runs),
                 "traces": monitor_curves(runs),
                 "bleu_curve": mean_points([r["bleu_curve"] for r in runs]),
                 "loss_curve": mean_points([r["eval_curve"] for r in runs]),
@@ -101,6 +102,32 @@ def _mean_ends(runs: Sequence[Result], name: str) -> list[float] | None:
     """[at initialisation, at the last measurement] of a monitor trace, mean over the runs
     that logged it (None if none did)."""
     ends = [(t[0][1], t[-1][1]) for r in runs if (t := r.get("monitor_traces", {}).get(name))]
+    return (
+        [float(np.mean([e[0] for e in ends])), float(np.mean([e[1] for e in ends]))]
+        if ends
+        else None
+    )
+
+
+def cross_attention_entropy(r: Result) -> list[list[float]]:
+    """[[step, entropy], ...] of one run: the decoder's cross-attention entropy (nats, monitor
+    "attention_entropy/layer_NN/decoder/cross_attention"), mean over its layers. Near the
+    uniform value over the source, the decoder does not tell source tokens apart."""
+    traces = [
+        t
+        for k, t in r.get("monitor_traces", {}).items()
+        if k.startswith("attention_entropy/layer_") and k.endswith("/cross_attention")
+    ]
+    if not traces:
+        return []
+    steps = sorted(set.intersection(*({p[0] for p in t} for t in traces)))
+    values = [dict(map(tuple, t)) for t in traces]
+    return [[s, float(np.mean([v[s] for v in values]))] for s in steps]
+
+
+def _cross_entropy_ends(runs: Sequence[Result]) -> list[float] | None:
+    """[at initialisation, at the end] of `cross_attention_entropy`, mean over the runs."""
+    ends = [(c[0][1], c[-1][1]) for r in runs if (c := cross_attention_entropy(r))]
     return (
         [float(np.mean([e[0] for e in ends])), float(np.mean([e[1] for e in ends]))]
         if ends
@@ -150,7 +177,8 @@ def omega_by_sublayer(r: Result, stack: str) -> list[list[float]]:
 def monitor_curves(runs: Sequence[Result]) -> dict[str, list[list[float]]]:
     """A cell's monitor curves by step, mean over its seeds: "collapse/<stack>" (the stack
     output's collapse) and "grad/<stack>" (the largest sub-layer gradient norm); and
-    "omega/<stack>" ([profiled, end] per residual branch, mean over seeds; empty without Admin)."""
+    "omega/<stack>" ([profiled, end] per residual branch, mean over seeds; empty without Admin);
+    "cross_entropy" (`cross_attention_entropy`)."""
     out: dict[str, list[list[float]]] = {}
     for stack in STACKS:
         key = f"collapse/{stack}/output"
@@ -160,6 +188,7 @@ def monitor_curves(runs: Sequence[Result]) -> dict[str, list[list[float]]]:
         out[f"grad/{stack}"] = mean_points([g for r in runs if (g := _grad_curve(r, stack))])
         omegas = [o for r in runs if (o := omega_by_sublayer(r, stack))]
         out[f"omega/{stack}"] = np.mean(omegas, axis=0).tolist() if omegas else []
+    out["cross_entropy"] = mean_points([c for r in runs if (c := cross_attention_entropy(r))])
     return out
 
 
@@ -320,22 +349,25 @@ def _ends(values: list[float] | None, digits: int = 2) -> str:
 def monitor_rows(cs: Sequence[dict[str, Any]]) -> list[str]:
     """Markdown rows of the monitor's traces per cell: the collapse of each stack's output
     (mean cosine between positions, at initialisation → at the end) and the largest sub-layer
-    gradient norm of each stack (at initialisation → the largest in the run)."""
+    gradient norm of each stack (at initialisation → the largest in the run), and the
+    decoder's cross-attention entropy (nats, mean over layers, at initialisation → at the end)."""
     if not any(c["collapse"]["encoder"] or c["max_grad"]["encoder"] for c in cs):
         return []
     lines = [
         "",
         "Monitor (mean over seeds): collapse of the stack output, init → end; largest "
-        "sub-layer gradient norm, init → largest in the run:",
+        "sub-layer gradient norm, init → largest in the run; the decoder's cross-attention "
+        "entropy (nats, mean over layers), init → end:",
         "",
-        "| cell | collapse encoder | collapse decoder | grad encoder | grad decoder |",
-        "|---|---|---|---|---|",
+        "| cell | collapse encoder | collapse decoder | grad encoder | grad decoder "
+        "| cross-attention entropy |",
+        "|---|---|---|---|---|---|",
     ]
     for c in cs:
         lines.append(
             f"| {c['cell']} | {_ends(c['collapse']['encoder'])} | "
             f"{_ends(c['collapse']['decoder'])} | {_ends(c['max_grad']['encoder'], 3)} | "
-            f"{_ends(c['max_grad']['decoder'], 3)} |"
+            f"{_ends(c['max_grad']['decoder'], 3)} | {_ends(c.get('cross_entropy'))} |"
         )
     return lines
 
@@ -440,16 +472,19 @@ MONITOR_PANELS = (
     ("collapse/decoder", "decoder output collapse (mean cosine)"),
     ("grad/encoder", "largest encoder sub-layer grad norm"),
     ("grad/decoder", "largest decoder sub-layer grad norm"),
+    ("cross_entropy", "decoder cross-attention entropy (nats, mean over layers)"),
 )
+OMEGA_PANEL, LEGEND_PANEL = 5, 6
 
 
 def monitor_figure(cs: Sequence[dict[str, Any]], title: str):
-    """The monitor's traces by step, a line per cell (mean over seeds), on a 3 × 2 grid: the
+    """The monitor's traces by step, a line per cell (mean over seeds), on a 4 × 2 grid: the
     collapse of each stack's output, the largest sub-layer gradient norm of each stack (log
-    scale), Admin's omega per residual branch (profiled: circles, at the end: crosses), and
-    the legend."""
-    fig, grid = new_figure(3, 2, width=4.2, height=3.3)
+    scale), the decoder's cross-attention entropy, Admin's omega per residual branch
+    (profiled: circles, at the end: crosses), and the legend."""
+    fig, grid = new_figure(4, 2, width=4.2, height=3.3)
     axes = grid.ravel()
+    omega_ax = axes[OMEGA_PANEL]
     styles = line_styles(cs)
     for i, c in enumerate(cs):
         for ax, (key, _) in zip(axes, MONITOR_PANELS, strict=False):
@@ -460,22 +495,23 @@ def monitor_figure(cs: Sequence[dict[str, Any]], title: str):
         for stack in STACKS:
             omega = np.asarray(c["traces"][f"omega/{stack}"]).reshape(-1, 2)
             x = offset + np.arange(len(omega))
-            axes[4].plot(x, omega[:, 0], "o", ms=3, color=_colour(c, i), mfc="none")
-            axes[4].plot(x, omega[:, 1], "x", ms=3, color=_colour(c, i), label=c["cell"])
+            omega_ax.plot(x, omega[:, 0], "o", ms=3, color=_colour(c, i), mfc="none")
+            omega_ax.plot(x, omega[:, 1], "x", ms=3, color=_colour(c, i), label=c["cell"])
             offset += len(omega)
     for ax, (key, label) in zip(axes, MONITOR_PANELS, strict=False):
         ax.set_title(label, fontsize=8)
         ax.set_xlabel("step")
         ax.set_yscale("log" if key.startswith("grad/") else "linear")
-    axes[4].set_title("Admin ω by residual branch (encoder, then decoder)", fontsize=8)
-    axes[4].set_xlabel("branch (layer-major)")
+    omega_ax.set_title("Admin ω by residual branch (encoder, then decoder)", fontsize=8)
+    omega_ax.set_xlabel("branch (layer-major)")
     if not any(c["traces"][f"omega/{k}"] for c in cs for k in STACKS):
-        axes[4].axis("off")
-        axes[4].text(0.5, 0.5, "no Admin arm", ha="center", transform=axes[4].transAxes)
+        omega_ax.axis("off")
+        omega_ax.text(0.5, 0.5, "no Admin arm", ha="center", transform=omega_ax.transAxes)
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[5].axis("off")
-    axes[5].legend(*axes[0].get_legend_handles_labels(), loc="center", fontsize=7)
+    for ax in axes[LEGEND_PANEL:]:
+        ax.axis("off")
+    axes[LEGEND_PANEL].legend(*axes[0].get_legend_handles_labels(), loc="center", fontsize=7)
     fig.suptitle(title)
     return fig
 

@@ -39,7 +39,7 @@ COLLAPSE = "collapse/output"
 BLEU = "bleu"
 MT_LOSS = "nll_loss"
 # The monitor's measures kept in a translation run's result (prefixes of metrics.jsonl names).
-MT_TRACES = ("collapse/", "grad_norm", "omega/")
+MT_TRACES = ("collapse/", "grad_norm", "omega/", "attention_entropy/")
 
 
 class RunsFailed(RuntimeError):
@@ -182,7 +182,8 @@ def translation_fields(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A translation run's own summary: its BLEU curve [[step, bleu, seconds], ...], final and
     best BLEU, the final validation NLL ("final_eval_loss", what `eval_curve` holds), and the
     monitor's traces `MT_TRACES` ({name: [[step, value], ...]}: collapse, per-layer gradient
-    norms of both stacks, Admin's omega), so that a failing run's mechanism is in its result."""
+    norms of both stacks, Admin's omega, attention entropies), so that a failing run's
+    mechanism is in its result."""
     bleu = curve(records, "eval", BLEU)
     finite = [v for _, v, _ in bleu if _finite(v)]
     nll = curve(records, "eval", MT_LOSS)
