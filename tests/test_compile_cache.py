@@ -1,17 +1,22 @@
 """TrainConfig.compilation_cache (ln_jax/compile_cache.py): where "auto" points, that a run
-fills the cache and a second run of the same programs reads it, and that JAX's own setting is
-restored after the run."""
+fills the cache and a second run of the same programs reads it (and so does a run with another
+seed, learning rate and length: `steps.run_values` are inputs), and that JAX's own
+setting is restored after the run."""
 
 from __future__ import annotations
 
 import os
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import compile_cache
-from ln_jax.train import run_identity, trainer
-from tests.test_trainer import tiny_config, train_losses
+from ln_jax import compile_cache, sharding
+from ln_jax.task import make_task
+from ln_jax.train import run_identity, steps, trainer
+from tests.test_trainer import read_metrics, tiny_config, train_losses
 
 pytest_plugins = ("tests.data_fixtures",)
 
@@ -48,7 +53,47 @@ def test_a_second_run_reads_every_program_from_the_cache(data_dir, tmp_path, mon
         written = set(os.listdir(folder))
         assert len(written) >= 2  # at least the train and evaluation steps
         trainer.train_and_evaluate(cfg, str(tmp_path / "second"))
+        assert set(os.listdir(folder)) == written  # nothing compiled anew
+        # Another seed, learning rate and length: the same programs (run_values).
+        other = {"seed": 3, "optim.peak_lr": 3e-3}
+        trainer.train_and_evaluate(
+            tiny_config(data_dir, total_steps=3, compilation_cache=str(folder), **other),
+            str(tmp_path / "third"),
+        )
     finally:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", min_secs)
-    assert set(os.listdir(folder)) == written  # nothing compiled anew
-    assert train_losses(tmp_path / "second") == train_losses(tmp_path / "first")
+    assert set(os.listdir(folder)) == written
+    first = train_losses(tmp_path / "first")
+    assert train_losses(tmp_path / "second") == first
+    third = read_metrics(tmp_path / "third")
+    assert [r["learning_rate"] for r in third if r["split"] == "train"] == pytest.approx(
+        [3e-3, 2e-3, 1e-3]  # linear_decay: 3e-3 * (1 - t / 3)
+    )
+    assert train_losses(tmp_path / "third")[1] != first[1]  # another seed: other parameters
+
+
+def test_the_run_values_as_inputs_compute_what_they_compute_as_constants(data_dir):
+    """The train step with `run_values` bound as inputs equals the same step with them
+    compiled in as constants, bit for bit (a warm-up, another seed)."""
+    schedule = {"optim.schedule": "warmup_linear_decay", "optim.warmup_steps": 3}
+    cfg = tiny_config(data_dir, seed=4, **schedule, **{"optim.peak_lr": 1e-3})
+    mesh = sharding.make_mesh(2, 2, 2)
+    pieces = steps.init_state(cfg, mesh)
+    batch = next(iter(make_task(cfg).pipelines(mesh)[0]))
+    bound = steps.jit_train_step(cfg, mesh, pieces)
+    fn, values = steps.make_train_step(pieces.graphdef, cfg), steps.run_values(cfg)
+    shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
+    constants = jax.jit(
+        lambda state, rest, batch: fn(state, rest, batch, values),  # numbers: constants
+        in_shardings=(shardings, jax.tree.map(lambda x: x.sharding, pieces.rest), None),
+        out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
+    )
+    results = []
+    for step in (bound, constants):
+        state = jax.tree.map(jnp.copy, pieces.state)  # the step donates it
+        with sharding.use_mesh(mesh):
+            for _ in range(2):
+                state, metrics = step(state, pieces.rest, batch)
+        results.append(jax.device_get((state["params"], metrics)))
+    jax.tree.map(np.testing.assert_array_equal, *results)
+    assert results[0][1]["learning_rate"] == pytest.approx(1e-3 / 3)  # update 1 of 3 of warm-up

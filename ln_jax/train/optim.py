@@ -7,7 +7,8 @@ inverse-square-root schedule. ``warmup_steps=0`` is an ordinary value everywhere
 
 The trainer reads the current learning rate by calling ``make_schedule(cfg)(step)``;
 the optimizer's own step counter starts at 0 on the first update, so update ``k``
-(0-based) uses ``lr(k)``.
+(0-based) uses ``lr(k)``. The schedule's numbers (``SCHEDULE_FIELDS``) may be traced: the
+train step takes them as inputs, so runs that differ only in them share one compiled program.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ OPTIMIZERS = ("adam", "adamw", "radam", "sgd")
 SCHEDULES = ("linear_decay", "warmup_linear_decay", "warmup_rsqrt", "decay_rsqrt", "constant")
 # Schedules that accept warmup_steps > 0 (linear_decay is by definition without warm-up).
 WARMUP_SCHEDULES = ("warmup_linear_decay", "warmup_rsqrt", "decay_rsqrt", "constant")
+# The schedule's numbers: inputs of the compiled train step, not constants (`schedule_values`).
+SCHEDULE_FIELDS = ("peak_lr", "end_lr", "warmup_steps", "total_steps", "decay_step", "decay_factor")
 # A run's optim.total_steps is its total_steps unless set (`TrainConfig.from_mapping`).
 TOTAL_STEPS_NOTE = " (it follows --config.total_steps unless set)."
 
@@ -129,24 +132,33 @@ def _check_choice(field: str, value: str, valid: tuple[str, ...]) -> None:
     check_choice(f"optim.{field}", value, valid, config_field=f"optim.{field}", shown=shown)
 
 
-def _warmup_ramp(step: jax.Array, warmup_steps: int) -> jax.Array:
-    """Returns ``min(1, t / W)``, or 1 when ``W == 0`` (Xiong et al. eq. 1)."""
-    if warmup_steps == 0:
-        return jnp.ones_like(step)
-    return jnp.minimum(step / warmup_steps, 1.0)
+def _warmup_ramp(step: jax.Array, warmup_steps: Any) -> jax.Array:
+    """Returns ``min(1, t / W)``, or 1 when ``W == 0`` (Xiong et al. eq. 1); `W` a number or
+    a traced scalar."""
+    ramp = jnp.minimum(step / jnp.maximum(warmup_steps, 1), 1.0)
+    return jnp.where(jnp.asarray(warmup_steps) > 0, ramp, jnp.ones_like(step))
 
 
-def _rsqrt_from(step: jax.Array, start: int) -> jax.Array:
+def _rsqrt_from(step: jax.Array, start: Any) -> jax.Array:
     """Returns ``sqrt(S / t)`` for ``t >= S`` with ``S = max(start, 1)``, else 1.
 
     ``S`` is floored at 1 so that a zero warm-up/decay step gives ``lr(0) = peak``
     and ``1/sqrt(t)`` afterwards instead of a zero or infinite rate.
     """
-    s = max(start, 1)
+    s = jnp.maximum(start, 1)
     return jnp.sqrt(s / jnp.maximum(step, s))
 
 
-def make_schedule(cfg: OptimConfig) -> optax.Schedule:
+def schedule_values(cfg: OptimConfig) -> dict[str, float]:
+    """The schedule's numbers (``SCHEDULE_FIELDS``), which ``make_schedule`` also takes traced.
+
+    The train step takes them as inputs, not constants (``ln_jax.train.steps.run_values``), so
+    the runs of a learning-rate, warm-up or length grid share one compiled program.
+    """
+    return {name: float(getattr(cfg, name)) for name in SCHEDULE_FIELDS}
+
+
+def make_schedule(cfg: OptimConfig, values: Mapping[str, Any] | None = None) -> optax.Schedule:
     """Returns the learning-rate schedule ``step -> lr`` (jit-traceable).
 
     With P = peak_lr, E = end_lr, W = warmup_steps, T = total_steps, D = decay_step,
@@ -165,15 +177,18 @@ def make_schedule(cfg: OptimConfig) -> optax.Schedule:
     ``end_lr`` and ``total_steps`` only affect the two linear-decay schedules.
 
     Args:
-        cfg: The optimizer config.
+        cfg: The optimizer config (its ``schedule`` picks the formula).
+        values: The numbers P, E, W, T, D, f by ``SCHEDULE_FIELDS`` name, numbers or traced
+            float32 scalars (the train step's inputs); default ``schedule_values(cfg)``.
 
     Returns:
         A function mapping an integer step (scalar, possibly traced) to a float32 lr.
     """
-    p, e, w, t_end = cfg.peak_lr, cfg.end_lr, cfg.warmup_steps, cfg.total_steps
+    v = schedule_values(cfg) if values is None else values
+    p, e, w, t_end = v["peak_lr"], v["end_lr"], v["warmup_steps"], v["total_steps"]
 
     def linear_decay(t: jax.Array) -> jax.Array:
-        frac = jnp.clip((t - w) / max(t_end - w, 1), 0.0, 1.0)
+        frac = jnp.clip((t - w) / jnp.maximum(t_end - w, 1), 0.0, 1.0)
         # Convex combination (not p + (e - p) * frac): exact at both ends in float32.
         return p * (1.0 - frac) + e * frac
 
@@ -184,8 +199,8 @@ def make_schedule(cfg: OptimConfig) -> optax.Schedule:
         elif cfg.schedule == "warmup_rsqrt":
             lr = jnp.where(t < w, p * _warmup_ramp(t, w), p * _rsqrt_from(t, w))
         elif cfg.schedule == "decay_rsqrt":
-            d = cfg.decay_step
-            after = p * cfg.decay_factor * _rsqrt_from(t, d)
+            d = v["decay_step"]
+            after = p * v["decay_factor"] * _rsqrt_from(t, d)
             lr = jnp.where(t < d, p * _warmup_ramp(t, w), after)
         else:  # constant
             lr = p * _warmup_ramp(t, w)
@@ -244,7 +259,9 @@ def _scaling(cfg: OptimConfig) -> optax.GradientTransformation:
     return optax.trace(decay=cfg.momentum)
 
 
-def make_optimizer(cfg: OptimConfig, params: Any) -> optax.GradientTransformation:
+def make_optimizer(
+    cfg: OptimConfig, params: Any, schedule: optax.Schedule | None = None
+) -> optax.GradientTransformation:
     """Builds the optax chain: clip -> scaling -> (adamw) decay -> -lr(t).
 
     The decay mask is computed by ``decay_mask`` on whatever tree optax hands
@@ -256,6 +273,8 @@ def make_optimizer(cfg: OptimConfig, params: Any) -> optax.GradientTransformatio
         cfg: The optimizer config.
         params: Parameter pytree (dict of arrays or ``nnx.State``). Used only to
             check eagerly that the decay mask can be built for it.
+        schedule: The learning rate by step; default ``make_schedule(cfg)``. The train step
+            passes the schedule of its traced values: the state's structure is the same.
 
     Returns:
         The gradient transformation; call ``update(grads, state, params)``
@@ -270,7 +289,7 @@ def make_optimizer(cfg: OptimConfig, params: Any) -> optax.GradientTransformatio
         # Decoupled (Loshchilov & Hutter): added after the adaptive scaling, so it
         # is scaled by the learning rate but not by Adam's preconditioner.
         parts.append(optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))
-    parts.append(optax.scale_by_learning_rate(make_schedule(cfg)))
+    parts.append(optax.scale_by_learning_rate(schedule or make_schedule(cfg)))
     return optax.chain(*parts)
 
 

@@ -10,7 +10,8 @@ its loss come from the config's task (`ln_jax.task`): nothing here names one.
   train, evaluate = jit_steps(cfg, mesh, pieces)   # jitted with those shardings, state donated
 
 `train(state, rest, batch) -> (state, metrics)` and `evaluate(params, rest, batch) -> output`
-take the global batch of `abstract_batch` (every array split over data x fsdp); call or lower
+take the global batch of `abstract_batch` (the run's seed and schedule numbers, `run_values`,
+are bound inputs of `train`, not constants: a grid over them compiles once) (every array split over data x fsdp); call or lower
 them inside `sharding.use_mesh(mesh)` (`in_mesh` wraps a step so), where the model's activation
 sharding constraints apply.
 
@@ -27,6 +28,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -42,6 +44,7 @@ Batch = dict[str, jax.Array]
 State = dict[str, Any]
 
 __all__ = [
+    "BoundStep",
     "TrainState",
     "abstract_batch",
     "abstract_state",
@@ -52,6 +55,7 @@ __all__ = [
     "make_eval_step",
     "make_train_step",
     "model_state",
+    "run_values",
 ]
 
 
@@ -227,14 +231,27 @@ def _grads(graphdef, params, rest, batch, key, cfg, task, measure=False):
     return total
 
 
-def dropout_key(cfg: TrainConfig, step: Any) -> jax.Array:
-    """The dropout key of update `step` (0-based; traced or not), of `cfg.dropout_rng`."""
-    base = jax.random.key(cfg.seed, impl=prng_impl(cfg.dropout_rng))
+def dropout_key(cfg: TrainConfig, step: Any, seed: Any = None) -> jax.Array:
+    """The dropout key of update `step` (0-based; traced or not), of `cfg.dropout_rng`; `seed`
+    (default `cfg.seed`) may be traced, as in the train step (`run_values`)."""
+    base = jax.random.key(cfg.seed if seed is None else seed, impl=prng_impl(cfg.dropout_rng))
     return jax.random.fold_in(base, step)
 
 
-def make_train_step(graphdef, tx, schedule, cfg: TrainConfig, measure: bool = False) -> Callable:
-    """(state, rest, batch) -> (state, metrics): one update; non-finite updates are dropped.
+def run_values(cfg: TrainConfig) -> dict[str, np.ndarray]:
+    """The numbers of a run that the train step takes as inputs rather than constants: the seed
+    of its dropout keys and the schedule's numbers (`optim.SCHEDULE_FIELDS`, float32).
+
+    Runs that differ only in these (a learning-rate, warm-up or length grid; other seeds)
+    compile one program and share it through the persistent compilation cache.
+    """
+    values = {k: np.float32(v) for k, v in optim.schedule_values(cfg.optim).items()}
+    return {"seed": np.int32(cfg.seed), **values}
+
+
+def make_train_step(graphdef, cfg: TrainConfig, measure: bool = False) -> Callable:
+    """(state, rest, batch, values) -> (state, metrics): one update; non-finite updates are
+    dropped. `values`: `run_values(cfg)`, concrete or traced (the optimizer is built from them).
 
     state = {"params", "opt_state", "step", "halted", "nonfinite_step"}. With nan_policy
     "stop", the first non-finite step sets `halted` and freezes the state at the last good
@@ -247,9 +264,11 @@ def make_train_step(graphdef, tx, schedule, cfg: TrainConfig, measure: bool = Fa
 
     task = make_task(cfg)
 
-    def step_fn(state: State, rest, batch: Batch):
+    def step_fn(state: State, rest, batch: Batch, values: dict[str, Any]):
         step = state["step"]
-        key = dropout_key(cfg, step)
+        key = dropout_key(cfg, step, values["seed"])
+        schedule = optim.make_schedule(cfg.optim, values)
+        tx = optim.make_optimizer(cfg.optim, state["params"], schedule)
         args = (graphdef, state["params"], rest, batch, key, cfg, task, measure)
         metrics, grads = _grads(*args)
         grad_norm = optim.global_norm(grads)
@@ -292,18 +311,44 @@ def jit_train_step(
     pieces: TrainState,
     measure: bool = False,
 ) -> Callable:
-    """The train step jitted with the shardings of `pieces`: state, rest and batch shardings
-    in; the same state shardings and replicated metrics out; the state donated. `measure`: the
-    variant with per-layer measurements."""
+    """The train step jitted with the shardings of `pieces`, as a function of (state, rest,
+    batch): state, rest and batch shardings in; the same state shardings and replicated
+    metrics out; the state donated. `measure`: the variant with per-layer measurements.
+
+    This run's `run_values` are bound as the program's last input (`BoundStep`), so the
+    compiled program does not depend on them.
+    """
     shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
-    schedule = optim.make_schedule(cfg.optim)
-    return jax.jit(
-        make_train_step(pieces.graphdef, pieces.tx, schedule, cfg, measure),
-        in_shardings=(shardings, rest_sh, sharding.batch_sharding(mesh)),
-        out_shardings=(shardings, _replicated(mesh)),
+    replicated = _replicated(mesh)
+    jitted = jax.jit(
+        make_train_step(pieces.graphdef, cfg, measure),
+        in_shardings=(shardings, rest_sh, sharding.batch_sharding(mesh), replicated),
+        out_shardings=(shardings, replicated),
         donate_argnums=(0,),
     )
+    values = {k: jax.device_put(v, replicated) for k, v in run_values(cfg).items()}
+    return BoundStep(jitted, values)
+
+
+class BoundStep:
+    """A jitted function of (*args, bound) used as a function of (*args): called, lowered,
+    and its lowered form compiled and called, with `bound` passed last each time."""
+
+    def __init__(self, fn: Any, bound: Any):
+        self.fn, self.bound = fn, bound
+
+    def __call__(self, *args):
+        return self.fn(*args, self.bound)
+
+    def lower(self, *args) -> BoundStep:
+        return BoundStep(self.fn.lower(*args, self.bound), self.bound)
+
+    def compile(self, *args, **kwargs) -> BoundStep:
+        return BoundStep(self.fn.compile(*args, **kwargs), self.bound)
+
+    def __getattr__(self, name: str) -> Any:  # as_text, cost_analysis, memory_analysis, ...
+        return getattr(self.fn, name)
 
 
 def jit_steps(cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: TrainState):
