@@ -10,10 +10,10 @@ its loss come from the config's task (`ln_jax.task`): nothing here names one.
   train, evaluate = jit_steps(cfg, mesh, pieces)   # jitted with those shardings, state donated
 
 `train(state, rest, batch) -> (state, metrics)` and `evaluate(params, rest, batch) -> output`
-take the global batch of `abstract_batch` (the run's seed and schedule numbers, `run_values`,
-are bound inputs of `train`, not constants: a grid over them compiles once) (every array split over data x fsdp); call or lower
+take the global batch of `abstract_batch` (every array split over data x fsdp); call or lower
 them inside `sharding.use_mesh(mesh)` (`in_mesh` wraps a step so), where the model's activation
-sharding constraints apply.
+sharding constraints apply. The run's seed and schedule numbers (`run_values`) are bound
+inputs of `train`, not constants: a grid over them compiles one program.
 
 Every task trains with this same step, fine-tuning too (its task is
 `ln_jax.models.bert.finetune.task.GlueClassification`): the loss, always the task's.
