@@ -393,3 +393,32 @@ def test_tiny_warmup_grid_end_to_end_reports_the_key_ratio(data_dir, tmp_path):
     # The plot is the warm-up figure of the saved summary (tested on a synthetic one above).
     replot = report.plot_warmup(summary, 12.0, str(tmp_path / "re.png"))
     assert (tmp_path / "curves.png").read_bytes() == Path(replot).read_bytes()
+
+
+def test_a_grid_on_a_cpu_compiles_its_train_step_once_in_the_study_folder(
+    data_dir, tmp_path, monkeypatch
+):
+    """Two runs of one arm with other seeds and learning rates: one compiled train step in
+    OUT/jax_compilation (config "auto" on a CPU), two different runs; "off" stays off."""
+    import jax
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")  # the suite's own folder would win
+    base = base_config(data_dir, total_steps=2, eval_every=0, checkpoint_every=0)
+    specs = [
+        RunSpec("a", "pre", {"model.placement": "pre", "seed": 0, "optim.peak_lr": 1e-3}),
+        RunSpec("b", "pre", {"model.placement": "pre", "seed": 1, "optim.peak_lr": 3e-3}),
+    ]
+    min_secs = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+        results = [runner.run_one(base, spec, str(tmp_path), plateau=6.7) for spec in specs]
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_secs)
+    folder = tmp_path / "jax_compilation"
+    assert len([p for p in os.listdir(folder) if p.startswith("jit_step_fn-")]) == 1
+    for spec in specs:
+        saved = json.loads((tmp_path / "runs" / spec.name / "config.json").read_text())
+        assert saved["compilation_cache"] == str(folder)
+    assert results[0]["final_eval_mlm_loss"] != results[1]["final_eval_mlm_loss"]
+    off = override(base, {"compilation_cache": "off"})
+    assert runner.run_config(off, specs[0], str(tmp_path)).compilation_cache == "off"

@@ -82,12 +82,24 @@ class RunSpec:
         }
 
 
-def run_config(base: Mapping[str, Any], spec: RunSpec) -> Any:
+def run_config(base: Mapping[str, Any], spec: RunSpec, out: str | None = None) -> Any:
     """The typed `TrainConfig` of one run: `base` with the run's name and overrides set
-    (through `ln_jax.config_front.override`, the one override function of every command line)."""
+    (through `ln_jax.config_front.override`, the one override function of every command line).
+
+    With `out` (the study's folder), a study on a CPU, where `compilation_cache="auto"` is off,
+    keeps one persistent compilation cache in `OUT/jax_compilation` for all its runs: a grid's
+    runs compile the same programs (their seeds and schedule numbers are inputs of the train
+    step, `ln_jax.train.steps.run_values`), and a deep model's step takes minutes on a CPU.
+    """
+    from ln_jax import compile_cache
+    from ln_jax.config import platform
     from ln_jax.config_front import build_config, override
 
-    return build_config(override(base, {"name": spec.name, **spec.overrides}))
+    values = {"name": spec.name, **spec.overrides}
+    cpu_auto = compile_cache.resolve(compile_cache.AUTO, platform()) == compile_cache.OFF
+    if out is not None and cpu_auto and base.get("compilation_cache") == compile_cache.AUTO:
+        values["compilation_cache"] = os.path.join(out, compile_cache.SUBDIR)
+    return build_config(override(base, values))
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,7 +315,7 @@ def run_one(
     finished run goes on from its last checkpoint to the config's total_steps."""
     from ln_jax.train.trainer import NonFiniteError, train_and_evaluate
 
-    cfg = run_config(base, spec)
+    cfg = run_config(base, spec, out)
     workdir = os.path.join(out, "runs", spec.name)
     if extend:
         check_extendable(cfg, workdir)
