@@ -20,7 +20,8 @@ from configs import bert_postln, bert_preln
 from ln_jax import sharding
 from ln_jax.config import TrainConfig
 from ln_jax.data import make_pipeline
-from ln_jax.train import steps, trainer
+from ln_jax.task import make_task
+from ln_jax.train import optim, steps, trainer
 from tests.xla_env import xla_flags
 
 pytest_plugins = ("tests.data_fixtures",)
@@ -250,6 +251,40 @@ def test_nan_policy_skip_drops_the_update_and_goes_on(data_dir, tmp_path):
     assert any(not r["finite"] for r in records)
     # The non-finite updates were dropped: the parameters stayed finite.
     assert all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(last["params"]))
+
+
+def test_a_skipped_update_leaves_the_schedule_on_the_trainer_s_step(data_dir):
+    """The update after a skipped one uses the learning rate of its own step, the one the
+    metrics report, not that of optax's count (which counts applied updates only)."""
+    overrides = {"optim.optimizer": "sgd", "optim.momentum": 0.0, "optim.clip_norm": 0.0}
+    overrides |= {"optim.peak_lr": 0.5}  # updates far above float32 rounding of the weights
+    overrides |= {"optim.schedule": "warmup_linear_decay", "optim.warmup_steps": 4}
+    no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
+    cfg = tiny_config(data_dir, nan_policy="skip", **overrides, **no_dropout)
+    mesh = sharding.make_mesh(2, 2, 2)
+    pieces = steps.init_state(cfg, mesh)
+    batch = next(iter(make_task(cfg).pipelines(mesh)[0]))
+    poisoned = {**batch, "masked_weights": jnp.full_like(batch["masked_weights"], jnp.nan)}
+    step = steps.jit_train_step(cfg, mesh, pieces)
+
+    def run(batches):
+        state = jax.tree.map(jnp.copy, pieces.state)  # the step donates it
+        with sharding.use_mesh(mesh):
+            for b in batches:
+                state, metrics = step(state, pieces.rest, b)
+        delta = jax.tree.map(jnp.subtract, state["params"], pieces.state["params"])
+        return jax.device_get((delta, metrics))
+
+    # Warm-up: lr(k) = peak * k / 4, so lr(0) = 0 and optax's count would stay on it.
+    once, m_once = run([poisoned, batch])  # step 0 dropped, update at step 1: -lr(1) * g
+    twice, m_twice = run([poisoned, poisoned, batch])  # update at step 2: -lr(2) * g
+    lr = optim.make_schedule(cfg.optim)
+    assert (m_once["learning_rate"], m_twice["learning_rate"]) == (lr(1), lr(2))
+    assert bool(m_once["finite"]) and bool(m_twice["finite"])
+    assert float(optim.global_norm(once)) > 0
+    # Without dropout, both updates see the same gradient g; lr(2) = 2 lr(1).
+    ratio = lambda a, b: np.testing.assert_allclose(a, 2 * b, rtol=1e-4, atol=1e-6)
+    jax.tree.map(ratio, twice, once)
 
 
 def test_corrupt_checkpoint_names_its_path_and_can_fall_back(data_dir, tmp_path):

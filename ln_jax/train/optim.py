@@ -5,10 +5,12 @@ linear warm-up, Pre-LN without one (linear decay for BERT, "decay at a step, the
 inverse square root" for machine translation), and the Vaswani warm-up +
 inverse-square-root schedule. ``warmup_steps=0`` is an ordinary value everywhere.
 
-The trainer reads the current learning rate by calling ``make_schedule(cfg)(step)``;
-the optimizer's own step counter starts at 0 on the first update, so update ``k``
-(0-based) uses ``lr(k)``. The schedule's numbers (``SCHEDULE_FIELDS``) may be traced: the
-train step takes them as inputs, so runs that differ only in them share one compiled program.
+The learning rate is a function of the trainer's step: update ``k`` (0-based) uses
+``lr(k)``. The train step evaluates ``make_schedule(cfg, values)(step)`` and hands optax that
+number, so an update dropped by ``nan_policy="skip"`` (which optax's own count does not see)
+does not shift the schedule of the updates after it. The schedule's numbers
+(``SCHEDULE_FIELDS``) may be traced: the train step takes them as inputs, so runs that differ
+only in them share one compiled program.
 """
 
 from __future__ import annotations

@@ -256,6 +256,8 @@ def make_train_step(graphdef, cfg: TrainConfig, measure: bool = False) -> Callab
     state = {"params", "opt_state", "step", "halted", "nonfinite_step"}. With nan_policy
     "stop", the first non-finite step sets `halted` and freezes the state at the last good
     parameters; `nonfinite_step` records that step (with "skip", the first skipped one).
+    Update `step` uses lr(step) whether or not earlier updates were dropped (Adam's bias
+    correction counts the updates applied).
 
     With `measure` the same update also returns metrics["monitor"], the per-layer measurements
     of `ln_jax.train.monitor` (a second compiled program that the trainer calls on logging steps
@@ -267,8 +269,10 @@ def make_train_step(graphdef, cfg: TrainConfig, measure: bool = False) -> Callab
     def step_fn(state: State, rest, batch: Batch, values: dict[str, Any]):
         step = state["step"]
         key = dropout_key(cfg, step, values["seed"])
-        schedule = optim.make_schedule(cfg.optim, values)
-        tx = optim.make_optimizer(cfg.optim, state["params"], schedule)
+        # The learning rate of the trainer's step, not of optax's count: with nan_policy
+        # "skip" the count falls behind by one per dropped update, the schedule does not.
+        lr = optim.make_schedule(cfg.optim, values)(step)
+        tx = optim.make_optimizer(cfg.optim, state["params"], lambda _count: lr)
         args = (graphdef, state["params"], rest, batch, key, cfg, task, measure)
         metrics, grads = _grads(*args)
         grad_norm = optim.global_norm(grads)
@@ -286,7 +290,7 @@ def make_train_step(graphdef, cfg: TrainConfig, measure: bool = False) -> Callab
                 (state["nonfinite_step"] == 0) & ~finite, step + 1, state["nonfinite_step"]
             ),
         }
-        metrics.update(grad_norm=grad_norm, learning_rate=schedule(step), finite=finite)
+        metrics.update(grad_norm=grad_norm, learning_rate=lr, finite=finite)
         if measure:
             stats = task.parameter_measures(grads, updates, state["params"])
             metrics["monitor"] = {**metrics["monitor"], **jax.lax.stop_gradient(stats)}
