@@ -492,8 +492,7 @@ class TrainConfig:
         into the op using the mask: no bit array in memory; `ln_jax.nn.random`), or
         "auto" (resolved when the config is built: rbg on a TPU, hash elsewhere).
       nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
-        last good checkpoint is kept) or "skip" (drop that update and go on; the schedule
-        stays on the step: the update at step k uses lr(k)).
+        last good checkpoint is kept) or "skip" (drop it, go on; step k still uses lr(k)).
       compilation_cache: JAX's persistent compilation cache while the run trains: "auto"
         (resolved when the config is built: $LN_JAX_CACHE_DIR/jax_compilation, else
         ~/.cache/ln_jax/jax_compilation, on a GPU/TPU; "off" on a CPU), "off", or a folder

@@ -20,7 +20,7 @@ import tempfile
 
 import pytest
 
-from tests import hermetic
+from tests import hermetic, ordering
 from tests.xla_env import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +47,7 @@ if hermetic.HOME_ENV not in os.environ:
 hermetic.point_defaults_at(os.environ[hermetic.HOME_ENV])
 
 _TREE_BEFORE = pytest.StashKey[dict]()
+_RECORDER = ordering.recorder()
 _TREE_CHANGES = pytest.StashKey[list]()
 
 
@@ -60,7 +61,20 @@ def pytest_sessionstart(session):
         session.config.stash[_TREE_BEFORE] = hermetic.tree_state(ROOT)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The longest test files first (tests/ordering.py), so that the workers end together."""
+    order = ordering.longest_first([item.nodeid for item in items], ordering.read_table())
+    items[:] = [items[i] for i in order]
+
+
+def pytest_runtest_logreport(report):
+    if _RECORDER is not None:
+        _RECORDER.add(report.nodeid, report.duration)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if _RECORDER is not None and _checks_the_tree(session.config):
+        _RECORDER.write()
     before = session.config.stash.get(_TREE_BEFORE, None)
     if before is None:
         return
