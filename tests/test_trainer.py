@@ -238,7 +238,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(data_dir, tmp_path):
     )
 
 
-def test_nan_policy_skip_drops_the_update_and_goes_on(data_dir, tmp_path):
+def test_nan_policy_skip_drops_the_update_and_goes_on(data_dir, tmp_path, caplog):
     # The "stop" policy is tested in test_run_trust.py (exact step, checkpoint kept).
     skip = tiny_config(
         data_dir, total_steps=8, nan_policy="skip", **{"optim.peak_lr": 1e6, "optim.clip_norm": 0.0}
@@ -248,7 +248,14 @@ def test_nan_policy_skip_drops_the_update_and_goes_on(data_dir, tmp_path):
     result = trainer.train_and_evaluate(skip, str(tmp_path / "skip"), hooks=[keep_last])
     assert result["step"] == 8
     records = [r for r in read_metrics(tmp_path / "skip") if r["split"] == "train"]
-    assert any(not r["finite"] for r in records)
+    dropped = [r["step"] for r in records if not r["finite"]]
+    assert dropped
+    # Every step is recorded (log_every=1): the count is the dropped steps up to each step.
+    assert [r["skipped_updates"] for r in records] == [
+        sum(d <= r["step"] for d in dropped) for r in records
+    ]
+    warnings = [r.getMessage() for r in caplog.records if "nan_policy=skip" in r.getMessage()]
+    assert len(warnings) == len(set(dropped)) and f"{len(dropped)} update(s)" in warnings[-1]
     # The non-finite updates were dropped: the parameters stayed finite.
     assert all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(last["params"]))
 
@@ -281,6 +288,7 @@ def test_a_skipped_update_leaves_the_schedule_on_the_trainer_s_step(data_dir):
     lr = optim.make_schedule(cfg.optim)
     assert (m_once["learning_rate"], m_twice["learning_rate"]) == (lr(1), lr(2))
     assert bool(m_once["finite"]) and bool(m_twice["finite"])
+    assert (int(m_once["skipped_updates"]), int(m_twice["skipped_updates"])) == (1, 2)
     assert float(optim.global_norm(once)) > 0
     # Without dropout, both updates see the same gradient g; lr(2) = 2 lr(1).
     ratio = lambda a, b: np.testing.assert_allclose(a, 2 * b, rtol=1e-4, atol=1e-6)

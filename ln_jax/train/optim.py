@@ -295,6 +295,12 @@ def make_optimizer(
     return optax.chain(*parts)
 
 
+def applied_updates(opt_state: Any) -> jax.Array:
+    """How many updates the chain of `make_optimizer` has applied: the count of its last part
+    (the learning rate's), which an update dropped with its state kept does not advance."""
+    return opt_state[-1].count
+
+
 def global_norm(grads: Any) -> jax.Array:
     """Returns the global L2 norm of a gradient pytree (as clipping measures it)."""
     return optax.tree.norm(grads)

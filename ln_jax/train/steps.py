@@ -257,7 +257,8 @@ def make_train_step(graphdef, cfg: TrainConfig, measure: bool = False) -> Callab
     "stop", the first non-finite step sets `halted` and freezes the state at the last good
     parameters; `nonfinite_step` records that step (with "skip", the first skipped one).
     Update `step` uses lr(step) whether or not earlier updates were dropped (Adam's bias
-    correction counts the updates applied).
+    correction counts the updates applied); with "skip", metrics["skipped_updates"] counts the
+    updates dropped since the run began.
 
     With `measure` the same update also returns metrics["monitor"], the per-layer measurements
     of `ln_jax.train.monitor` (a second compiled program that the trainer calls on logging steps
@@ -291,6 +292,8 @@ def make_train_step(graphdef, cfg: TrainConfig, measure: bool = False) -> Callab
             ),
         }
         metrics.update(grad_norm=grad_norm, learning_rate=lr, finite=finite)
+        if cfg.nan_policy == "skip":  # dropped so far, this step's included
+            metrics["skipped_updates"] = step + 1 - optim.applied_updates(new_state["opt_state"])
         if measure:
             stats = task.parameter_measures(grads, updates, state["params"])
             metrics["monitor"] = {**metrics["monitor"], **jax.lax.stop_gradient(stats)}

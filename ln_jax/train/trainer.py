@@ -383,6 +383,7 @@ class _Loop:
         self.watcher = EarlyWarning(run.cfg.monitor) if run.monitor_step is not None else None
         self.evals = _earlier_evals(workdir) if hasattr(run.task, "run_result") else []
         self.compiled: set[str] = set()  # the train programs this process has run
+        self.skipped_shown = 0  # nan_policy="skip": the dropped updates already reported
 
     def _note_compilation(self, measured: bool) -> None:
         """A train program's first step in this process compiles it: not a steady step."""
@@ -435,10 +436,21 @@ class _Loop:
         written = self.writer.write(step, "train", values) if record else None
         self.progress.show(step, steps_s, tokens_s, float(metrics["loss"]))
         _check_finite(run, self.ckpt)
+        self._report_skipped(step, int(metrics.get("skipped_updates", 0)))
         self.ckpt.check()  # a background save that failed stops the run now
         if self.watcher is not None:
             _watch(run, self.ckpt, self.writer, self.watcher, step, metrics, measures)
         return written
+
+    def _report_skipped(self, step: int, skipped: int) -> None:
+        """A warning when updates were dropped (nan_policy="skip") since the last report."""
+        if skipped > self.skipped_shown:
+            log.warning(
+                "%d update(s) dropped for a non-finite loss or gradient by step %d "
+                "(nan_policy=skip; %d since the last report)",
+                skipped, step, skipped - self.skipped_shown,
+            )  # fmt: skip
+            self.skipped_shown = skipped
 
     def _evaluate(self, step: int) -> dict[str, Any]:
         """Writes the step's "eval" record (with its epoch when the config counts epochs)."""
