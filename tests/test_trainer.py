@@ -279,8 +279,8 @@ def test_a_skipped_update_leaves_the_schedule_on_the_trainer_s_step(data_dir):
         with sharding.use_mesh(mesh):
             for b in batches:
                 state, metrics = step(state, pieces.rest, b)
-        delta = jax.tree.map(jnp.subtract, state["params"], pieces.state["params"])
-        return jax.device_get((delta, metrics))
+        after, before, metrics = jax.device_get((state["params"], pieces.state["params"], metrics))
+        return jax.tree.map(np.subtract, after, before), metrics  # on the host
 
     # Warm-up: lr(k) = peak * k / 4, so lr(0) = 0 and optax's count would stay on it.
     once, m_once = run([poisoned, batch])  # step 0 dropped, update at step 1: -lr(1) * g
@@ -289,7 +289,7 @@ def test_a_skipped_update_leaves_the_schedule_on_the_trainer_s_step(data_dir):
     assert (m_once["learning_rate"], m_twice["learning_rate"]) == (lr(1), lr(2))
     assert bool(m_once["finite"]) and bool(m_twice["finite"])
     assert (int(m_once["skipped_updates"]), int(m_twice["skipped_updates"])) == (1, 2)
-    assert float(optim.global_norm(once)) > 0
+    assert max(float(np.abs(x).max()) for x in jax.tree.leaves(once)) > 0
     # Without dropout, both updates see the same gradient g; lr(2) = 2 lr(1).
     ratio = lambda a, b: np.testing.assert_allclose(a, 2 * b, rtol=1e-4, atol=1e-6)
     jax.tree.map(ratio, twice, once)
