@@ -19,6 +19,13 @@ differ from a GPU's or TPU's, so treat a CPU figure for them as an estimate).
 
 With `--device_memory_gib=B` the command exits 1 after a "WILL NOT FIT" line when the estimate
 exceeds B GiB per device.
+
+Another platform, without its devices: `--platform=gpu` (or `tpu`) builds the config as that
+platform would ("auto" fields: bfloat16, its attention and dropout bits), lowers the step for
+it (the Pallas kernel as Triton), and prints the step's matmuls by operand dtype and any
+float32 matrix product (`ln_jax.matmul_census`) instead of compiling:
+
+  python -m ln_jax.compile_check --config=configs/bert_preln.py --platform=gpu --mesh=1,1,1
 """
 
 from __future__ import annotations
@@ -30,16 +37,16 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from ln_jax import cli, console, sharding
+from ln_jax import cli, console, matmul_census, platforms, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.config_front import config_from_command_line
-from ln_jax.train import accumulation, steps
+from ln_jax.train import accumulation, steps, trainer
 from ln_jax.validate import UserError
 
 GIB = 1024**3
@@ -73,19 +80,47 @@ def resolve_mesh(mesh: Any, cfg: TrainConfig) -> jax.sharding.Mesh:
     return sharding.make_mesh(*mesh)
 
 
-def lower_train_step(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> tuple[Any, dict[str, Any]]:
+def lower_train_step(
+    cfg: TrainConfig, mesh: jax.sharding.Mesh, platforms: tuple[str, ...] | None = None
+) -> tuple[Any, dict[str, Any]]:
     """Lowers the trainer's own train step (`ln_jax.train.steps`) for `mesh` from the abstract
     state; returns (lowered, {"pieces": the abstract TrainState, "batch": the abstract batch}).
 
     Lowered inside `sharding.use_mesh(mesh)`, so that the model's activation sharding
-    constraints apply (outside a mesh context they are no-ops).
+    constraints apply (outside a mesh context they are no-ops). `platforms`: JAX's names of
+    the platforms to lower for ("cuda", "tpu"; default: the mesh's), no device of theirs needed.
     """
     pieces = steps.abstract_state(cfg, mesh)
     batch = steps.abstract_batch(cfg, mesh)
     train, _ = steps.jit_steps(cfg, mesh, pieces)
     with sharding.use_mesh(mesh):
-        lowered = train.lower(pieces.state, pieces.rest, batch)
+        lowered = train.lower(pieces.state, pieces.rest, batch, platforms=platforms)
     return lowered, {"pieces": pieces, "batch": batch}
+
+
+def census_report(
+    build: Callable[[], TrainConfig], platform: str, mesh: Any = None
+) -> tuple[TrainConfig, matmul_census.Census]:
+    """The train step as a `platform` ("gpu", "tpu") device would run it, lowered here
+    without one, and the census of its matmuls (`ln_jax.matmul_census`).
+
+    `build` makes the config inside `platforms.lowering_for(platform)`, so its "auto" fields
+    resolve as on that platform (dtype bfloat16, its attention and dropout bits), and the
+    Pallas kernel lowers as Triton, not as its CPU interpreter. Nothing is compiled: there is
+    no memory estimate for a platform that is not here, and an "auto" gradient accumulation
+    is lowered at one micro-batch.
+
+    Raises:
+      ConfigError: a setting that cannot run on `platform` (as the trainer would refuse it).
+      ValueError: an unknown platform, or a mesh that does not match the devices.
+    """
+    with platforms.lowering_for(platform) as target:
+        cfg = build()
+        trainer.check_device(cfg)
+        if not cfg.grad_accum_steps:  # "auto" would be chosen on the device: one micro-batch
+            cfg = dataclasses.replace(cfg, grad_accum_steps=1)
+        lowered, _ = lower_train_step(cfg, resolve_mesh(mesh, cfg), platforms=(target,))
+    return cfg, matmul_census.read(lowered, (f"{platform} ({target})",))
 
 
 def _memory_fields(compiled: Any) -> dict[str, int]:
@@ -322,6 +357,13 @@ _MESH = COMMAND.string(
 )
 _NUM_DEVICES = COMMAND.integer("num_devices", None, "Fake CPU devices (default: mesh product).")
 _DEVICE_MEMORY = COMMAND.real("device_memory_gib", None, "Per-device budget, e.g. 80 for an H100.")
+_PLATFORM = COMMAND.string(
+    "platform",
+    None,
+    "Lower the step for gpu or tpu here, without its devices ('auto' fields as there), and "
+    "print its matmuls by operand dtype instead of compiling (no memory figures).",
+    meta="gpu|tpu",
+)
 
 
 def _main(inv: cli.Invocation) -> int:
@@ -335,8 +377,10 @@ def _report(inv: cli.Invocation) -> int:
         n = requested_devices(inv.line.rest)
         if n is not None:
             force_host_devices(n)  # before the config: its "auto" fields start JAX's backends
-        cfg = inv.config()
         mesh = parse_mesh(_MESH.value) if _MESH.value else None
+        if _PLATFORM.value is not None:
+            return _census(inv, _PLATFORM.value, mesh)
+        cfg = inv.config()
         report = compile_report(cfg, mesh, device_memory_gib=_DEVICE_MEMORY.value)
     except (UserError, ValueError) as err:
         return inv.report(err)
@@ -346,6 +390,24 @@ def _report(inv: cli.Invocation) -> int:
     ok, verdict = fits(report, _DEVICE_MEMORY.value)
     print(verdict, flush=True)
     return 0 if ok else 1
+
+
+def _census(inv: cli.Invocation, platform: str, mesh: Any) -> int:
+    """--platform: the step lowered for `platform`, its config line and matmul census."""
+    if _DEVICE_MEMORY.value is not None:
+        raise ValueError(
+            "--device_memory_gib needs a compiled step, and --platform only lowers one: drop "
+            "one of the two."
+        )
+    cfg, census = census_report(inv.config, platform, mesh)
+    m = cfg.model
+    print(
+        f"{cfg.name}: {m.placement}-LN {m.size}, {m.dtype}, attention {m.attention_impl}, "
+        f"dropout bits {cfg.dropout_rng}",
+        flush=True,
+    )
+    print(census.format(), flush=True)
+    return 0
 
 
 def command_config(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ln_jax import compile_cache
+from ln_jax import compile_cache, platforms
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
 from ln_jax.sharding import ACTIVATION_LAYOUTS
@@ -64,14 +64,13 @@ class TaskOptions(dict):
 
 
 def platform() -> str:
-    """The platform JAX computes on ("cpu", "gpu", "tpu"): what "auto" fields resolve by.
+    """The platform JAX computes on ("cpu", "gpu", "tpu"), or the one a
+    `ln_jax.platforms.lowering_for` block builds for: what "auto" fields resolve by.
 
     It initialises JAX's backends, so a multi-host program calls `jax.distributed.initialize`
     before building a config with "auto" fields (train.py does).
     """
-    import jax
-
-    return jax.default_backend()
+    return platforms.current()
 
 
 def auto_dtype(on: str) -> str:

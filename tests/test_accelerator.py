@@ -253,8 +253,8 @@ def test_bf16_step_multiplies_in_bf16_and_accumulates_logits_in_float32():
     assert dots and all(ops.count("bf16") == 2 for ops, _ in dots), dots
     vocab_dots = [out for _, out in dots if re.search(r"x23x\w+>$", out)]
     assert len(vocab_dots) == 1 and vocab_dots[0].endswith("xf32>"), dots
-    # The attention logits too (XLA's attention, q.k^T: [B, N, T, 1, S]) are float32.
-    scores = [out for ops, out in dots if re.search(r"x9x1x9x\w+>$", out)]
+    # The attention logits too (XLA's attention, q.k^T: [B, N, T, S]) are float32.
+    scores = [out for ops, out in dots if re.search(r"<3x3x9x9x\w+>$", out)]
     assert scores and all(out.endswith("xf32>") for out in scores), dots
 
 

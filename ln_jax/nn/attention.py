@@ -23,7 +23,7 @@ from flax import nnx
 
 from ln_jax.nn import flash
 from ln_jax.nn.init import init_scheme
-from ln_jax.nn.layers import Dense, LayerNorm, RMSNorm, dropout
+from ln_jax.nn.layers import Dense, LayerNorm, RMSNorm, dropout, float32_einsum
 from ln_jax.nn.spec import StackConfig
 from ln_jax.sharding import constrain
 
@@ -76,14 +76,22 @@ KEY_LAYOUT = (0, 2, 3, 1)
 VALUE_LAYOUT = (0, 2, 1, 3)
 
 
+def attention_logits(q: Array, k: Array) -> Array:
+    """q [B, T, N, H] . k [B, S, N, H] -> float32 logits [B, N, T, S], accumulated in float32
+    and never rounded (the softmax sees them whole). Their backward multiplies in q's dtype
+    (`float32_einsum`), as the Pallas kernel (`ln_jax.nn.flash`) does: in a bf16 model dq and dk
+    are bf16 GEMMs, not float32 ones (24 of them, 155 GFLOP, in BERT-base's step lowered for a
+    GPU before)."""
+    return float32_einsum("btnh,bsnh->bnts", q, k)
+
+
 def masked_attention(
     q: Array, k: Array, v: Array, ok: Array | None, rate: float = 0.0, key: Array | None = None
 ) -> Array:
     """Softmax attention in XLA ops, dropout on the probabilities (as BERT). q [B, T, N, H],
     k/v [B, S, N, H], ok [B or 1, 1, T, S] bool (None = all) -> [B, T, N, H]."""
     scale = q.shape[-1] ** -0.5
-    # Accumulated and kept in float32 (bf16 q/k): the softmax sees unrounded logits.
-    logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * scale
+    logits = attention_logits(q, k) * scale
     if ok is not None:
         logits = jnp.where(ok, logits, _NEG)
     probs = dropout(jax.nn.softmax(logits, axis=-1), rate, key).astype(v.dtype)
@@ -177,9 +185,11 @@ class Attention(nnx.Module):
                 q, k, v, v_ok, causal=causal, dropout_rate=rate, dropout_key=key
             )
         lengths = sequence_lengths(valid)
-        if drop:
+        # XLA's attention in half precision is ours too: its backward multiplies in bf16
+        # (`attention_logits`); jax.nn's would multiply its float32 logits' gradient.
+        if drop or (self.impl == "xla" and q.dtype != jnp.float32):
             ok = allowed(lengths, q.shape[1], k.shape[1], causal)
-            return masked_attention(q, k, v, ok, self.dropout_rate, key)
+            return masked_attention(q, k, v, ok, self.dropout_rate if drop else 0.0, key)
         return jax.nn.dot_product_attention(
             q, k, v, key_value_seq_lengths=lengths, is_causal=causal, implementation=self.impl
         )

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ln_jax import platforms
 from ln_jax.nn.random import keep_mask
 from ln_jax.sharding import per_shard
 
@@ -110,7 +111,8 @@ def flash_attention(
     """Fused attention. q [B, T, N, H], k/v [B, S, N, H] (any float dtype; bf16 on GPUs),
     key_valid [B, S] bool (None = all keys), causal: query t sees keys <= t (T == S).
     Dropout on the probabilities is keyed by `dropout_key` (None or rate 0: no dropout).
-    interpret: run Pallas's interpreter (default: on CPU). tuning: Triton settings (`Tuning`;
+    interpret: run Pallas's interpreter (default: when the platform built for,
+    `ln_jax.platforms.current()`, is the CPU). tuning: Triton settings (`Tuning`;
     default `default_tuning()`).
 
     Inside a mesh context the kernel runs on each device's shard (batch over the batch axes,
@@ -121,7 +123,7 @@ def flash_attention(
     seeds = row_seeds(dropout_key, b, n, t) if drop else jnp.zeros((b, n, t), jnp.int32)
     valid = jnp.ones((b, s), bool) if key_valid is None else key_valid
     if interpret is None:
-        interpret = jax.default_backend() == "cpu"
+        interpret = platforms.current() == "cpu"
     local = functools.partial(
         _local_attention,
         causal=causal,

@@ -148,8 +148,8 @@ _CLOSED_FORM = [True]  # flipped by `autodiff_normalization` while a function is
 
 @contextlib.contextmanager
 def autodiff_normalization() -> Iterator[None]:
-    """Traces LayerNorm/RMSNorm (and the MLM decoder) as plain jnp ops inside the block, for
-    forward mode.
+    """Traces LayerNorm/RMSNorm (and `float32_einsum`: the MLM decoder, the attention logits,
+    the tied output projection) as plain jnp ops inside the block, for forward mode.
 
     Outside it the normalisation is a `jax.custom_vjp` (closed-form backward, faster on CPU):
     reverse mode and forward-over-reverse (`jax.hessian`, Hessian-vector products) work, pure
@@ -169,8 +169,71 @@ def autodiff_normalization() -> Iterator[None]:
 
 def custom_backwards() -> bool:
     """False while a function is traced inside `autodiff_normalization()`: the layers with a
-    hand-written backward (the norms, the MLM decoder) then trace as plain ops."""
+    hand-written backward (the norms, `float32_einsum`) then trace as plain ops."""
     return _CLOSED_FORM[-1]
+
+
+def float32_einsum(spec: str, a: Array, b: Array) -> Array:
+    """`jnp.einsum(spec, a, b)` accumulated and returned in float32 (never rounded: logits
+    that a softmax reads), whose backward multiplies in a's dtype.
+
+    Autodiff would feed the float32 cotangent into both gradient products, which then run in
+    float32 (TF32 on a GPU) even in a bf16 model. Here the cotangent is rounded to a's dtype
+    first, as PyTorch's autocast and FlashAttention do; the two products are autodiff's own
+    (da = g . b, db = a . g), accumulated in float32 and rounded once. With float32 operands
+    that is autodiff's gradient, so they trace as the plain einsum (float32 programs are
+    unchanged, bit for bit), as everything does inside `autodiff_normalization()` (forward
+    mode). `python -m ln_jax.compile_check --platform=gpu` lists the float32
+    products left in a step.
+
+    Args:
+      spec: "ab,cb->ac"-style, each operand's indices found in the output or the other operand.
+      a, b: the operands, in the compute dtype.
+    """
+    if not custom_backwards() or a.dtype == b.dtype == jnp.float32:
+        return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+    return _float32_einsum(_check_spec(spec), a, b)
+
+
+def _check_spec(spec: str) -> str:
+    """`spec` without spaces, if each gradient is an einsum of (cotangent, other operand).
+
+    Raises:
+      ValueError: an operand index found neither in the output nor in the other operand.
+    """
+    spec = spec.replace(" ", "")
+    inputs, out = spec.split("->")
+    sa, sb = inputs.split(",")
+    for mine, other in ((sa, sb), (sb, sa)):
+        if set(mine) - set(out) - set(other):
+            raise ValueError(f"float32_einsum({spec!r}): {mine!r} sums an index away alone.")
+    return spec
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _float32_einsum(spec: str, a: Array, b: Array) -> Array:
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _float32_einsum_fwd(spec: str, a: Array, b: Array) -> tuple[Array, tuple[Array, Array]]:
+    # Plain ops, not the custom_vjp itself: forward-over-reverse (jax.hessian) differentiates
+    # this.
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32), (a, b)
+
+
+def _float32_einsum_bwd(spec: str, res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
+    a, b = res
+    inputs, out = spec.split("->")
+    sa, sb = inputs.split(",")
+    g = g.astype(a.dtype)
+    # Results in the operands' dtype: the GPU's and TPU's GEMMs accumulate in float32 anyway,
+    # and XLA:CPU has no bf16 x bf16 = f32 kernel for some of these batched products.
+    da = jnp.einsum(f"{out},{sb}->{sa}", g, b)
+    db = jnp.einsum(f"{sa},{out}->{sb}", a, g)
+    return da.astype(a.dtype), db.astype(b.dtype)
+
+
+_float32_einsum.defvjp(_float32_einsum_fwd, _float32_einsum_bwd)
 
 
 def _plain_standardize(x: Array, eps: float, center: bool) -> Array:

@@ -348,8 +348,13 @@ class BoundStep:
     def __call__(self, *args):
         return self.fn(*args, self.bound)
 
-    def lower(self, *args) -> BoundStep:
-        return BoundStep(self.fn.lower(*args, self.bound), self.bound)
+    def lower(self, *args, platforms: tuple[str, ...] | None = None) -> BoundStep:
+        """Lowered for this backend, or for `platforms` (JAX's names: "cuda", "tpu"; no device
+        of theirs needed)."""
+        if platforms is None:
+            return BoundStep(self.fn.lower(*args, self.bound), self.bound)
+        traced = self.fn.trace(*args, self.bound)
+        return BoundStep(traced.lower(lowering_platforms=tuple(platforms)), self.bound)
 
     def compile(self, *args, **kwargs) -> BoundStep:
         return BoundStep(self.fn.compile(*args, **kwargs), self.bound)

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from ln_jax import compile_cache, console, paths, sharding
+from ln_jax import compile_cache, console, paths, platforms, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.nn.placement_setup import setup_placements
 from ln_jax.task import Task, make_task
@@ -83,9 +83,10 @@ class Run:
     monitor_step: Callable | None = None  # the train step with measurements (None = off)
 
 
-def _check_device(cfg: TrainConfig) -> None:
-    """Settings that cannot run on this backend are errors before anything is compiled."""
-    backend = jax.default_backend()
+def check_device(cfg: TrainConfig) -> None:
+    """Settings that cannot run on this backend (or the `ln_jax.platforms.lowering_for`
+    target) are errors before anything is compiled."""
+    backend = platforms.current()
     if cfg.model.attention_impl == "cudnn" and backend != "gpu":
         raise ConfigError(
             f"model.attention_impl='cudnn' needs an NVIDIA GPU, but JAX runs on {backend}; "
@@ -101,7 +102,7 @@ def _check_device(cfg: TrainConfig) -> None:
 def setup(cfg: TrainConfig) -> Run:
     """Builds the mesh, the data pipelines, the sharded state and the jitted steps of `cfg`;
     with `grad_accum_steps=0` the accumulation is chosen here (`ln_jax.train.accumulation`)."""
-    _check_device(cfg)
+    check_device(cfg)
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     task = make_task(cfg)
     train_iter, eval_batches = task.pipelines(mesh)

@@ -24,7 +24,7 @@ from ln_jax.models.translation.loss import token_losses
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.nn.blocks import ACT, Record, StackDepth
 from ln_jax.nn.init import init_scheme
-from ln_jax.nn.layers import Dense, LayerNorm, dropout, split_key
+from ln_jax.nn.layers import Dense, LayerNorm, dropout, float32_einsum, split_key
 from ln_jax.nn.stack import Decoder, Encoder
 from ln_jax.nn.tokens import TokenLayout
 from ln_jax.sharding import constrain
@@ -231,7 +231,9 @@ def tied_projection(h: Array, table: Array) -> Array:
     """h [..., embed] x table [vocab, embed] -> float32 logits [..., vocab], as one 2-D matmul
     [tokens, embed] x [embed, vocab]: XLA's CPU backend then computes the table's gradient
     without transposing the whole [tokens, vocab] logits' gradient (that copy took 600 ms of a
-    2.7 s `configs/mt.py:small` step on one core)."""
+    2.7 s `configs/mt.py:small` step on one core). The backward multiplies in h's dtype
+    (`float32_einsum`): autodiff's two float32 products were the only float32 GEMMs of the bf16
+    step lowered for a GPU."""
     lead, d = h.shape[:-1], h.shape[-1]
-    out = jnp.dot(h.reshape(-1, d), table.T, preferred_element_type=jnp.float32)
+    out = float32_einsum("td,vd->tv", h.reshape(-1, d), table)
     return out.reshape(*lead, -1)
