@@ -2,6 +2,7 @@
 this CPU: a bf16 step multiplies nothing in float32 (`ln_jax.matmul_census`,
 `ln_jax.compile_check --platform`, `ln_jax.nn.layers.float32_einsum`)."""
 
+import dataclasses
 import os
 
 import jax
@@ -9,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ln_jax import compile_check, matmul_census, platforms
+from ln_jax import compile_check, matmul_census, platforms, sharding
 from ln_jax.config_front import build_config, load_config, override
 from ln_jax.nn import layers
+from ln_jax.train import steps
 from ln_jax.validate import ConfigError
 
 
@@ -73,6 +75,22 @@ def test_a_bf16_train_step_lowered_for_an_accelerator_has_no_float32_gemm(
     assert flops["bf16 x bf16"][1] > 0.99 * sum(f for _, f in flops.values())
     assert census.custom_calls.get("__gpu$xla.gpu.triton", 0) == triton
     assert census.platforms == (f"{platform} ({platforms.LOWERING_NAMES[platform]})",)
+    monitor = _monitor_census(cfg, platform)  # the step with the per-layer measurements
+    assert monitor.float32_gemms() == [], monitor.format()  # (the entropy's logits were)
+    assert len(monitor.matmuls) > len(census.matmuls)
+
+
+def _monitor_census(cfg, platform: str) -> matmul_census.Census:
+    """The census of the monitor's step (`measure=True`) of `cfg` on the 2x2x2 mesh."""
+    mesh = sharding.make_mesh(2, 2, 2)
+    cfg = dataclasses.replace(cfg, grad_accum_steps=1)
+    with platforms.lowering_for(platform) as target:
+        pieces = steps.abstract_state(cfg, mesh)
+        batch = steps.abstract_batch(cfg, mesh)
+        step = steps.jit_train_step(cfg, mesh, pieces, measure=True)
+        with sharding.use_mesh(mesh):
+            lowered = step.lower(pieces.state, pieces.rest, batch, platforms=(target,))
+    return matmul_census.read(lowered)
 
 
 @pytest.mark.parametrize("spec", ["btnh,bsnh->bnts", "td,vd->tv"])

@@ -166,12 +166,15 @@ class Attention(nnx.Module):
 
     def probabilities(self, x: Array, mask: Array | None = None, memory=None, memory_mask=None):
         """The attention probabilities this module computes, without dropout, in float32:
-        [batch, heads, length, keys] (what the monitor's entropy reads)."""
-        q = self.queries(x).astype(jnp.float32)
+        [batch, heads, length, keys] (what the monitor's entropy reads). The logits are
+        accumulated in float32 from q and k as computed (bf16 in a bf16 model: casting them
+        to float32 first adds no digit, and made this a float32 GEMM)."""
+        q = self.queries(x)
         source, valid = (memory, memory_mask) if self.kind == "cross" else (x, mask)
         k, _ = self.keys_values(source)
         ok = allowed(sequence_lengths(valid), q.shape[1], k.shape[1], self.kind == "causal")
-        logits = jnp.einsum("btnh,bsnh->bnts", q, k.astype(jnp.float32)) * q.shape[-1] ** -0.5
+        logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
+        logits = logits * q.shape[-1] ** -0.5
         return jax.nn.softmax(jnp.where(ok, logits, _NEG), axis=-1)
 
     def _attend(self, q: Array, k: Array, v: Array, valid: Array | None, key) -> Array:
