@@ -98,17 +98,39 @@ def lower_train_step(
     return lowered, {"pieces": pieces, "batch": batch}
 
 
+@dataclasses.dataclass(frozen=True)
+class PlatformCensus:
+    """`census_report`'s answer.
+
+    Attributes:
+      cfg: the config as built for the platform ("auto" fields resolved there).
+      census: the train step's matmuls (`ln_jax.matmul_census`).
+      mesh: the mesh's axis sizes.
+      num_params: the model's parameter count.
+      params_bytes, opt_state_bytes, batch_bytes: per device, exact on any backend (the
+        largest shard of each array); activations need the platform's compiler.
+    """
+
+    cfg: TrainConfig
+    census: matmul_census.Census
+    mesh: dict[str, int]
+    num_params: int
+    params_bytes: int
+    opt_state_bytes: int
+    batch_bytes: int
+
+
 def census_report(
     build: Callable[[], TrainConfig], platform: str, mesh: Any = None
-) -> tuple[TrainConfig, matmul_census.Census]:
+) -> PlatformCensus:
     """The train step as a `platform` ("gpu", "tpu") device would run it, lowered here
-    without one, and the census of its matmuls (`ln_jax.matmul_census`).
+    without one: the census of its matmuls and its per-device state bytes.
 
     `build` makes the config inside `platforms.lowering_for(platform)`, so its "auto" fields
     resolve as on that platform (dtype bfloat16, its attention and dropout bits), and the
     Pallas kernel lowers as Triton, not as its CPU interpreter. Nothing is compiled: there is
-    no memory estimate for a platform that is not here, and an "auto" gradient accumulation
-    is lowered at one micro-batch.
+    no estimate of the activations' memory for a platform that is not here, and an "auto"
+    gradient accumulation is lowered at one micro-batch.
 
     Raises:
       ConfigError: a setting that cannot run on `platform` (as the trainer would refuse it).
@@ -119,8 +141,41 @@ def census_report(
         trainer.check_device(cfg)
         if not cfg.grad_accum_steps:  # "auto" would be chosen on the device: one micro-batch
             cfg = dataclasses.replace(cfg, grad_accum_steps=1)
-        lowered, _ = lower_train_step(cfg, resolve_mesh(mesh, cfg), platforms=(target,))
-    return cfg, matmul_census.read(lowered, (f"{platform} ({target})",))
+        mesh = resolve_mesh(mesh, cfg)
+        lowered, abstract = lower_train_step(cfg, mesh, platforms=(target,))
+    state = abstract["pieces"].state
+    return PlatformCensus(
+        cfg=cfg,
+        census=matmul_census.read(lowered, (f"{platform} ({target})",)),
+        mesh=dict(mesh.shape),
+        num_params=abstract["pieces"].num_params,
+        params_bytes=tree_bytes_per_device(state["params"]),
+        opt_state_bytes=tree_bytes_per_device(state["opt_state"]),
+        batch_bytes=tree_bytes_per_device(abstract["batch"]),
+    )
+
+
+def format_census(report: PlatformCensus) -> str:
+    """The config line, the per-device state bytes and the matmul census."""
+    cfg, m = report.cfg, report.cfg.model
+    mesh = " ".join(f"{k}={v}" for k, v in report.mesh.items())
+    state = ", ".join(
+        f"{label} {getattr(report, key) / MIB:.1f} MiB"
+        for label, key in (
+            ("parameters", "params_bytes"),
+            ("optimizer", "opt_state_bytes"),
+            ("batch", "batch_bytes"),
+        )
+    )
+    return "\n".join(
+        [
+            f"{cfg.name}: {m.placement}-LN {m.size}, {m.dtype}, attention {m.attention_impl}, "
+            f"dropout bits {cfg.dropout_rng}; {report.num_params / 1e6:.1f}M parameters; "
+            f"mesh {mesh}",
+            f"per device: {state} (activations: only the platform's compiler knows)",
+            report.census.format(),
+        ]
+    )
 
 
 def _memory_fields(compiled: Any) -> dict[str, int]:
@@ -399,14 +454,7 @@ def _census(inv: cli.Invocation, platform: str, mesh: Any) -> int:
             "--device_memory_gib needs a compiled step, and --platform only lowers one: drop "
             "one of the two."
         )
-    cfg, census = census_report(inv.config, platform, mesh)
-    m = cfg.model
-    print(
-        f"{cfg.name}: {m.placement}-LN {m.size}, {m.dtype}, attention {m.attention_impl}, "
-        f"dropout bits {cfg.dropout_rng}",
-        flush=True,
-    )
-    print(census.format(), flush=True)
+    print(format_census(census_report(inv.config, platform, mesh)), flush=True)
     return 0
 
 

@@ -68,13 +68,17 @@ def test_a_bf16_train_step_lowered_for_an_accelerator_has_no_float32_gemm(
     fields resolved there (bf16; Pallas attention on a GPU): every matrix product takes bf16
     operands. Before `float32_einsum`, autodiff multiplied the attention logits' and the tied
     output projection's float32 gradients in float32 (4 and 2 GEMMs here)."""
-    cfg, census = compile_check.census_report(lambda: _config(spec, **extra), platform, (2, 2, 2))
+    report = compile_check.census_report(lambda: _config(spec, **extra), platform, (2, 2, 2))
+    cfg, census = report.cfg, report.census
     assert cfg.model.dtype == "bfloat16"
     assert census.float32_gemms() == [], census.format()
     flops = census.by_operands()
     assert flops["bf16 x bf16"][1] > 0.99 * sum(f for _, f in flops.values())
     assert census.custom_calls.get("__gpu$xla.gpu.triton", 0) == triton
     assert census.platforms == (f"{platform} ({platforms.LOWERING_NAMES[platform]})",)
+    # float32 parameters and Adam's two moments, split 4 ways (fsdp x tensor) where they split
+    assert report.num_params < report.params_bytes < 1.1 * report.num_params
+    assert report.opt_state_bytes == pytest.approx(2 * report.params_bytes, rel=0.01)
     monitor = _monitor_census(cfg, platform)  # the step with the per-layer measurements
     assert monitor.float32_gemms() == [], monitor.format()  # (the entropy's logits were)
     assert len(monitor.matmuls) > len(census.matmuls)
@@ -164,7 +168,8 @@ def test_compile_check_platform_prints_the_census(capsys, monkeypatch):
     argv = ["--config=configs/bert_preln.py:tiny", "--mesh=2,2,2", "--platform=gpu"]
     assert _run(argv, monkeypatch) == 0
     out = capsys.readouterr().out
-    assert "bfloat16, attention pallas, dropout bits hash" in out
+    assert "bfloat16, attention pallas, dropout bits hash; 1.5M parameters; mesh data=2" in out
+    assert "per device: parameters 1.4 MiB, optimizer 2.9 MiB, batch 0.0 MiB" in out
     assert "matmuls as lowered for gpu (cuda)" in out
     assert "float32 matrix products: none" in out
     assert "custom calls: __gpu$xla.gpu.triton x4" in out
