@@ -220,7 +220,15 @@ def test_train_end_to_end_on_8_devices(data_dir, tmp_path):
 
 def test_interrupted_and_resumed_equals_uninterrupted(data_dir, tmp_path):
     cfg = tiny_config(data_dir, total_steps=6, checkpoint_every=0)
-    trainer.train_and_evaluate(cfg, str(tmp_path / "straight"))
+    ready = []  # on 8 CPU devices the loop waits for each step (`sharding.lockstep`: running
+    # ahead deadlocks XLA:CPU's collectives), so a hook sees a finished state
+
+    def note_ready(step, run):
+        ready.append(all(x.is_ready() for x in jax.tree.leaves(run.state)))
+
+    trainer.train_and_evaluate(cfg, str(tmp_path / "straight"), hooks=[note_ready])
+    assert ready == [True] * 6
+    assert not sharding.lockstep(sharding.single_device_mesh())
 
     def preempt_at_3(step, run):
         if step == 3:

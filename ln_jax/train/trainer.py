@@ -385,6 +385,7 @@ class _Loop:
         self.evals = _earlier_evals(workdir) if hasattr(run.task, "run_result") else []
         self.compiled: set[str] = set()  # the train programs this process has run
         self.skipped_shown = 0  # nan_policy="skip": the dropped updates already reported
+        self.lockstep = sharding.lockstep(run.mesh)  # wait for each step (`sharding.lockstep`)
 
     def _note_compilation(self, measured: bool) -> None:
         """A train program's first step in this process compiles it: not a steady step."""
@@ -400,6 +401,8 @@ class _Loop:
             self._note_compilation(measured)
             train_step = run.monitor_step if measured else run.train_step
             run.state, metrics = train_step(run.state, run.rest, next(run.train_iter))
+            if self.lockstep:  # several CPU devices: running ahead can deadlock XLA:CPU
+                jax.block_until_ready(metrics)
             for hook in self.hooks:
                 hook(step, run)
             stop = self.preemption.stop_after(step)
