@@ -180,11 +180,11 @@ def float32_einsum(spec: str, a: Array, b: Array) -> Array:
     Autodiff would feed the float32 cotangent into both gradient products, which then run in
     float32 (TF32 on a GPU) even in a bf16 model. Here the cotangent is rounded to a's dtype
     first, as PyTorch's autocast and FlashAttention do; the two products are autodiff's own
-    (da = g . b, db = a . g), accumulated in float32 and rounded once. With float32 operands
-    that is autodiff's gradient, so they trace as the plain einsum (float32 programs are
-    unchanged, bit for bit), as everything does inside `autodiff_normalization()` (forward
-    mode). `python -m ln_jax.compile_check --platform=gpu` lists the float32
-    products left in a step.
+    (da = g . b, db = a . g), accumulated in float32 by the backend's GEMMs and rounded once.
+    With float32 operands that is autodiff's gradient, so they trace as the plain einsum
+    (float32 programs are unchanged, bit for bit), as everything does inside
+    `autodiff_normalization()` (forward mode). `python -m ln_jax.compile_check --platform=gpu`
+    lists the float32 products left in a step.
 
     Args:
       spec: "ab,cb->ac"-style, each operand's indices found in the output or the other operand.
