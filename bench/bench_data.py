@@ -14,6 +14,8 @@ ratios, with the machine's load before and after:
   taskset -c 0 python bench/bench_data.py --compare_old=REV   # batched loader vs the per-example
       loader of git revision REV (extracted with `git archive`), in-process, one core, batch 256
   python bench/bench_data.py --workers 0 1 2                  # grain worker processes
+  python bench/bench_data.py --transport 2        # 2 workers' chunks: pipe vs shared memory
+  python bench/bench_data.py --closes 20          # seconds per close of a 2-worker pipeline
   python bench/bench_data.py --pairs [--pairs_scale=20] [--compare_old=REV]   # pair index:
       first start (build + save) vs second start (memory-map the cache) [vs REV's build]
 """
@@ -328,6 +330,28 @@ def _children_cpu_s() -> float:
     return total
 
 
+def _rate(it, batch: int, seconds: float, skip: int, cpu: list) -> float:
+    """Examples/s read from `it` for `seconds` after skipping `skip` batches (what workers
+    buffered while other arms ran); appends (trainer process, workers) CPU ms per batch."""
+    for _ in range(skip):
+        next(it)
+    main, children, start, n = time.process_time(), _children_cpu_s(), time.perf_counter(), 0
+    while time.perf_counter() - start < seconds or n < 3:
+        next(it)
+        n += 1
+    rate = n * batch / (time.perf_counter() - start)
+    used = (time.process_time() - main, _children_cpu_s() - children)
+    cpu.append(tuple(1e3 * u / n for u in used))
+    return rate
+
+
+def _cpu_line(name: str, pairs_ms: list) -> tuple[str, float, float]:
+    main = statistics.median(m for m, _ in pairs_ms)
+    work = statistics.median(k for _, k in pairs_ms)
+    line = f"  {name}: CPU per batch: trainer process {main:.2f} ms, workers {work:.2f} ms"
+    return line, main, work
+
+
 def compare_workers(cfg: DataConfig, counts: list[int], batch: int, rounds: int, seconds: float):
     """Examples/s with 0 (in-process), 1, 2, ... worker processes, alternating; and the CPU
     time per batch of the trainer's process and of the workers, which projects the scaling on
@@ -337,30 +361,18 @@ def compare_workers(cfg: DataConfig, counts: list[int], batch: int, rounds: int,
     for it in pipelines.values():
         next(it)  # starts the workers
     cpu: dict[int, list[tuple[float, float]]] = {w: [] for w in counts}  # (main, workers) ms
-
-    def measure(it, workers: int) -> float:
-        for _ in range(2 * workers + 2):  # what the workers buffered while the others ran
-            next(it)
-        main, children, start, n = time.process_time(), _children_cpu_s(), time.perf_counter(), 0
-        while time.perf_counter() - start < seconds or n < 3:
-            next(it)
-            n += 1
-        rate = n * batch / (time.perf_counter() - start)
-        used = (time.process_time() - main, _children_cpu_s() - children)
-        cpu[workers].append(tuple(1e3 * u / n for u in used))
-        return rate
-
     print(f"\nloader with worker processes, batch {batch}, CPUs {sorted(os.sched_getaffinity(0))}")
-    arms = {f"{w} workers": (lambda it=it, w=w: measure(it, w)) for w, it in pipelines.items()}
+    arms = {
+        f"{w} workers": (lambda it=it, w=w: _rate(it, batch, seconds, 2 * w + 2, cpu[w]))
+        for w, it in pipelines.items()
+    }
     values = alternate(arms, rounds)
     base = f"{min(w for w in counts if w > 0)} workers" if any(counts) else f"{counts[0]} workers"
     summarize(values, "ex/s", base)
     for it in pipelines.values():
         it.close()
     for w, pairs_ms in cpu.items():
-        main = statistics.median(m for m, _ in pairs_ms)
-        work = statistics.median(k for _, k in pairs_ms)
-        line = f"  {w} workers: CPU per batch: trainer process {main:.2f} ms, workers {work:.2f} ms"
+        line, main, work = _cpu_line(f"{w} workers", pairs_ms)
         if w > 1:  # w idle cores for the workers, the trainer's share spread over them too
             single = statistics.median(k for _, k in cpu[1]) if 1 in cpu else work
             line += f"; on {w} idle cores: {w * single / (work + main):.2f}x one worker"
@@ -371,6 +383,52 @@ def compare_workers(cfg: DataConfig, counts: list[int], batch: int, rounds: int,
         f"  per core with {best} workers: {per_core:.0f} ex/s; an H100 at 5,800 ex/s needs "
         f"{5800 / per_core:.2f} host cores, an 8-GPU host (48,000 ex/s) {48000 / per_core:.1f}"
     )
+
+
+def compare_transport(cfg: DataConfig, workers: int, batch: int, rounds: int, seconds: float):
+    """How worker chunks reach the trainer's process: through grain's pipe (what ln_jax uses)
+    vs grain's default, a shared-memory block per chunk; alternating, same worker count."""
+    import grain
+
+    from ln_jax.data import host_iterator
+
+    c = dataclasses.replace(cfg, global_batch_size=batch)
+    shipped, pipelines = host_iterator._NO_SHARED_MEMORY, {}
+    try:
+        for name, size in (("pipe", 1 << 40), ("shared memory", 0)):
+            host_iterator._NO_SHARED_MEMORY = grain.experimental.DatasetOptions(min_shm_size=size)
+            pipelines[name] = loader.make_host_pipeline(c, seed=0, threads=0, workers=workers)[0]
+            next(pipelines[name])  # starts the workers (the option is read here)
+    finally:
+        host_iterator._NO_SHARED_MEMORY = shipped
+    cpu = {name: [] for name in pipelines}
+    print(f"\nworker chunks, pipe vs shared memory, {workers} workers, batch {batch}")
+    arms = {
+        name: (lambda it=it, name=name: _rate(it, batch, seconds, 2 * workers + 2, cpu[name]))
+        for name, it in pipelines.items()
+    }
+    summarize(alternate(arms, rounds), "ex/s", "pipe")
+    for name, it in pipelines.items():
+        it.close()
+        print(_cpu_line(name, cpu[name])[0])
+
+
+def time_closes(cfg: DataConfig, workers: int, cycles: int, batch: int) -> None:
+    """Seconds each `close` of a `workers`-worker pipeline takes, right after its first three
+    batches; a close that waits for grain's 25 s kill timeout shows as a long one."""
+    c = dataclasses.replace(cfg, global_batch_size=batch)
+    times = []
+    for _ in range(cycles):
+        it = loader.make_host_pipeline(c, seed=0, threads=0, workers=workers)[0]
+        for _ in range(3):
+            next(it)
+        start = time.perf_counter()
+        it.close()
+        times.append(time.perf_counter() - start)
+    slow = sum(t > 10 for t in times)
+    median, longest = statistics.median(times), max(times)
+    print(f"\nclose of a {workers}-worker pipeline, {cycles} times:")
+    print(f"  median {median:.2f} s, max {longest:.2f} s, {slow} over 10 s")
 
 
 def scaled_corpus(corpus: pretraining.TokenizedCorpus, copies: int) -> pretraining.TokenizedCorpus:
@@ -445,6 +503,14 @@ def main(argv=None) -> int:
         default=None,
         help="compare these worker counts (e.g. 0 1 2)",
     )
+    p.add_argument(
+        "--transport",
+        type=int,
+        default=0,
+        metavar="W",
+        help="W workers' chunks through grain's pipe vs shared memory",
+    )
+    p.add_argument("--closes", type=int, default=0, metavar="N", help="time N closes (2 workers)")
     p.add_argument("--pairs", action="store_true", help="pair index: build vs cached load")
     p.add_argument("--pairs_scale", type=int, default=1, help="--pairs on the corpus x N")
     p.add_argument("--batch", type=int, default=256, help="batch of the comparisons")
@@ -453,7 +519,7 @@ def main(argv=None) -> int:
     cfg = DataConfig(data_dir=args.data_dir, max_seq_length=128, max_predictions_per_seq=20)
     print(f"jax {jax.__version__}, {os.cpu_count()} CPUs, {jax.device_count()} device(s)")
     prepare(cfg)
-    if args.compare_old or args.workers or args.pairs:
+    if args.compare_old or args.workers or args.pairs or args.transport or args.closes:
         machine_load("before")
         if args.pairs:
             compare_pairs(cfg, args.pairs_scale, args.rounds, args.compare_old)
@@ -461,6 +527,10 @@ def main(argv=None) -> int:
             compare_old(cfg, args.compare_old, args.batch, args.rounds, args.seconds)
         if args.workers:
             compare_workers(cfg, args.workers, args.batch, args.rounds, args.seconds)
+        if args.transport:
+            compare_transport(cfg, args.transport, args.batch, args.rounds, args.seconds)
+        if args.closes:
+            time_closes(cfg, 2, args.closes, args.batch)
         machine_load("after")
         return 0
     rows = measure(cfg, args.seconds, args.threads)

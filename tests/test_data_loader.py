@@ -7,6 +7,7 @@ import os
 import pickle
 import shutil
 import threading
+import time
 import types
 
 import numpy as np
@@ -134,14 +135,34 @@ def test_workers_give_the_same_batches_and_resume_exactly(make_config):
     try:
         _assert_same(_take(two, 3), expected[:3])
         state = json.loads(json.dumps(two.get_state()))  # mid-epoch: 24 of ~6,300 examples
+        processes = _worker_processes(two, 2)
     finally:
         two.close()
+    _assert_stopped_not_killed(processes)
     one, _ = loader.make_host_pipeline(cfg, seed=2, workers=1)
     try:
         one.set_state(state)  # saved with 2 workers, resumed with 1
         _assert_same(_take(one, 3), expected[3:])
+        processes = _worker_processes(one, 1)
     finally:
         one.close()
+    _assert_stopped_not_killed(processes)
+
+
+def _worker_processes(it, count):
+    """The grain worker processes of a HostBatchIterator, once their queues are full (the state
+    in which a close used to wait 25 s for a worker that could not finish sending a chunk)."""
+    workers = host_iterator.grain_workers(it._it)
+    assert len(workers) == count  # the grain internals `host_iterator.draining` reads
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(w._buffer.full() for w in workers):
+        time.sleep(0.05)
+    return [w._prefetch_process for w in workers]
+
+
+def _assert_stopped_not_killed(processes):
+    # grain kills (SIGKILL, exit code -9) a worker that has not exited 25 s after its close.
+    assert [p.exitcode for p in processes] == [0] * len(processes)
 
 
 def test_a_dead_worker_is_an_error_naming_it_and_the_examples(make_config):

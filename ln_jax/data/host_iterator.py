@@ -9,15 +9,18 @@ batches and the first example it had not delivered (`DataWorkerError`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import json
 import pathlib
+import queue
 import re
 import shutil
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from concurrent import futures
 from typing import Any
 
 import grain
@@ -35,6 +38,8 @@ class DataWorkerError(RuntimeError):
 
 
 # Arrays below this size cross from a worker by pickle instead of a shared-memory block each.
+# grain's default, a shared-memory block per chunk, gave 0.79x the pipe's examples/s with two
+# workers (`python bench/bench_data.py --transport 2 --rounds=6`, docs/benchmarks.md).
 _NO_SHARED_MEMORY = grain.experimental.DatasetOptions(min_shm_size=1 << 40)
 
 
@@ -102,6 +107,74 @@ def _absl_flags_parsed() -> None:
 
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
+
+
+def grain_workers(root: Any) -> list[Any]:
+    """grain's per-process prefetch iterators under the iterator `root` (grain internals:
+    `ProcessPrefetchDatasetIterator`, reached through `DatasetIterator` attributes, sequences and
+    the queues of iterators that grain makes ahead); [] where a grain version has none."""
+    try:
+        from grain._src.python.dataset.transformations.process_prefetch import (
+            ProcessPrefetchDatasetIterator as kind,
+        )
+    except ImportError:
+        return []
+    found, seen, stack = [], set(), [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, kind):
+            found.append(obj)
+        elif isinstance(obj, list | tuple | collections.deque):
+            stack.extend(obj)
+        elif isinstance(obj, queue.Queue):
+            stack.extend(list(obj.queue))
+        elif isinstance(obj, futures.Future) and obj.done() and not obj.cancelled():
+            if obj.exception() is None:  # e.g. a worker's iterator made ahead, not yet in use
+                stack.append(obj.result())
+        elif isinstance(obj, grain.DatasetIterator):
+            stack.extend(vars(obj).values())
+    return found
+
+
+@contextlib.contextmanager
+def draining(root: Any) -> Iterator[None]:
+    """While in the block, reads and drops what grain's worker processes under `root` still
+    send once grain has asked them to stop; for wrapping grain's `close`.
+
+    Why: a worker process exits only once its queue's feeder thread has written the chunk it
+    holds into the pipe. grain's close empties the queue once, then joins the worker for 25 s
+    before it kills it; a chunk that the feeder started after that one read has no reader, and
+    about one close in five waited the full 25 s (2 workers, chunks of ~1.7 MB).
+    """
+    names = ("_prefetch_should_stop", "_buffer")
+    workers = [w for w in grain_workers(root) if all(hasattr(w, a) for a in names)]
+    done = threading.Event()
+
+    def drain() -> None:
+        while not done.wait(0.005):
+            for w in workers:
+                if w._prefetch_should_stop.is_set():  # set by grain's close, not before
+                    _discard_queued(w._buffer)
+
+    reader = threading.Thread(target=drain, daemon=True, name="ln_jax-data-worker-drain")
+    reader.start()
+    try:
+        yield
+    finally:
+        done.set()
+        reader.join(timeout=5.0)  # daemon: never holds up the process
+
+
+def _discard_queued(buffer: Any) -> None:
+    """Reads and drops what a worker's queue holds now (waits only for a chunk that is arriving)."""
+    while True:
+        try:
+            buffer.get_nowait()
+        except queue.Empty:
+            return
 
 
 class HostBatchIterator(Iterator[Batch]):
@@ -187,7 +260,8 @@ class HostBatchIterator(Iterator[Batch]):
     def close(self) -> None:
         """Stops the worker processes (if any); a later `set_state` starts new ones."""
         if self._it is not None and hasattr(self._it, "close"):
-            self._it.close()
+            with draining(self._it) if self.workers else contextlib.nullcontext():
+                self._it.close()
         self._it = None
         self._ready.clear()
         if self._watch:
