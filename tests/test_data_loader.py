@@ -6,6 +6,8 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -202,6 +204,47 @@ def test_a_worker_reaped_before_the_watch_saw_it_is_still_named(tmp_path):
     assert watch.inferred(1, killed) == {1: (4242, "signal 9")}
     assert watch.inferred(0, grain_error) == {}  # no pid file for worker 0
     assert watch.inferred(1, RuntimeError("something else")) == {}
+
+
+_KILLED_TRAINER = """
+import json, os, signal, sys
+from ln_jax.data import loader
+from tests.data_fixtures import test_config
+
+it, _ = loader.make_host_pipeline(test_config(sys.argv[1]), seed=0, workers=2)
+next(it)
+pids = [int(open(os.path.join(it._pids, f)).read()) for f in sorted(os.listdir(it._pids))]
+open(sys.argv[2], "w").write(json.dumps(pids))
+os.kill(os.getpid(), signal.SIGKILL)  # no close: the workers are never asked to stop
+"""
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
+def test_workers_exit_when_the_trainer_is_killed(data_dir, tmp_path):
+    """A trainer killed outright (SIGKILL, the OOM killer) leaves no data worker behind."""
+    out = tmp_path / "pids.json"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = os.environ | {"PYTHONPATH": root}
+    cmd = [sys.executable, "-c", _KILLED_TRAINER, data_dir, str(out)]
+    done = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, timeout=300)
+    assert done.returncode == -9
+    pids = json.loads(out.read_text())
+    assert len(pids) == 2
+    deadline = time.monotonic() + 20  # each polls its parent once a second
+    while time.monotonic() < deadline and any(map(_running, pids)):
+        time.sleep(0.1)
+    alive = [pid for pid in pids if _running(pid)]
+    for pid in alive:
+        os.kill(pid, 9)  # leave nothing running, whatever the outcome
+    assert not alive, f"data workers {alive} outlived their killed trainer"
 
 
 def test_device_prefetch_keeps_the_state_of_the_next_batch(make_config, mesh):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -230,6 +232,32 @@ class PackedChunks:
 
 def record_worker_pid(folder: str, index: int, count: int) -> None:
     """grain's `worker_init_fn`: worker `index` of `count` leaves its pid in `folder`, so that
-    the trainer's process can tell which worker died."""
+    the trainer's process can tell which worker died, and exits when the trainer's process has
+    gone (`exit_with_parent`)."""
     del count
     pathlib.Path(folder, f"worker-{index}").write_text(str(os.getpid()))
+    exit_with_parent()
+
+
+def exit_with_parent(period_s: float = 1.0) -> threading.Thread:
+    """Ends this process within `period_s` of its parent's death (a daemon thread that polls
+    the parent pid).
+
+    grain's workers stop only when the parent asks. If the trainer dies without asking
+    (SIGKILL, the OOM killer, a preempted job's hard kill), each worker keeps its place forever,
+    waiting to hand over a chunk (measured: two orphans of 255 MB resident each, alive 13
+    minutes later); a restarted job on the same host would run beside them.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period_s)
+        os._exit(EXIT_PARENT_GONE)
+
+    thread = threading.Thread(target=watch, daemon=True, name="ln_jax-exit-with-parent")
+    thread.start()
+    return thread
+
+
+EXIT_PARENT_GONE = 75  # a data worker's exit code once the trainer's process has gone
