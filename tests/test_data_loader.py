@@ -207,12 +207,15 @@ def test_a_worker_reaped_before_the_watch_saw_it_is_still_named(tmp_path):
 
 
 _KILLED_TRAINER = """
-import json, os, signal, sys
+import json, os, signal, sys, time
 from ln_jax.data import loader
 from tests.data_fixtures import test_config
 
 it, _ = loader.make_host_pipeline(test_config(sys.argv[1]), seed=0, workers=2)
 next(it)
+deadline = time.monotonic() + 120  # on a loaded machine worker 1 may start well after 0
+while len(os.listdir(it._pids)) < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)
 pids = [int(open(os.path.join(it._pids, f)).read()) for f in sorted(os.listdir(it._pids))]
 open(sys.argv[2], "w").write(json.dumps(pids))
 os.kill(os.getpid(), signal.SIGKILL)  # no close: the workers are never asked to stop

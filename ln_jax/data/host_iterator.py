@@ -12,6 +12,7 @@ import collections
 import contextlib
 import functools
 import json
+import os
 import pathlib
 import queue
 import re
@@ -211,7 +212,7 @@ class HostBatchIterator(Iterator[Batch]):
             self._pids = tempfile.mkdtemp(prefix="ln_jax_data_workers_")
             self._watch = _WorkerWatch(self._pids)
             self._watch.start()
-            record = functools.partial(stream_lib.record_worker_pid, self._pids)
+            record = functools.partial(stream_lib.record_worker_pid, self._pids, os.getpid())
             it = ds.mp_prefetch(options, worker_init_fn=record)
         else:
             steps = grain.MapDataset.range(step, sys.maxsize)

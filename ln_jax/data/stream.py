@@ -230,25 +230,24 @@ class PackedChunks:
         return pack(self.batches(self.first_step(chunk), self.count), self.layout)
 
 
-def record_worker_pid(folder: str, index: int, count: int) -> None:
-    """grain's `worker_init_fn`: worker `index` of `count` leaves its pid in `folder`, so that
-    the trainer's process can tell which worker died, and exits when the trainer's process has
-    gone (`exit_with_parent`)."""
+def record_worker_pid(folder: str, trainer: int, index: int, count: int) -> None:
+    """grain's `worker_init_fn` (with `folder` and `trainer` bound): worker `index` of `count`
+    leaves its pid in `folder`, so that the trainer's process can tell which worker died, and
+    exits when the trainer's process (pid `trainer`) has gone (`exit_with_parent`)."""
     del count
+    exit_with_parent(trainer)
     pathlib.Path(folder, f"worker-{index}").write_text(str(os.getpid()))
-    exit_with_parent()
 
 
-def exit_with_parent(period_s: float = 1.0) -> threading.Thread:
-    """Ends this process within `period_s` of its parent's death (a daemon thread that polls
-    the parent pid).
+def exit_with_parent(parent: int, period_s: float = 1.0) -> threading.Thread:
+    """Ends this process within `period_s` of the death of its parent, pid `parent` (a daemon
+    thread that polls the parent pid; at once if the parent is already gone).
 
     grain's workers stop only when the parent asks. If the trainer dies without asking
     (SIGKILL, the OOM killer, a preempted job's hard kill), each worker keeps its place forever,
     waiting to hand over a chunk (measured: two orphans of 255 MB resident each, alive 13
     minutes later); a restarted job on the same host would run beside them.
     """
-    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
