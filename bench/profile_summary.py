@@ -22,27 +22,14 @@ import glob
 import json
 import os
 import re
+import sys
 from typing import Any
 
-CLASSES: tuple[tuple[str, str], ...] = (
-    # (class, pattern on the lower-cased kernel name); the first match wins
-    ("collective", r"all-reduce|all-gather|reduce-scatter|all-to-all|collective|nccl"),
-    ("attention", r"fmha|cudnn|flash|attention"),
-    ("matmul", r"nvjet|gemm|cublas|cutlass|xmma|matmul|gemv|\bdot\b|dot_|convolution|ynn_dot"),
-    ("reduction", r"reduce|softmax|norm|argmax"),
-    ("copy", r"transpose|copy|memcpy|memset|concatenate|dynamic.update.slice|slice"),
-    ("elementwise", r"fusion|loop_|convert|multiply|add|select|compare|rng|random|ynn"),
-)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ln_jax.kernel_census import kernel_class  # noqa: E402  (one classifier: HLO and profiles)
+
 HOST_BOOKKEEPING = re.compile(r"^(ThreadpoolListener|ThunkExecutor|end: |Thunk::|Rendezvous|Wait:)")
-
-
-def kernel_class(name: str) -> str:
-    """The class of a kernel, from its name (`CLASSES`); "other" if none matches."""
-    low = name.lower()
-    for cls, pattern in CLASSES:
-        if re.search(pattern, low):
-            return cls
-    return "other"
 
 
 def newest_trace(folder: str) -> str:

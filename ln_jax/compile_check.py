@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ln_jax import cli, console, matmul_census, platforms, sharding
+from ln_jax import cli, console, deviceless, kernel_census, matmul_census, platforms, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.config_front import config_from_command_line
 from ln_jax.train import accumulation, steps, trainer
@@ -240,7 +240,8 @@ def compile_report(
       "total_bytes" = arguments + outputs - aliased + temp + code), "flops_per_device" (XLA's
       cost analysis of the per-device program), "flops_per_step" (x devices), "num_params",
       "grad_accum_steps" (the one compiled), "mesh", "num_devices", "platform",
-      "device_kind", shape fields, and the lowering and compile seconds.
+      "device_kind", shape fields, the lowering and compile seconds, and on a GPU mesh (real
+      or `ln_jax.deviceless`) "kernel_census" (`ln_jax.kernel_census.Census`) and "hlo_text".
     """
     mesh = resolve_mesh(mesh, cfg)
     if compiler_options is None:
@@ -280,7 +281,10 @@ def _compile_report(
     compiled_at = time.perf_counter()
     pieces = abstract["pieces"]
     state = pieces.state
+    kernels = _kernels(compiled, mesh)
     flops = _flops(compiled)
+    if not flops and kernels:  # XLA:GPU's cost analysis leaves out cuBLAS, or gives nothing
+        flops = kernels["kernel_census"].by_class().get("matmul", {}).get("flops", 0.0)
     return {
         "name": cfg.name,
         "model_size": cfg.model.size,
@@ -303,7 +307,17 @@ def _compile_report(
         "flops_per_step": flops * mesh.size,
         "lower_seconds": lowered_at - start,
         "compile_seconds": compiled_at - lowered_at,
+        **kernels,
     }
+
+
+def _kernels(compiled: Any, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    """On a GPU mesh: {"kernel_census": the program's kernels (`ln_jax.kernel_census`),
+    "hlo_text": its optimised HLO}."""
+    if _platform(mesh) != "gpu":
+        return {}
+    text = compiled.as_text()
+    return {"kernel_census": kernel_census.read(text), "hlo_text": text}
 
 
 # --------------------------------------------------------------------------- report
@@ -419,6 +433,14 @@ _PLATFORM = COMMAND.string(
     "print its matmuls by operand dtype instead of compiling (no memory figures).",
     meta="gpu|tpu",
 )
+_GPU = COMMAND.string(
+    "gpu",
+    None,
+    "Compile the step for this GPU here, without one (XLA's GPU compiler; needs "
+    '`pip install -e ".[gpu-compile]"`): the GPU\'s memory figures, checked against its '
+    "memory unless --device_memory_gib is given, and its kernels by class.",
+    meta="|".join(kernel_census.SPECS),
+)
 
 
 def _main(inv: cli.Invocation) -> int:
@@ -430,21 +452,58 @@ def _main(inv: cli.Invocation) -> int:
 def _report(inv: cli.Invocation) -> int:
     try:
         n = requested_devices(inv.line.rest)
-        if n is not None:
+        if n is not None and _GPU.value is None:
             force_host_devices(n)  # before the config: its "auto" fields start JAX's backends
         mesh = parse_mesh(_MESH.value) if _MESH.value else None
         if _PLATFORM.value is not None:
+            if _GPU.value is not None:
+                raise ValueError(
+                    "--platform only lowers the step and --gpu compiles it for a GPU: give one."
+                )
             return _census(inv, _PLATFORM.value, mesh)
-        cfg = inv.config()
-        report = compile_report(cfg, mesh, device_memory_gib=_DEVICE_MEMORY.value)
-    except (UserError, ValueError) as err:
+        budget = _DEVICE_MEMORY.value
+        if _GPU.value is not None:
+            report = gpu_report(inv.config, _GPU.value, mesh, n or 1, budget)
+            budget = budget or deviceless.spec(_GPU.value).memory_bytes / GIB
+        else:
+            report = compile_report(inv.config(), mesh, device_memory_gib=budget)
+    except (UserError, ValueError, deviceless.DevicelessError) as err:
         return inv.report(err)
     print(format_report(report), flush=True)
-    if _DEVICE_MEMORY.value is None:
+    if "kernel_census" in report:
+        print(report["kernel_census"].format(deviceless.spec(_GPU.value or "h100")), flush=True)
+    if budget is None:
         return 0
-    ok, verdict = fits(report, _DEVICE_MEMORY.value)
+    ok, verdict = fits(report, budget)
     print(verdict, flush=True)
     return 0 if ok else 1
+
+
+def gpu_report(
+    build: Callable[[], TrainConfig],
+    gpu: str,
+    mesh: tuple[int, int, int] | None = None,
+    num_devices: int = 1,
+    device_memory_gib: float | None = None,
+) -> dict[str, Any]:
+    """`compile_report` for `num_devices` GPUs of model `gpu` ("h100"), compiled on this host
+    without them (`ln_jax.deviceless`): the config is built as on a GPU ("auto" fields), an
+    "auto" accumulation is chosen for the GPU's memory (or `device_memory_gib`), and the report
+    has the program's "kernel_census".
+
+    Raises:
+      DevicelessError: no CUDA plugin here (the message says what to install).
+      ConfigError: a setting that cannot run on a GPU.
+      ValueError: an unknown GPU, or a mesh that does not match `num_devices`.
+    """
+    budget = device_memory_gib or deviceless.spec(gpu).memory_bytes / GIB
+    devices = deviceless.gpu_devices(gpu, num_devices)
+    with platforms.lowering_for("gpu"):
+        cfg = build()
+        trainer.check_device(cfg)
+        shape = mesh or (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+        on_gpus = sharding.make_mesh(*shape, devices=devices)
+        return compile_report(cfg, on_gpus, deviceless.COMPILER_OPTIONS, budget)
 
 
 def _census(inv: cli.Invocation, platform: str, mesh: Any) -> int:

@@ -33,7 +33,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import sharding
+from ln_jax import deviceless, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.nn.random import prng_impl
 from ln_jax.task import Task, make_task
@@ -323,7 +323,8 @@ def jit_train_step(
     metrics out; the state donated. `measure`: the variant with per-layer measurements.
 
     This run's `run_values` are bound as the program's last input (`BoundStep`), so the
-    compiled program does not depend on them.
+    compiled program does not depend on them (on compile-only devices, `ln_jax.deviceless`,
+    their shapes: such a step is lowered and compiled, never called).
     """
     shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
@@ -334,7 +335,8 @@ def jit_train_step(
         out_shardings=(shardings, replicated),
         donate_argnums=(0,),
     )
-    values = {k: jax.device_put(v, replicated) for k, v in run_values(cfg).items()}
+    put = deviceless.abstract if deviceless.is_compile_only(mesh.devices) else jax.device_put
+    values = {k: put(v, replicated) for k, v in run_values(cfg).items()}
     return BoundStep(jitted, values)
 
 

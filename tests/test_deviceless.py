@@ -1,0 +1,133 @@
+"""The train step compiled for NVIDIA GPUs on this CPU host (ln_jax.deviceless): memory figures,
+kernels, the row-major layout pin, and the command's errors.
+
+Needs JAX's CUDA plugin (`pip install -e ".[gpu-compile]"`; CI installs it); skipped without.
+"""
+
+import dataclasses
+
+import pytest
+
+from configs import bert_preln
+from ln_jax import compile_check, deviceless, kernel_census, matmul_census, platforms, sharding
+from ln_jax.config import TrainConfig
+
+
+def _plugin_missing() -> str:
+    try:
+        deviceless.plugin()
+    except deviceless.DevicelessError as err:
+        return str(err)
+    return ""
+
+
+needs_plugin = pytest.mark.skipif(bool(_plugin_missing()), reason=_plugin_missing())
+
+
+def tiny(batch: int = 8, seq: int = 32, **model) -> TrainConfig:
+    """BERT-tiny with the recipe's dropout (so on a GPU: Pallas attention, hash dropout bits)."""
+    c = bert_preln.get_config("tiny")
+    c.model.update(model)
+    c.data.max_seq_length, c.data.global_batch_size = seq, batch
+    c.data.max_predictions_per_seq = 4
+    c.grad_accum_steps = 1
+    return TrainConfig.from_mapping(c.to_dict())
+
+
+@pytest.fixture(scope="module")
+def two_h100s():
+    return compile_check.gpu_report(tiny, "h100", (2, 1, 1), num_devices=2)
+
+
+@needs_plugin
+def test_the_step_compiles_for_two_h100s_with_the_gpu_s_settings(two_h100s):
+    r = two_h100s
+    assert r["platform"] == "gpu" and r["num_devices"] == 2
+    assert r["device_kind"] == kernel_census.SPECS["h100"].name
+    assert (r["dtype"], r["grad_accum_steps"]) == ("bfloat16", 1)  # "auto" resolved as on a GPU
+    assert r["temp_bytes"] > 0 and r["argument_bytes"] > r["params_bytes"] > 0
+    rows = r["kernel_census"].by_class()
+    assert rows["collective"]["kernels"] >= 1  # the data axis's gradient reduction
+    assert rows["attention"]["kernels"] >= 2 * 2  # Pallas forward and backward, each layer
+    assert "pallas_call" in r["hlo_text"] and "__cublas" in r["hlo_text"]
+
+
+@needs_plugin
+def test_the_census_finds_every_flop_the_lowered_step_multiplies(two_h100s):
+    """Per device, the compiled program's matmul FLOPs are the lowered program's (global
+    shapes, `ln_jax.matmul_census`) over the two data shards: no GEMM is missed or doubled."""
+    with platforms.lowering_for("gpu"):
+        cfg = tiny()
+        mesh = sharding.make_mesh(2, 1, 1, devices=deviceless.gpu_devices("h100", 2))
+        lowered, _ = compile_check.lower_train_step(cfg, mesh)
+    global_flops = sum(m.flops for m in matmul_census.read(lowered).matmuls if m.gemm)
+    compiled_flops = two_h100s["kernel_census"].by_class()["matmul"]["flops"]
+    assert compiled_flops == pytest.approx(global_flops / 2, rel=0.02)
+    assert two_h100s["flops_per_step"] == pytest.approx(2 * compiled_flops)
+
+
+@needs_plugin
+def test_the_row_major_pin_leaves_no_transpose_of_the_residual_stream():
+    """At BERT-base's batch shape XLA:GPU lays the stream out batch-minor and transposes it
+    around every matmul (the H100 profiles' copies); `activation_layout=row_major` pins
+    [batch, seq, hidden]: no transpose of a stream-sized array is left."""
+    stream = 256 * 128 * 128  # batch x seq x hidden (BERT-tiny's 128)
+    copies = {}
+    for layout in ("xla", "row_major"):
+        build = lambda layout=layout: tiny(batch=256, seq=128, activation_layout=layout)  # noqa: E731
+        census = compile_check.gpu_report(build, "h100", (1, 1, 1))["kernel_census"]
+        copies[layout] = [
+            k
+            for k in census.kernels_of("copy")
+            if "transpose" in k.name and max(kernel_census.array_sizes(k.shape)) >= stream
+        ]
+    assert copies["row_major"] == [], [(k.name, k.shape) for k in copies["row_major"]]
+    print("stream-sized transposes without the pin:", len(copies["xla"]))
+
+
+@needs_plugin
+def test_the_command_compiles_for_a_gpu_and_checks_its_memory(capsys):
+    code = _run(
+        "--config=configs/bert_preln.py:tiny",
+        "--config.data.global_batch_size=8",
+        "--gpu=h100",
+        "--mesh=2,1,1",
+        "--num_devices=2",
+        "--device_memory_gib=0.001",
+    )
+    out = capsys.readouterr().out
+    assert code == 1 and "WILL NOT FIT" in out
+    assert "2 x NVIDIA H100 80GB HBM3 (gpu)" in out and "kernels per step, by class" in out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--gpu=h999"], "not a known GPU; use one of h100, h200, a100"),
+        (["--gpu=h100", "--platform=gpu"], "give one"),
+    ],
+)
+def test_command_errors_name_the_fix(extra, message, capsys):
+    code = _run("--config=configs/bert_preln.py:tiny", *extra)
+    assert code != 0 and message in capsys.readouterr().err
+
+
+def test_without_the_plugin_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(deviceless.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(deviceless.DevicelessError, match=r'pip install -e "\.\[gpu-compile\]"'):
+        deviceless.gpu_devices("h100")
+
+
+def test_the_target_config_carries_the_gpu_s_figures():
+    text = deviceless.target_config(kernel_census.SPECS["a100"], 12)
+    assert "cuda_compute_capability { major: 8 minor: 0 }" in text
+    assert "core_count: 108" in text and "runtime_version { major: 12 minor: 0 }" in text
+    assert dataclasses.asdict(kernel_census.SPECS["h200"])["memory_bytes"] > 140 * 2**30
+
+
+def _run(*argv: str) -> int:
+    try:
+        compile_check.run(list(argv))
+    except SystemExit as done:
+        return int(done.code or 0)
+    return 0

@@ -1,0 +1,138 @@
+"""The kernel census reads an optimised GPU HLO module: classes, bytes, FLOPs, loop counts."""
+
+import pytest
+
+from ln_jax import kernel_census
+
+# A hand-written module in the text form of XLA:GPU's optimised HLO (`compiled.as_text()`):
+# a slicing fusion, a transpose, a generic (Triton) fusion holding a reduction, a Triton GEMM,
+# and a cuBLAS GEMM inside a loop XLA knows runs 3 times.
+HLO = """HloModule jit_f, entry_computation_layout={(f32[1000]{0})->f32[10]{0}}
+
+%fused_slice (param_0: f32[1000]) -> f32[10] {
+  %param_0 = f32[1000]{0} parameter(0)
+  ROOT %slice.1 = f32[10]{0} slice(%param_0), slice={[0:10]}
+}
+
+%fused_transpose (param_0.1: bf16[4,8]) -> bf16[8,4] {
+  %param_0.1 = bf16[4,8]{1,0} parameter(0)
+  ROOT %transpose.1 = bf16[8,4]{1,0} transpose(%param_0.1), dimensions={1,0}
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_norm (param_0.2: bf16[4,8]) -> (f32[4], bf16[4,8]) {
+  %param_0.2 = bf16[4,8]{1,0} parameter(0)
+  %c = f32[4,8]{1,0} convert(%param_0.2)
+  %zero = f32[] constant(0)
+  %r = f32[4]{0} reduce(%c, %zero), dimensions={1}, to_apply=%add
+  ROOT %t = (f32[4]{0}, bf16[4,8]{1,0}) tuple(%r, %param_0.2)
+}
+
+%gemm_fusion_dot.3_computation (p0: bf16[4,16], p1: bf16[16,8]) -> bf16[4,8] {
+  %p0 = bf16[4,16]{1,0} parameter(0)
+  %p1 = bf16[16,8]{1,0} parameter(1)
+  ROOT %dot.3 = bf16[4,8]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (loop: (s32[], bf16[4,16], bf16[16,8])) -> (s32[], bf16[4,16], bf16[16,8]) {
+  %loop = (s32[], bf16[4,16]{1,0}, bf16[16,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%loop), index=0
+  %x = bf16[4,16]{1,0} get-tuple-element(%loop), index=1
+  %w = bf16[16,8]{1,0} get-tuple-element(%loop), index=2
+  %custom-call.7 = (bf16[4,8]{1,0}, s8[1024]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  ROOT %next = (s32[], bf16[4,16]{1,0}, bf16[16,8]{1,0}) tuple(%i, %x, %w)
+}
+
+%cond (loop.1: (s32[], bf16[4,16], bf16[16,8])) -> pred[] {
+  %loop.1 = (s32[], bf16[4,16]{1,0}, bf16[16,8]{1,0}) parameter(0)
+  %k = s32[] constant(3)
+  %j = s32[] get-tuple-element(%loop.1), index=0
+  ROOT %lt = pred[] compare(%j, %k), direction=LT
+}
+
+ENTRY %main.1 (a.1: f32[1000], b.1: bf16[4,8], x.1: bf16[4,16], w.1: bf16[16,8]) -> f32[10] {
+  %a.1 = f32[1000]{0} parameter(0)
+  %b.1 = bf16[4,8]{1,0} parameter(1)
+  %x.1 = bf16[4,16]{1,0} parameter(2)
+  %w.1 = bf16[16,8]{1,0} parameter(3)
+  %wrapped_slice = f32[10]{0} fusion(%a.1), kind=kLoop, calls=%fused_slice
+  %input_transpose_fusion.2 = bf16[8,4]{1,0} fusion(%b.1), kind=kInput, calls=%fused_transpose
+  %fusion.9 = (f32[4]{0}, bf16[4,8]{1,0}) fusion(%b.1), kind=kCustom, calls=%fused_norm
+  %gemm_fusion_dot.3 = bf16[4,8]{1,0} fusion(%x.1, %w.1), kind=kCustom, calls=%gemm_fusion_dot.3_computation
+  %zero.1 = s32[] constant(0)
+  %init = (s32[], bf16[4,16]{1,0}, bf16[16,8]{1,0}) tuple(%zero.1, %x.1, %w.1)
+  %while.1 = (s32[], bf16[4,16]{1,0}, bf16[16,8]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %out = f32[10]{0} bitcast(%wrapped_slice)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def census():
+    return kernel_census.read(HLO)
+
+
+def test_each_launching_instruction_is_one_kernel_with_its_class_and_count(census):
+    kernels = {k.name: (k.cls, k.count) for k in census.kernels}
+    assert kernels == {
+        "wrapped_slice": ("copy", 1),
+        "input_transpose_fusion.2": ("copy", 1),
+        "fusion.9": ("reduction", 1),  # a generic name: classed by the reduce it holds
+        "gemm_fusion_dot.3": ("matmul", 1),
+        "custom-call.7": ("matmul", 3),  # in the loop body: the known trip count
+        "lt": ("elementwise", 3),  # the loop's condition, once a trip
+    }
+
+
+def test_bytes_count_the_output_and_each_operand_once_and_slices_what_they_read(census):
+    bytes_ = {k.name: k.bytes for k in census.kernels}
+    assert bytes_["wrapped_slice"] == 40 + 40  # reads 10 of the 1000 floats, not 4000 bytes
+    assert bytes_["input_transpose_fusion.2"] == 64 + 64
+    assert bytes_["fusion.9"] == (16 + 64) + 64  # a tuple output: both arrays
+    assert bytes_["gemm_fusion_dot.3"] == 64 + 128 + 256
+    assert bytes_["custom-call.7"] == (64 + 1024) + 128 + 256  # cuBLAS's workspace included
+
+
+def test_flops_of_cublas_and_triton_gemms_and_the_floor(census):
+    flops = {k.name: k.flops for k in census.kernels if k.flops}
+    assert flops == {"gemm_fusion_dot.3": 2 * 4 * 8 * 16, "custom-call.7": 2 * 4 * 8 * 16}
+    rows = census.by_class()
+    assert rows["matmul"] == {"kernels": 4, "bytes": 448 + 3 * 1472, "flops": 4 * 1024}
+    assert rows["copy"]["bytes"] == 80 + 128
+    spec = kernel_census.SPECS["h100"]
+    floors = census.floor_ms(spec)
+    assert floors["matmul"] == pytest.approx(1e3 * 4096 / spec.bf16_flops)
+    assert floors["copy"] == pytest.approx(1e3 * 208 / spec.memory_bandwidth)
+    summary = census.summary(spec)
+    assert summary["total"]["kernels"] == 1 + 1 + 1 + 4 + 3
+    assert [k.name for k in census.kernels_of("copy")] == [
+        "input_transpose_fusion.2",
+        "wrapped_slice",
+    ]
+    table = census.format(spec)
+    assert "matmul" in table and "input_transpose_fusion.2" in table
+
+
+@pytest.mark.parametrize(
+    "name, cls",
+    [
+        ("nvjet_tst_128x256_64x4", "matmul"),
+        ("input_add_transpose_fusion.12", "copy"),
+        ("input_reduce_fusion.3", "reduction"),
+        ("loop_multiply_fusion.7", "elementwise"),
+        ("ln_jax_flash_fwd", "attention"),
+        ("all-reduce-start", "collective"),
+    ],
+)
+def test_kernel_names_class_as_in_a_gpu_profile(name, cls):
+    assert kernel_census.kernel_class(name) == cls
+
+
+def test_text_that_is_not_an_hlo_module_is_a_clear_error():
+    with pytest.raises(ValueError, match="no ENTRY computation"):
+        kernel_census.read("module @jit_f { func.func public @main() }")
