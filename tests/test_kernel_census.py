@@ -6,7 +6,7 @@ from ln_jax import kernel_census
 
 # A hand-written module in the text form of XLA:GPU's optimised HLO (`compiled.as_text()`):
 # a slicing fusion, a transpose, a generic (Triton) fusion holding a reduction, a Triton GEMM,
-# and a cuBLAS GEMM inside a loop XLA knows runs 3 times.
+# and a cuBLAS GEMM inside a loop XLA knows runs 3 times. The text is XLA's: lines as long.
 HLO = """HloModule jit_f, entry_computation_layout={(f32[1000]{0})->f32[10]{0}}
 
 %fused_slice (param_0: f32[1000]) -> f32[10] {
