@@ -26,6 +26,13 @@ it (the Pallas kernel as Triton), and prints the step's matmuls by operand dtype
 float32 matrix product (`ln_jax.matmul_census`) instead of compiling:
 
   python -m ln_jax.compile_check --config=configs/bert_preln.py --platform=gpu --mesh=1,1,1
+
+A GPU's own compile, without the GPU: `--gpu=h100` (h200, a100) compiles the step with XLA's
+GPU compiler here for `--num_devices` compile-only GPUs (`ln_jax.deviceless`; needs
+`pip install -e ".[gpu-compile]"`): the GPU's buffer assignment, checked against the chip's
+memory, and the program's kernels by class (`ln_jax.kernel_census`):
+
+  python -m ln_jax.compile_check --config=configs/bert_preln.py --gpu=h100 --mesh=1,1,1
 """
 
 from __future__ import annotations
