@@ -68,13 +68,14 @@ def test_the_census_finds_every_flop_the_lowered_step_multiplies(two_h100s):
 
 @needs_plugin
 def test_the_row_major_pin_leaves_no_transpose_of_the_residual_stream():
-    """At BERT-base's batch shape XLA:GPU lays the stream out batch-minor and transposes it
-    around every matmul (the H100 profiles' copies); `activation_layout=row_major` pins
-    [batch, seq, hidden]: no transpose of a stream-sized array is left."""
-    stream = 256 * 128 * 128  # batch x seq x hidden (BERT-tiny's 128)
+    """At batches like BERT-base's XLA:GPU lays the stream out batch-minor and transposes it
+    around every matmul (the H100 profiles' copies; at 64 x 128 as at 256 x 128, not at
+    16 x 128); `activation_layout=row_major` pins [batch, seq, hidden]: no transpose of a
+    stream-sized array is left."""
+    stream = 64 * 128 * 128  # batch x seq x hidden (BERT-tiny's 128)
     copies = {}
     for layout in ("xla", "row_major"):
-        build = lambda layout=layout: tiny(batch=256, seq=128, activation_layout=layout)  # noqa: E731
+        build = lambda layout=layout: tiny(batch=64, seq=128, activation_layout=layout)  # noqa: E731
         census = compile_check.gpu_report(build, "h100", (1, 1, 1))["kernel_census"]
         copies[layout] = [
             k
@@ -82,7 +83,9 @@ def test_the_row_major_pin_leaves_no_transpose_of_the_residual_stream():
             if "transpose" in k.name and max(kernel_census.array_sizes(k.shape)) >= stream
         ]
     assert copies["row_major"] == [], [(k.name, k.shape) for k in copies["row_major"]]
-    print("stream-sized transposes without the pin:", len(copies["xla"]))
+    # What the pin is for (18 at this shape with jaxlib 0.10.2): if XLA stops transposing the
+    # stream here, pick a shape where it does, or the assertion above tests nothing.
+    assert len(copies["xla"]) >= 12
 
 
 @needs_plugin
