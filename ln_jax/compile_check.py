@@ -505,7 +505,7 @@ def gpu_report(
     """
     budget = device_memory_gib or deviceless.spec(gpu).memory_bytes / GIB
     devices = deviceless.gpu_devices(gpu, num_devices)
-    with platforms.lowering_for("gpu"):
+    with platforms.lowering_for("gpu"), deviceless.without_persistent_cache():
         cfg = build()
         trainer.check_device(cfg)
         shape = mesh or (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)

@@ -22,10 +22,12 @@ Install (CPU host): `pip install -e ".[gpu-compile]"`: the plugin and its PJRT l
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -152,6 +154,23 @@ def _register(module: str) -> None:
         xla_bridge._discover_and_register_pjrt_plugins()
     if "cuda" not in xla_bridge._topology_factories:  # discovered before, without it
         importlib.import_module(module).initialize()
+
+
+@contextlib.contextmanager
+def without_persistent_cache() -> Iterator[None]:
+    """JAX's persistent compilation cache off while the block compiles: a compile-only
+    executable is written there but cannot be read back ("PjRtCompiler must be constructed
+    with a Client"), so each entry would cost disk and a warning, and nothing else."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+        compilation_cache.reset_cache()
 
 
 def is_compile_only(devices: Any) -> bool:

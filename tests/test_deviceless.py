@@ -134,3 +134,14 @@ def _run(*argv: str) -> int:
     except SystemExit as done:
         return int(done.code or 0)
     return 0
+
+
+def test_compiles_for_a_gpu_here_skip_the_persistent_cache():
+    """A compile-only executable is written to JAX's persistent cache but cannot be read back
+    (a warning and a recompile each time): `gpu_report` compiles with the cache off."""
+    import jax
+
+    before = jax.config.jax_enable_compilation_cache
+    with deviceless.without_persistent_cache():
+        assert jax.config.jax_enable_compilation_cache is False
+    assert jax.config.jax_enable_compilation_cache == before
