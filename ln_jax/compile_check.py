@@ -245,7 +245,8 @@ def compile_report(
       A dict of per-device bytes ("params_bytes", "opt_state_bytes", "batch_bytes",
       "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
       "total_bytes" = arguments + outputs - aliased + temp + code), "flops_per_device" (XLA's
-      cost analysis of the per-device program), "flops_per_step" (x devices), "num_params",
+      cost analysis of the per-device program; where it gives none, as on a GPU, the census's
+      matmul FLOPs: "flops_source"), "flops_per_step" (x devices), "num_params",
       "grad_accum_steps" (the one compiled), "mesh", "num_devices", "platform",
       "device_kind", shape fields, the lowering and compile seconds, and on a GPU mesh (real
       or `ln_jax.deviceless`) "kernel_census" (`ln_jax.kernel_census.Census`) and "hlo_text".
@@ -289,9 +290,10 @@ def _compile_report(
     pieces = abstract["pieces"]
     state = pieces.state
     kernels = _kernels(compiled, mesh)
-    flops = _flops(compiled)
+    flops, source = _flops(compiled), "xla"
     if not flops and kernels:  # XLA:GPU's cost analysis leaves out cuBLAS, or gives nothing
         flops = kernels["kernel_census"].by_class().get("matmul", {}).get("flops", 0.0)
+        source = "kernel_census"  # matmuls only; loop bodies times their trip counts
     return {
         "name": cfg.name,
         "model_size": cfg.model.size,
@@ -312,6 +314,7 @@ def _compile_report(
         **_memory_fields(compiled),
         "flops_per_device": flops,
         "flops_per_step": flops * mesh.size,
+        "flops_source": source,
         "lower_seconds": lowered_at - start,
         "compile_seconds": compiled_at - lowered_at,
         **kernels,
@@ -358,7 +361,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"FLOPs per step: {report['flops_per_step'] / 1e12:.3f} TFLOP "
         f"({report['flops_per_device'] / 1e12:.3f} per device)"
     )
-    if report["grad_accum_steps"] > 1:
+    if report.get("flops_source") == "kernel_census":
+        lines.append("  (the matmuls of the compiled program, `ln_jax.kernel_census`)")
+    elif report["grad_accum_steps"] > 1:
         lines.append(
             "  (with accumulation XLA counts the scanned micro-batch loop's body once: FLOPs "
             "are a lower bound)"

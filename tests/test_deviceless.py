@@ -64,6 +64,7 @@ def test_the_census_finds_every_flop_the_lowered_step_multiplies(two_h100s):
     compiled_flops = two_h100s["kernel_census"].by_class()["matmul"]["flops"]
     assert compiled_flops == pytest.approx(global_flops / 2, rel=0.02)
     assert two_h100s["flops_per_step"] == pytest.approx(2 * compiled_flops)
+    assert two_h100s["flops_source"] == "kernel_census"  # XLA:GPU's cost analysis: none
 
 
 @needs_plugin
