@@ -352,11 +352,24 @@ def _read_bytes(comps: dict[str, dict[str, _Instr]], instr: _Instr) -> dict[int,
             users[o].append(i)
     read = {}
     for name, p in body.items():
-        if p.opcode != "parameter" or not users[name]:
+        if p.opcode != "parameter":
             continue
-        if all(u.opcode in _SLICING and u.operands[0] == name for u in users[name]):
-            read[int(p.args)] = sum(array_bytes(u.type) for u in users[name])
+        uses = _uses_through_views(name, users)
+        if uses and all(u.opcode in _SLICING and u.operands[0] == via for u, via in uses):
+            read[int(p.args)] = sum(array_bytes(u.type) for u, _ in uses)
     return read
+
+
+def _uses_through_views(name: str, users: dict[str, list[_Instr]]) -> list[tuple[_Instr, str]]:
+    """The (user, the name it reads) pairs of a value, looking through bitcasts and reshapes
+    (views that move no data)."""
+    found = []
+    for user in users[name]:
+        if user.opcode in ("bitcast", "reshape"):
+            found += _uses_through_views(user.name, users)
+        else:
+            found.append((user, name))
+    return found
 
 
 def _op_name(attrs: str) -> str:
