@@ -166,7 +166,10 @@ BENCH_ENV=()
   --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*step_fn.*")
 step bench 300 "${BENCH_ENV[@]}" "$PY" bench/bench_accel.py "${SHAPE[@]}" "${ARMS[@]}" \
   --profile_arm="$PROFILE_ARM" --profile_dir="$OUT/trace" --profile_steps=3 --out="$OUT/arms.json"
-step profile 60 "$PY" bench/profile_summary.py "$OUT/trace" --steps=3 --out="$OUT/profile.json"
+HLO_ARGS=()
+[ "$MODE" = gpu ] && HLO_ARGS=(--hlo_dir="$OUT/hlo")  # classes and achieved rates from the HLO
+step profile 60 "$PY" bench/profile_summary.py "$OUT/trace" --steps=3 "${HLO_ARGS[@]}" \
+  --out="$OUT/profile.json"
 step torch 200 "$PY" bench/bench_torch_anchor.py "${TORCH[@]}" --out="$OUT/torch.json"
 # on an H100 the two train shapes and the search compiled in 42 + 37 + 12 s, the whole step 147 s
 step mt 200 "$PY" bench/bench_mt_accel.py "${MT[@]}" --out="$OUT/mt.json"

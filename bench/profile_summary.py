@@ -12,6 +12,12 @@ bookkeeping. Each kernel is classed by its name (XLA's fusion names say their em
 `input_*reduce*` a reduction, `*transpose*` / `copy` a data movement, `loop_*` elementwise;
 cuBLAS `nvjet*` / `*gemm*` / Triton `gemm_fusion_dot*` matmuls; cuDNN `*fmha*` / `cudnn*`
 attention). Figures are per step: the total over the trace divided by `--steps`.
+
+With `--hlo_dir` (XLA's dump of the step, `--xla_dump_to`; the accelerator suite passes it),
+the module whose fusion names the profile holds is read by `ln_jax.kernel_census`: kernels
+are classed as the HLO says (a Triton fusion named `fusion_12` holding a reduction is a
+reduction), and each class's bytes (matmuls: FLOPs) over its measured time give the rate it
+ran at, as a share of the chip's bandwidth (bf16 peak) ("achieved").
 """
 
 from __future__ import annotations
@@ -63,12 +69,20 @@ def kernel_events(path: str) -> tuple[list[tuple[str, float]], str]:
     return events, "host XLA threads (no GPU plane)"
 
 
-def summarize(events: list[tuple[str, float]], steps: int, top: int = 25) -> dict[str, Any]:
-    """ms per step by class and for the `top` kernels (with their calls per step)."""
+def summarize(
+    events: list[tuple[str, float]],
+    steps: int,
+    top: int = 25,
+    classes: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """ms per step by class and for the `top` kernels (with their calls per step). `classes`:
+    a class per kernel name where the program's HLO says it (`hlo_classes`), else the name's."""
+    classes = classes or {}
+    cls_of = lambda name: classes.get(name) or kernel_class(name)  # noqa: E731
     by_class: dict[str, float] = collections.defaultdict(float)
     by_kernel: dict[str, list[float]] = collections.defaultdict(list)
     for name, ms in events:
-        by_class[kernel_class(name)] += ms / steps
+        by_class[cls_of(name)] += ms / steps
         by_kernel[name].append(ms)
     total = sum(by_class.values())
     kernels = sorted(by_kernel.items(), key=lambda kv: -sum(kv[1]))[:top]
@@ -82,7 +96,7 @@ def summarize(events: list[tuple[str, float]], steps: int, top: int = 25) -> dic
         "top": [
             {
                 "name": name,
-                "class": kernel_class(name),
+                "class": cls_of(name),
                 "ms_per_step": sum(times) / steps,
                 "calls_per_step": len(times) / steps,
             }
@@ -91,10 +105,57 @@ def summarize(events: list[tuple[str, float]], steps: int, top: int = 25) -> dic
     }
 
 
+def profile_name(hlo_name: str) -> str:
+    """The name a GPU profile gives the kernel of an HLO instruction: '.' becomes '_'."""
+    return hlo_name.replace(".", "_")
+
+
+def matching_census(hlo_dir: str, names: set[str]) -> tuple[str, Any, float] | None:
+    """Of the optimised HLO modules XLA dumped (`--xla_dump_to`, `*after_optimizations.txt`),
+    the one whose kernel names the profile's `names` hold most of: (path, its census
+    (`ln_jax.kernel_census`), the share of its fusion kernels found). None if none matches."""
+    from ln_jax import kernel_census
+
+    best = None
+    for path in glob.glob(os.path.join(hlo_dir, "*after_optimizations.txt")):
+        with open(path) as f:
+            census = kernel_census.read(f.read())
+        fusions = {profile_name(k.name) for k in census.kernels if k.opcode == "fusion"}
+        share = len(fusions & names) / len(fusions) if fusions else 0.0
+        if share and (best is None or share > best[2]):
+            best = (path, census, share)
+    return best
+
+
+def achieved(summary: dict[str, Any], census: Any, spec: Any) -> dict[str, dict[str, float]]:
+    """Per class: the HLO's bytes (and a matmul's FLOPs) per step over the profile's measured
+    time: the rate each class ran at, and its share of the chip's bandwidth (or bf16 peak)."""
+    out = {}
+    for cls, row in census.by_class().items():
+        ms = summary["classes"].get(cls, {}).get("ms_per_step", 0.0)
+        if not ms:
+            continue
+        rate = (row["flops"] if cls == "matmul" else row["bytes"]) / (ms / 1e3)
+        peak = spec.bf16_flops if cls == "matmul" else spec.memory_bandwidth
+        out[cls] = {"ms_per_step": ms, "gb": row["bytes"] / 1e9, "tflop": row["flops"] / 1e12,
+                    "rate": rate, "of_peak": rate / peak}  # fmt: skip
+    return out
+
+
+def _device_kind() -> str:
+    import jax
+
+    return jax.devices()[0].device_kind
+
+
 def print_summary(s: dict[str, Any], source: str) -> None:
     print(f"kernel time per step: {s['kernel_ms_per_step']:.2f} ms ({source}, {s['steps']} steps)")
     for cls, x in s["classes"].items():
         print(f"  {cls:<12s}{x['ms_per_step']:9.2f} ms {100 * x['share']:6.1f}%")
+    for cls, x in s.get("achieved", {}).items():
+        unit = "TFLOP/s" if cls == "matmul" else "GB/s"
+        print(f"  {cls:<12s} ran at {x['rate'] / 1e9 if unit == 'GB/s' else x['rate'] / 1e12:8.0f}"
+              f" {unit} ({100 * x['of_peak']:.0f}% of the chip's)")  # fmt: skip
     print("top kernels (ms/step, calls/step, class):")
     for k in s["top"]:
         print(
@@ -109,13 +170,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=3, help="steps the trace holds")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", default=None, help="write the summary as JSON here")
+    p.add_argument(
+        "--hlo_dir",
+        default=None,
+        help="XLA's dump of the step (--xla_dump_to): classes kernels by the HLO and gives each "
+        "class's achieved bytes/s (ln_jax.kernel_census)",
+    )
+    p.add_argument(
+        "--gpu", default="h100", help="the chip's figures for --hlo_dir (h100|h200|a100)"
+    )
     args = p.parse_args(argv)
     path = newest_trace(args.folder)
     events, source = kernel_events(path)
     if not events:
         raise SystemExit(f"{path} holds no kernel events")
-    summary = summarize(events, args.steps, args.top)
+    found = matching_census(args.hlo_dir, {n for n, _ in events}) if args.hlo_dir else None
+    classes = {}
+    if found:
+        classes = {profile_name(k.name): k.cls for k in found[1].kernels}
+    summary = summarize(events, args.steps, args.top, classes)
     summary.update(trace=path, source=source)
+    if found:
+        from ln_jax import kernel_census
+
+        gpu = args.gpu if args.gpu != "auto" else kernel_census.spec_for(_device_kind())
+        summary.update(hlo=found[0], hlo_match=found[2])
+        if gpu:
+            summary.update(gpu=gpu, achieved=achieved(summary, found[1], kernel_census.SPECS[gpu]))
     print_summary(summary, source)
     if args.out:
         with open(args.out, "w") as f:

@@ -146,6 +146,14 @@ def render(folder: str) -> tuple[str, dict]:
             f"- profile of arm {arm}: {profile['kernel_ms_per_step']:.1f} ms of kernels per "
             f"step: {parts}"
         )
+        rates = ", ".join(
+            f"{c} {100 * x['of_peak']:.0f}%" for c, x in profile.get("achieved", {}).items()
+        )
+        if rates:
+            lines.append(
+                f"- each class's rate against the {profile['gpu']}'s peak (matmuls: bf16 FLOP/s, "
+                f"the rest: memory bandwidth; bytes from the HLO): {rates}"
+            )
     facts = load(folder, "cudnn_facts.json")
     if facts:
         lines.append("- cuDNN dropout facts: " + json.dumps(facts))

@@ -92,6 +92,12 @@ SPECS = {
 }  # fmt: skip
 
 
+def spec_for(device_kind: str) -> str | None:
+    """The `SPECS` key of a JAX device kind ("NVIDIA H100 80GB HBM3" -> "h100"), else None."""
+    low = device_kind.lower()
+    return next((key for key in SPECS if key in low), None)
+
+
 # Opcodes that launch nothing: views, bookkeeping, control flow (its bodies are read instead),
 # and the second halves of async pairs.
 _FREE = {

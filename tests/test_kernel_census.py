@@ -139,3 +139,33 @@ def test_kernel_names_class_as_in_a_gpu_profile(name, cls):
 def test_text_that_is_not_an_hlo_module_is_a_clear_error():
     with pytest.raises(ValueError, match="no ENTRY computation"):
         kernel_census.read("module @jit_f { func.func public @main() }")
+
+
+def test_a_profile_joined_with_its_hlo_gives_each_class_s_rate(tmp_path):
+    """bench/profile_summary.py --hlo_dir: the dumped module the profile's kernel names match
+    is read; its classes name the profile's kernels, and bytes (FLOPs) over measured time give
+    each class's rate against the chip's."""
+    from bench import profile_summary
+
+    (tmp_path / "module_0001.jit_step_fn.sm_9.0_gpu_after_optimizations.txt").write_text(HLO)
+    other = HLO.replace("input_transpose_fusion.2", "other_fusion.5").replace("fusion.9", "f.9")
+    (tmp_path / "module_0002.jit_other.sm_9.0_gpu_after_optimizations.txt").write_text(other)
+    # Two steps of kernels as a GPU profile names them ('.' -> '_'); the cuBLAS call's own name.
+    step = [("wrapped_slice", 0.001), ("input_transpose_fusion_2", 0.002), ("fusion_9", 0.004),
+            ("gemm_fusion_dot_3", 0.01), ("nvjet_tst_64x8", 0.01)]  # fmt: skip
+    events = step * 2
+    path, census, share = profile_summary.matching_census(str(tmp_path), {n for n, _ in events})
+    assert path.endswith("module_0001.jit_step_fn.sm_9.0_gpu_after_optimizations.txt")
+    assert share == 1.0  # all four of its fusions are in the profile
+    classes = {profile_summary.profile_name(k.name): k.cls for k in census.kernels}
+    summary = profile_summary.summarize(events, steps=2, classes=classes)
+    # "fusion_9" would be elementwise by its name; the HLO says it holds a reduction.
+    assert summary["classes"]["reduction"]["ms_per_step"] == pytest.approx(0.004)
+    assert summary["classes"]["matmul"]["ms_per_step"] == pytest.approx(0.02)
+    spec = kernel_census.SPECS["h100"]
+    rates = profile_summary.achieved(summary, census, spec)
+    assert rates["copy"]["rate"] == pytest.approx((80 + 128) / 0.003e-3)
+    assert rates["matmul"]["rate"] == pytest.approx(4 * 1024 / 0.02e-3)
+    assert rates["matmul"]["of_peak"] == pytest.approx(rates["matmul"]["rate"] / spec.bf16_flops)
+    assert kernel_census.spec_for("NVIDIA H100 80GB HBM3") == "h100"
+    assert kernel_census.spec_for("NVIDIA H200") == "h200" and kernel_census.spec_for("cpu") is None
