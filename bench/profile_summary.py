@@ -113,14 +113,15 @@ def profile_name(hlo_name: str) -> str:
 def matching_census(hlo_dir: str, names: set[str]) -> tuple[str, Any, float] | None:
     """Of the optimised HLO modules XLA dumped (`--xla_dump_to`, `*after_optimizations.txt`),
     the one whose kernel names the profile's `names` hold most of: (path, its census
-    (`ln_jax.kernel_census`), the share of its fusion kernels found). None if none matches."""
+    (`ln_jax.kernel_census`), the share of its fusion kernels found, by the names they launch
+    under). None if none matches."""
     from ln_jax import kernel_census
 
     best = None
     for path in glob.glob(os.path.join(hlo_dir, "*after_optimizations.txt")):
         with open(path) as f:
             census = kernel_census.read(f.read())
-        fusions = {profile_name(k.name) for k in census.kernels if k.opcode == "fusion"}
+        fusions = {profile_name(k.launch_name) for k in census.kernels if k.opcode == "fusion"}
         share = len(fusions & names) / len(fusions) if fusions else 0.0
         if share and (best is None or share > best[2]):
             best = (path, census, share)
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     found = matching_census(args.hlo_dir, {n for n, _ in events}) if args.hlo_dir else None
     classes = {}
     if found:
-        classes = {profile_name(k.name): k.cls for k in found[1].kernels}
+        classes = {profile_name(k.launch_name): k.cls for k in found[1].kernels}
     summary = summarize(events, args.steps, args.top, classes)
     summary.update(trace=path, source=source)
     if found:

@@ -127,6 +127,8 @@ class Kernel:
       flops: 2 x output elements x contracted size of the matmuls it holds, per launch.
       count: launches per program run (a loop body's trip count; 1 outside loops).
       op_name: JAX's name of the op it came from ("" if none).
+      launch_name: the kernel it launches: XLA:GPU compiles identical fusions once, under the
+        first one's name (`deduplicated_name`), which is what a GPU profile shows.
     """
 
     name: str
@@ -137,6 +139,7 @@ class Kernel:
     flops: float
     count: int
     op_name: str
+    launch_name: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,6 +343,7 @@ def _kernels(comps: dict[str, dict[str, _Instr]], comp: str, count: int) -> Iter
             flops=_flops(comps, instr, instrs),
             count=count,
             op_name=_op_name(instr.attrs),
+            launch_name=_attr(instr.attrs, "deduplicated_name") or instr.name,
         )
 
 
@@ -379,7 +383,11 @@ def _uses_through_views(name: str, users: dict[str, list[_Instr]]) -> list[tuple
 
 
 def _op_name(attrs: str) -> str:
-    m = re.search(r'op_name="([^"]*)"', attrs)
+    return _attr(attrs, "op_name")
+
+
+def _attr(attrs: str, key: str) -> str:
+    m = re.search(rf'\b{key}="([^"]*)"', attrs)
     return m.group(1) if m else ""
 
 
