@@ -436,7 +436,9 @@ COMMAND = cli.Command("python -m ln_jax.compile_check", __doc__, cli.train_confi
 _MESH = COMMAND.string(
     "mesh", None, "data,fsdp,tensor, e.g. 4,2,1 (default: the config's).", meta="D,F,T"
 )
-_NUM_DEVICES = COMMAND.integer("num_devices", None, "Fake CPU devices (default: mesh product).")
+_NUM_DEVICES = COMMAND.integer(
+    "num_devices", None, "Fake CPU devices, or with --gpu the GPUs (default: mesh product)."
+)
 _DEVICE_MEMORY = COMMAND.real("device_memory_gib", None, "Per-device budget, e.g. 80 for an H100.")
 _PLATFORM = COMMAND.string(
     "platform",
