@@ -90,9 +90,9 @@ def base_config() -> ml_collections.ConfigDict:
     # xla | cudnn (cuDNN's fused attention: NVIDIA GPU, bf16/fp16, attention_dropout=0) | auto
     # (cudnn on a GPU where it can run the config, else xla)
     c.model.attention_impl = "auto"
-    # xla (XLA picks memory layouts) | row_major (the residual stream pinned row-major: a GPU
-    # experiment, docs/gpu.md)
-    c.model.activation_layout = "xla"
+    # xla (XLA picks memory layouts) | row_major (the residual stream pinned row-major) | auto
+    # (row_major on a GPU, measured faster there, docs/gpu.md; xla elsewhere)
+    c.model.activation_layout = "auto"
     c.model.remat = "none"  # none | full | dots: recompute activations in the backward pass
     c.model.scan_layers = False  # lax.scan over stacked layers (fast compiles for deep stacks)
     c.model.nsp_head = True  # build the NSP head (its loss counts only when data.nsp is True)
