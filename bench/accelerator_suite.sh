@@ -117,16 +117,17 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 cat "$OUT/environment.txt"
 
 if [ "$MODE" = gpu ]; then
-  SHAPE=(--size=base --batch=256 --steps=20 --warmup=3)
-  TORCH=(--size=base --batch=256 --steps=10 --warmup=2)
+  SHAPE=(--size=base --batch=256 --steps=20 --warmup=3 --pipeline=5)
+  TORCH=(--size=base --batch=256 --steps=10 --warmup=2 --pipeline=5)
   MAIN=(--config=configs/bert_preln.py --config.total_steps=300 --config.eval_batches=10)
   MT=(--batches=128x32,512x64 --steps=10 --warmup=2 --sentences=256 --rounds=2)
   # tests/conftest.py defaults JAX to the CPU and XLA to fast (unoptimised) compiles: not here
   step gpu_tests 150 env JAX_PLATFORMS=cuda,cpu LN_JAX_TEST_OPTIMIZED_COMPILE=1 \
     "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_accelerator.py
 else
-  SHAPE=(--size=tiny --batch=8 --steps=2 --warmup=1 --dtype=f32 --matmul=256)
-  TORCH=(--size=tiny --batch=8 --steps=2 --warmup=1 --vocab=8000 --modes=eager_all,eager_masked)
+  SHAPE=(--size=tiny --batch=8 --steps=2 --warmup=1 --dtype=f32 --matmul=256 --pipeline=2)
+  TORCH=(--size=tiny --batch=8 --steps=2 --warmup=1 --vocab=8000 --modes=eager_all,eager_masked
+         --pipeline=2)
   MAIN=(--config=configs/bert_preln.py:tiny --config.total_steps=6 --config.log_every=2
         --config.eval_every=0 --config.eval_batches=1 --config.checkpoint_every=0)
   MT=(--config=configs/mt.py:tiny --batches=8x16 --steps=2 --warmup=1 --sentences=4

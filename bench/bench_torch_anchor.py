@@ -14,12 +14,15 @@ Modes (`--modes`, alternating in one process, each with its own model and optimi
 * compile_*: the same under `torch.compile` (default mode), compiled before timing.
 Every step: forward, backward, global-norm clipping at 1.0, AdamW (fused on CUDA), zero_grad;
 bf16 autocast on CUDA, float32 on CPU; dropout 0.1 on hidden states and attention
-probabilities (SDPA). Timed with a device synchronise after each step; medians.
+probabilities (SDPA). Timed with a device synchronise after each step; medians. With
+`--pipeline=K`, also K steps launched back to back and one synchronise, the time over K
+("pipelined", as `bench_accel.py --pipeline=K` times ln_jax).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -47,6 +50,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument(
+        "--pipeline",
+        type=int,
+        default=0,
+        help="also time K steps launched back to back, one wait on the last (0 = not)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -128,19 +137,38 @@ def make_step(mode: str, s: dict[str, int], t: dict, args, device: Any) -> Any:
         compiled = torch.compile(lambda m, x: loss_fn(m, x, masked))
         forward = compiled
 
-    def step() -> float:
+    def step(wait: bool = True) -> float | None:
+        """One step; with `wait`, waits for the device and returns the loss (else launches
+        only: the next step queues behind it, as in a training loop)."""
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = forward(model, t)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if not wait:
+            return None
         if cuda:
             torch.cuda.synchronize()
         return float(loss.detach())
 
     step.attention = model.config._attn_implementation  # what HF chose (sdpa)
     return step
+
+
+def pipelined_times(steps: dict[str, Any], args) -> dict[str, list[float]]:
+    """Seconds per step of each mode with `args.pipeline` steps launched before one wait
+    (modes alternating; one untimed round, then max(3, steps / K) timed ones)."""
+    k = args.pipeline
+
+    def burst(step):
+        for _ in range(k - 1):
+            step(wait=False)
+        step()
+
+    calls = {m: functools.partial(burst, step) for m, step in steps.items()}
+    times = measure.run_alternating(calls, 1, max(3, args.steps // k))
+    return {m: [t / k for t in ts] for m, ts in times.items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -158,6 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         compile_s[mode] = time.perf_counter() - start
         print(f"{mode}: built and first step in {compile_s[mode]:.1f} s", flush=True)
     times = measure.run_alternating(steps, args.warmup, args.steps)
+    pipelined = pipelined_times(steps, args) if args.pipeline > 0 else {}
     flops = measure.model_flops(s)  # the masked-position work, the same numerator for all
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     result = {
@@ -179,11 +208,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
         "command": ["python", "bench/bench_torch_anchor.py", *(argv or sys.argv[1:])],
     }
+    for m, ts in pipelined.items():
+        x = measure.timing_summary(ts, s, flops, 1.0)
+        x.pop("mfu")
+        result["modes"][m]["pipelined"] = {
+            **x,
+            "ms_per_step": 1e3 * statistics.median(ts),
+            "steps_in_flight": args.pipeline,
+        }
     for m in result["modes"].values():
         m.pop("mfu")  # no peak here: bench_accel's table divides by the device's
     print(f"\nHuggingFace BertForPreTraining on {name}, batch {s['batch']} x {s['seq']}")
     for mode, r in result["modes"].items():
         print(f"  {mode:<15s}{r['ms_per_step']:9.1f} ms {r['sequences_per_s']:10.1f} seq/s")
+        if "pipelined" in r:
+            x = r["pipelined"]
+            print(f"  {'  pipelined':<15s}{x['ms_per_step']:9.1f} ms {x['sequences_per_s']:10.1f}"
+                  f" seq/s ({args.pipeline} steps in flight, one wait)")  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

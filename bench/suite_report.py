@@ -7,6 +7,11 @@ Inputs (each optional: a missing one is reported as not run): `arms.json` (bench
 --arm), `torch.json` (bench_torch_anchor.py), `profile.json` (profile_summary.py),
 `main_job/metrics.jsonl` (train.py), `mt.json` (bench_mt_accel.py), `cudnn_facts.json`,
 `status.txt` (each step's exit code).
+
+Each step is timed two ways where the benchmarks were given `--pipeline=K`: blocked (one wait
+after every step: latency, and host work between steps shows in full) and pipelined (K steps
+launched back to back, one wait: what a training loop sees). The targets are checked on each
+(the `pipelined_` lines compare pipelined with pipelined).
 """
 
 from __future__ import annotations
@@ -64,15 +69,20 @@ def rows(folder: str) -> tuple[list[dict], dict]:
             "what": f"HuggingFace PyTorch {mode}", "ms_per_step": r["ms_per_step"],
             "sequences_per_s": r["sequences_per_s"], "mfu_6nd": None,
         })  # fmt: skip
+    out += pipelined_rows(arms, torch)
     compiled = torch.get("modes", {}).get("compile_all")
     for label, name in (("", "default"), ("fastest_recipe_arm_", fastest_recipe_arm(arms))):
         if name not in arms:
             continue
-        fixed = arms[name]["feeds"]["fixed"]
-        checks[f"{label}mfu_6nd"] = (fixed["mfu_6nd"], MFU_TARGET)
-        if compiled:
-            ratio = fixed["sequences_per_s"] / compiled["sequences_per_s"]
-            checks[f"{label}x_torch_compile"] = (ratio, TORCH_TARGET)
+        for timing, prefix in (("fixed", ""), ("pipelined", "pipelined_")):
+            mine = arms[name]["feeds"].get(timing)
+            theirs = compiled if timing == "fixed" else (compiled or {}).get("pipelined")
+            if not mine:
+                continue
+            checks[f"{prefix}{label}mfu_6nd"] = (mine["mfu_6nd"], MFU_TARGET)
+            if theirs:
+                ratio = mine["sequences_per_s"] / theirs["sequences_per_s"]
+                checks[f"{prefix}{label}x_torch_compile"] = (ratio, TORCH_TARGET)
         if label:
             checks["fastest_recipe_arm"] = name
     main_s = main_job_step_s(folder)
@@ -85,6 +95,29 @@ def rows(folder: str) -> tuple[list[dict], dict]:
         })  # fmt: skip
         checks["main_job_over_fixed"] = (main_s / fixed, MAIN_JOB_TARGET)
     return out, checks
+
+
+def pipelined_rows(arms: dict, torch: dict) -> list[dict]:
+    """The rows of steps timed as a training loop runs them (`--pipeline`: K steps in flight,
+    one wait), ln_jax's arms and PyTorch's modes alike."""
+    out = []
+    for name, r in arms.items():
+        x = r["feeds"].get("pipelined")
+        if x:
+            out.append({
+                "what": f"ln_jax {name}, {x['steps_in_flight']} steps in flight",
+                "ms_per_step": x["ms_per_step"], "sequences_per_s": x["sequences_per_s"],
+                "mfu_6nd": x["mfu_6nd"],
+            })  # fmt: skip
+    for mode, r in torch.get("modes", {}).items():
+        x = r.get("pipelined")
+        if x:
+            out.append({
+                "what": f"HuggingFace PyTorch {mode}, {x['steps_in_flight']} steps in flight",
+                "ms_per_step": x["ms_per_step"], "sequences_per_s": x["sequences_per_s"],
+                "mfu_6nd": None,
+            })  # fmt: skip
+    return out
 
 
 def fastest_recipe_arm(arms: dict) -> str | None:

@@ -49,8 +49,15 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
     base = arms["default"]["feeds"]["fixed"]["median_s"]
     for r in arms.values():
         assert r["speedup_over_first"] == pytest.approx(base / r["feeds"]["fixed"]["median_s"])
+    # --pipeline=2: one untimed and max(3, 2 // 2) timed bursts of 2 steps after the 1 + 2
+    # blocked ones, each a real update of the state
+    for r in arms.values():
+        x = r["feeds"]["pipelined"]
+        assert x["steps_in_flight"] == 2 and r["updates"] == 1 + 2 + 2 * (1 + 3)
+        assert x["sequences_per_s"] == pytest.approx(8 / x["median_s"])
     torch = json.loads((out / "torch.json").read_text())["modes"]
     assert set(torch) == {"eager_all", "eager_masked"}
+    assert torch["eager_all"]["pipelined"]["steps_in_flight"] == 2
     profile = json.loads((out / "profile.json").read_text())
     assert profile["kernel_ms_per_step"] == pytest.approx(
         sum(c["ms_per_step"] for c in profile["classes"].values())
@@ -71,6 +78,12 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
     )
     assert table["HuggingFace PyTorch eager_all"]["sequences_per_s"] == pytest.approx(
         torch["eager_all"]["sequences_per_s"]
+    )
+    piped = table["ln_jax default, 2 steps in flight"]
+    assert piped["ms_per_step"] == arms["default"]["feeds"]["pipelined"]["ms_per_step"]
+    assert "HuggingFace PyTorch eager_masked, 2 steps in flight" in table
+    assert summary["targets"]["pipelined_mfu_6nd"]["value"] == pytest.approx(
+        arms["default"]["feeds"]["pipelined"]["mfu_6nd"]
     )
     main_s = suite_report.main_job_step_s(str(out))
     ratio = summary["targets"]["main_job_over_fixed"]
