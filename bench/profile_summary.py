@@ -178,7 +178,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "class's achieved bytes/s (ln_jax.kernel_census)",
     )
     p.add_argument(
-        "--gpu", default="h100", help="the chip's figures for --hlo_dir (h100|h200|a100)"
+        "--gpu",
+        default="auto",
+        help="the chip's figures for --hlo_dir: h100|h200|a100, or auto (this host's GPU; "
+        "none on a host without a known one)",
     )
     args = p.parse_args(argv)
     path = newest_trace(args.folder)
@@ -198,6 +201,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         summary.update(hlo=found[0], hlo_match=found[2])
         if gpu:
             summary.update(gpu=gpu, achieved=achieved(summary, found[1], kernel_census.SPECS[gpu]))
+        else:
+            print("no achieved rates: this host's device is not a known GPU; pass --gpu=h100|...")
     print_summary(summary, source)
     if args.out:
         with open(args.out, "w") as f:
