@@ -158,6 +158,11 @@ def test_a_first_run_prepares_the_corpus_quietly_and_its_eta_skips_compilation(f
         assert noise not in shown, noise
     assert f"INFO preparing ln_jax_pydocs in {data_dir}" in shown
     assert "Downloading and preparing" in (workdir / "train.log").read_text()
+    # where the start went, in the log file only: "set up in 3.8 s: data pipelines 0.3 s, ..."
+    (setup,) = re.findall(r"set up in ([\d.]+) s: data pipelines ([\d.]+) s, state ([\d.]+) s",
+                          (workdir / "train.log").read_text())  # fmt: skip
+    assert float(setup[0]) == pytest.approx(float(setup[1]) + float(setup[2]), abs=0.15)
+    assert "set up in" not in shown
     step2 = next(line for line in out.stdout.splitlines() if line.startswith("step 2/4"))
     # Step 1 ran the measured train step; step 2 compiles the plain one: no ETA from it.
     assert "1 step in" in step2 and "(compilation included)" in step2 and "ETA" not in step2

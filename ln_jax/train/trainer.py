@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,7 @@ RunMismatchError = run_identity.RunMismatchError
 WorkdirError = run_identity.WorkdirError
 log = logging.getLogger(__name__)
 note_log = console.file_only_logger(__name__)  # early-warning notes: train.log only
+setup_log = console.file_only_logger(f"{__name__}.setup")  # set-up phases: train.log only
 Batch = dict[str, jax.Array]
 State = dict[str, Any]
 
@@ -99,19 +101,42 @@ def check_device(cfg: TrainConfig) -> None:
         )
 
 
+class _PhaseClock:
+    """Seconds of each set-up phase, logged to train.log as one line (where a slow start
+    went: on one H200, 110 s passed before the first step of BERT-base)."""
+
+    def __init__(self):
+        self.last = self.start = time.perf_counter()
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append((name, now - self.last))
+        self.last = now
+
+    def report(self) -> None:
+        parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.laps)
+        setup_log.info("set up in %.1f s: %s", self.last - self.start, parts)
+
+
 def setup(cfg: TrainConfig) -> Run:
     """Builds the mesh, the data pipelines, the sharded state and the jitted steps of `cfg`;
     with `grad_accum_steps=0` the accumulation is chosen here (`ln_jax.train.accumulation`)."""
     check_device(cfg)
+    clock = _PhaseClock()
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     task = make_task(cfg)
     train_iter, eval_batches = task.pipelines(mesh)
+    clock.lap("data pipelines")
     pieces = steps.init_state(cfg, mesh)
+    clock.lap("state")
     if cfg.grad_accum_steps == 0:
         probe, _ = steps.jit_steps(dataclasses.replace(cfg, grad_accum_steps=1), mesh, pieces)
         args = (pieces.state, pieces.rest, steps.abstract_batch(cfg, mesh))
         accum = accumulation.auto_accumulation(probe, args, cfg.data, mesh)
         cfg = dataclasses.replace(cfg, grad_accum_steps=accum)
+        clock.lap("grad_accum_steps=auto (compiles the step once)")
+    clock.report()
     train, evaluate = steps.jit_steps(cfg, mesh, pieces)
     measured = steps.jit_train_step(cfg, mesh, pieces, measure=True) if cfg.monitor_every else None
     return Run(
