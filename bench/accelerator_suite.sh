@@ -17,10 +17,11 @@
 #        attention whose dropout is keyed by the step, ln_jax/nn/flash.py), hash
 #        (dropout_rng=hash: fused counter-hash dropout bits), pallas_hash (both), cudnn_nodrop
 #        (attention dropout 0: "auto" takes cuDNN's fused attention), gelu_tanh (the tanh GELU,
-#        not the recipe's: what erf costs), row_major (model.activation_layout=row_major: the
-#        residual stream pinned row-major), main (default at the main job's vocabulary, 8000:
-#        the step the main job is compared with); a profile of
-#        $PROFILE_ARM (default pallas_hash) summarised by kernel class (profile_summary.py)
+#        not the recipe's: what erf costs), xla_layout (model.activation_layout=xla: XLA's own
+#        layout of the residual stream, the GPU default before 2026-11-27; "auto" pins it
+#        row-major), main (default at the main job's vocabulary, 8000: the step the main job is
+#        compared with); each also with --pipeline=5 (5 steps in flight, one wait); a profile
+#        of $PROFILE_ARM (default: default) summarised by kernel class (profile_summary.py)
 #        and the optimised HLO (hlo/) to match its fusion names
 #     4. the PyTorch anchor: HuggingFace BertForPreTraining, eager and torch.compile, MLM at
 #        all positions and at the masked ones (bench_torch_anchor.py)
@@ -141,11 +142,12 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 # tanh GELU (not the recipe's erf): XLA can fuse bias + tanh GELU into cuBLASLt's epilogue; the
 # erf GELU's forward alone took 3.7 ms of the 60.7 ms step on an H100 (docs/gpu.md, session 15)
 [ "$MODE" = gpu ] && ARMS+=(--arm=gelu_tanh:model.activation=gelu_tanh)
-# the residual stream pinned row-major (model.activation_layout): on an H100 XLA laid it out
-# batch-minor and transposed around every residual add and LayerNorm backward (docs/gpu.md)
-[ "$MODE" = gpu ] && ARMS+=(--arm=row_major:model.activation_layout=row_major)
+# XLA's own layout of the residual stream: on an H100 and an H200 it laid it out batch-minor
+# and transposed around every residual add and LayerNorm backward; "auto" pins it row-major
+# on a GPU since 2026-11-27 (H200: 67.8 -> 65.4 ms; docs/gpu.md)
+[ "$MODE" = gpu ] && ARMS+=(--arm=xla_layout:model.activation_layout=xla)
 ARMS+=(--arm=main:data.vocab_size=8000)  # default at the main job's vocabulary
-PROFILE_ARM=${PROFILE_ARM:-pallas_hash}
+PROFILE_ARM=${PROFILE_ARM:-default}
 if [ -n "$ONLY" ]; then  # --arms: keep the named ones, in the order above
   KEPT=()
   for a in "${ARMS[@]}"; do
@@ -175,7 +177,9 @@ step torch 200 "$PY" bench/bench_torch_anchor.py "${TORCH[@]}" --out="$OUT/torch
 # on an H100 the two train shapes and the search compiled in 42 + 37 + 12 s, the whole step 147 s
 step mt 200 "$PY" bench/bench_mt_accel.py "${MT[@]}" --out="$OUT/mt.json"
 rm -rf "$OUT/main_job"
-step main_job 150 "$PY" train.py "${MAIN[@]}" --workdir="$OUT/main_job"
+# 200 s: on an H200 110 s passed before the first step (the auto accumulation's compile
+# among them) and the monitored first step compiled for 35 s (docs/gpu.md, 2026-11-27)
+step main_job 200 "$PY" train.py "${MAIN[@]}" --workdir="$OUT/main_job"
 if [ "$MODE" = gpu ]; then
   step cudnn_facts 60 "$PY" bench/cudnn_dropout_facts.py --out="$OUT/cudnn_facts.json"
 fi
