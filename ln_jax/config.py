@@ -16,6 +16,12 @@ from typing import Any
 import jax.numpy as jnp
 
 from ln_jax import compile_cache, platforms
+from ln_jax.auto_fields import (
+    auto_activation_layout,
+    auto_attention,
+    auto_dropout_rng,
+    auto_dtype,
+)
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
 from ln_jax.sharding import ACTIVATION_LAYOUTS
@@ -71,28 +77,6 @@ def platform() -> str:
     before building a config with "auto" fields (train.py does).
     """
     return platforms.current()
-
-
-def auto_dtype(on: str) -> str:
-    """model.dtype="auto": bfloat16 on an accelerator, float32 on a CPU."""
-    return "float32" if on == "cpu" else "bfloat16"
-
-
-def auto_activation_layout(on: str) -> str:
-    """model.activation_layout="auto": "row_major" on a GPU, where XLA otherwise laid the
-    residual stream out batch-minor and transposed it around every residual add and LayerNorm
-    backward (one H200, BERT-base bf16, same call: 67.8 -> 65.4 ms a step, the profile's
-    copies 11.3 -> 0.1 ms; docs/gpu.md, 2026-11-27); XLA's choice elsewhere (TPU: unmeasured)."""
-    return "row_major" if on == "gpu" else "xla"
-
-
-def auto_dropout_rng(on: str) -> str:
-    """dropout_rng="auto": "rbg" on a TPU (the usual advice there, unmeasured here), else the
-    fused counter hash "hash": on an H100 BERT-base 77.0 -> 74.6 ms a step with the Pallas
-    attention (docs/gpu.md); on a CPU the translation step against Marian 1.10x -> 1.21x
-    (docs/translation.md). Hash bits, like threefry's, are the same on every backend and mesh;
-    the studies recorded with threefry pin it (configs/study.py, configs/study_mt.py)."""
-    return "rbg" if on == "tpu" else "hash"
 
 
 REMAT_POLICIES = ("none", "full", "dots")
@@ -372,29 +356,6 @@ class ModelConfig:
                 if values.get(key) is None:
                     values[key] = val
         return cls(**{k: v for k, v in values.items() if v is not None})
-
-
-def auto_attention(cfg: ModelConfig, on: str) -> str:
-    """attention_impl="auto" on a GPU: cuDNN's fused attention where it can run `cfg`
-    (`ModelConfig.cudnn_problem`: bf16/fp16, head_dim, no attention dropout); with the
-    recipe's attention dropout, bf16/fp16, the Pallas kernel (`ln_jax.nn.flash`: one H100,
-    BERT-base, one layer forward + backward 1.08 ms against XLA's 2.00, the step 90.6 -> 77.0
-    ms; docs/gpu.md) while this JAX has Pallas's Triton backend; else XLA's. XLA's elsewhere."""
-    if on != "gpu":
-        return "xla"
-    if cfg.cudnn_problem() is None:
-        return "cudnn"
-    half = cfg.dtype in ("bfloat16", "float16")
-    if half and cfg.attention_dropout > 0 and _pallas_gpu_problem(cfg) is None:
-        return "pallas"
-    return "xla"
-
-
-def _pallas_gpu_problem(cfg: ModelConfig) -> str | None:
-    """Why the Pallas kernel cannot run `cfg` on a GPU with this JAX (None if it can)."""
-    from ln_jax.nn import flash
-
-    return flash.supported_reason(cfg.head_dim) or flash.triton_missing()
 
 
 def model_config(size: str = "tiny", **overrides: Any) -> ModelConfig:

@@ -172,7 +172,10 @@ def test_compile_check_platform_prints_the_census(capsys, monkeypatch):
     assert "per device: parameters 1.4 MiB, optimizer 2.9 MiB, batch 0.0 MiB" in out
     assert "matmuls as lowered for gpu (cuda)" in out
     assert "float32 matrix products: none" in out
-    assert "custom calls: __gpu$xla.gpu.triton x4" in out
+    # the Pallas attention (forward, fused backward; 2 layers), and activation_layout "auto"
+    # pinning the residual stream row-major on a GPU: the embeddings' and each sub-layer's
+    # output, forward and cotangent (2 x (1 + 2 x 2))
+    assert "custom calls: LayoutConstraint x10, __gpu$xla.gpu.triton x4" in out
 
 
 @pytest.mark.parametrize(
