@@ -158,7 +158,7 @@ def make_step(mode: str, s: dict[str, int], t: dict, args, device: Any) -> Any:
 
 def pipelined_times(steps: dict[str, Any], args) -> dict[str, list[float]]:
     """Seconds per step of each mode with `args.pipeline` steps launched before one wait
-    (modes alternating; one untimed round, then max(3, steps / K) timed ones)."""
+    (modes alternating; max(2, steps / K) timed rounds after the blocked ones)."""
     k = args.pipeline
 
     def burst(step):
@@ -167,7 +167,7 @@ def pipelined_times(steps: dict[str, Any], args) -> dict[str, list[float]]:
         step()
 
     calls = {m: functools.partial(burst, step) for m, step in steps.items()}
-    times = measure.run_alternating(calls, 1, max(3, args.steps // k))
+    times = measure.run_alternating(calls, 0, max(2, args.steps // k))
     return {m: [t / k for t in ts] for m, ts in times.items()}
 
 
