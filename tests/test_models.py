@@ -279,6 +279,32 @@ def test_closed_form_norm_backward_matches_autodiff(which):
         jax.jvp(lambda v: fn(v, eps), (x,), (g,))
 
 
+def test_layer_norm_closed_form_gradients_match_autodiff():
+    """layers.layer_norm: its hand-written backward gives the input's, the scale's and the
+    bias's gradients of autodiff of normalize(x) * scale + bias; the row statistics reach it
+    through an optimisation barrier (XLA then reads them instead of re-deriving the mean)."""
+    from ln_jax.nn import layers
+
+    kx, kg, ks = jax.random.split(jax.random.key(1), 3)
+    x = 3.0 * jax.random.normal(kx, (4, 5, 32)) + 1.5
+    g = jax.random.normal(kg, x.shape)
+    scale, bias = 1.0 + 0.3 * jax.random.normal(ks, (32,)), jnp.linspace(-1.0, 1.0, 32)
+
+    def plain(x, scale, bias):
+        c = x - x.mean(-1, keepdims=True)
+        return c * jax.lax.rsqrt(jnp.square(c).mean(-1, keepdims=True) + 1e-12) * scale + bias
+
+    ours = lambda x, s, b: layers.layer_norm(x, s, b, 1e-12)  # noqa: E731
+    y, vjp = jax.vjp(ours, x, scale, bias)
+    y_ref, vjp_ref = jax.vjp(plain, x, scale, bias)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(vjp(g), vjp_ref(g), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert float(jnp.abs(want).max()) > 0.1
+    backward = str(jax.make_jaxpr(lambda *a: jax.vjp(ours, *a)[1](g))(x, scale, bias))
+    assert "optimization_barrier" in backward
+
+
 def test_hessian_through_closed_form_norms_equals_autodiff():
     """jax.hessian (forward over reverse) differentiates the closed-form backward itself; it
     equals the Hessian of the plain formula (`autodiff_normalization`) through a whole model."""
