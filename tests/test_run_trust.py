@@ -167,7 +167,12 @@ def test_9_a_finished_run_says_so_and_trains_nothing(data_dir, resumed):
 def test_9_the_first_progress_line_has_no_eta_but_the_step_time():
     progress = Progress(total_steps=1000, tokens_per_step=256, start_step=10)
     first = progress.line(11, steps_per_s=0.05, tokens_per_s=12.8, loss=9.5)
-    assert "first step 20.0 s (compilation included)" in first and "ETA" not in first
+    assert first.split(" | ")[1] == "first step 20.0 s" and "ETA" not in first
+    compiling = Progress(total_steps=1000, tokens_per_step=256, start_step=10)
+    compiling.disturb("compilation")  # a first step that compiled its program says so
+    compiling.rates(11)
+    line = compiling.line(11, steps_per_s=0.05, tokens_per_s=12.8, loss=9.5)
+    assert "first step 20.0 s (compilation included)" in line and "ETA" not in line
     second = progress.line(12, steps_per_s=4.0, tokens_per_s=1024.0, loss=9.4)
     assert "ETA 0:04:07" in second  # (1000 - 12) / 4 s
 

@@ -157,21 +157,54 @@ def test_choose_accumulation():
     assert choose_accumulation(256, 4, fixed=10, temp=10**9, budget=40) == 64
 
 
-def test_auto_accumulation_fits_the_device(data_dir, monkeypatch):
+def _step_compiles(into: list[str]):
+    """A jax.monitoring listener that appends the name of each train-step program compiled."""
+
+    def listen(event: str, seconds: float, **kwargs) -> None:
+        name = str(kwargs.get("fun_name", ""))
+        if event == "/jax/core/compile/backend_compile_duration" and "step_fn" in name:
+            into.append(name)
+
+    return listen
+
+
+def test_set_up_compiles_each_train_program_once_and_auto_accumulation_fits_it(
+    data_dir, monkeypatch
+):
     from ln_jax.train import accumulation
 
-    cfg = tiny_config(data_dir, grad_accum_steps=0)
-    assert trainer.setup(cfg).cfg.grad_accum_steps == 1  # tiny fits in 24 GiB at once
-    # A step of 1 MiB fixed + 100 MiB temporaries on a 30 MiB device: as many micro-batches as
-    # the batch allows (8 rows over data x fsdp = 4 -> at most 2).
-    monkeypatch.setattr(accumulation, "device_memory_bytes", lambda device=None: 30 * 2**20)
-    monkeypatch.setattr(accumulation, "step_memory", lambda compiled: (2**20, 100 * 2**20))
-    assert trainer.setup(cfg).cfg.grad_accum_steps == 2
+    compiles: list[str] = []
+    listen = _step_compiles(compiles)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        cfg = tiny_config(data_dir, grad_accum_steps=0, **{"monitor.every": 2})
+        run = trainer.setup(cfg)
+        assert run.cfg.grad_accum_steps == 1  # tiny fits in 24 GiB at once
+        # The auto accumulation's probe is the run's train step: two programs, not three.
+        assert len(compiles) == 2, compiles
+        batch = next(run.train_iter)
+        run.state, _ = run.monitor_step(run.state, run.rest, batch)
+        run.state, metrics = run.train_step(run.state, run.rest, batch)
+        assert np.isfinite(float(metrics["loss"])) and int(run.state["step"]) == 2
+        assert len(compiles) == 2, compiles  # the calls used what set-up compiled
+        # A step of 1 MiB fixed + 100 MiB temporaries on a 30 MiB device: as many
+        # micro-batches as the batch allows (8 rows over data x fsdp = 4 -> at most 2), and
+        # the programs compiled again at 2.
+        monkeypatch.setattr(accumulation, "device_memory_bytes", lambda device=None: 30 * 2**20)
+        monkeypatch.setattr(accumulation, "step_memory", lambda compiled: (2**20, 100 * 2**20))
+        del compiles[:]
+        run = trainer.setup(cfg)
+        assert run.cfg.grad_accum_steps == 2
+        run.state, _ = run.train_step(run.state, run.rest, batch)
+        assert int(run.state["step"]) == 1
+        assert len(compiles) == 3, compiles  # the probe, then the two programs at 2
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def test_shardings_and_fsdp_memory(data_dir):
     cfg = tiny_config(data_dir)
-    run = trainer.setup(cfg)
+    run = trainer.setup(cfg, compile_ahead=False)
     for path, var in nnx.to_flat_state(run.state["params"]):
         want = sharding.param_spec(var.get_metadata()["out_sharding"], var[...].shape, run.mesh)
         assert var[...].sharding.is_equivalent_to(

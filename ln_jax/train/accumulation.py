@@ -59,6 +59,12 @@ def auto_accumulation(jitted_step: Any, args: tuple, data_cfg: Any, mesh: Any) -
     """Compiles `jitted_step(*args)` (one micro-batch) and returns the accumulation to use."""
     with sharding.use_mesh(mesh):
         compiled = jitted_step.lower(*args).compile()
+    return choose(compiled, data_cfg, mesh)
+
+
+def choose(compiled: Any, data_cfg: Any, mesh: Any) -> int:
+    """The accumulation to use, from `compiled` (the train step at one micro-batch): its memory
+    analysis against this device's memory (`choose_accumulation`); logged as a warning."""
     fixed, temp = step_memory(compiled)
     memory = device_memory_bytes()
     if memory is None:

@@ -247,7 +247,8 @@ class Progress:
         head = f"step {step:>{len(str(self.total))}}/{self.total}"
         took = 1.0 / steps_per_s if steps_per_s > 0 else float("inf")
         if step == self._first_step:
-            parts = [head, f"first step {took:.1f} s (compilation included)", f"loss {loss:.4f}"]
+            compiled = " (compilation included)" * ("compilation" in self._shown)
+            parts = [head, f"first step {took:.1f} s{compiled}", f"loss {loss:.4f}"]
         elif self._shown:  # a disturbed window: its time, and the ETA of the steady ones
             steps, seconds = self._window
             what = " and ".join(self._shown)

@@ -38,7 +38,6 @@ from ln_jax.config import TrainConfig
 from ln_jax.nn.random import prng_impl
 from ln_jax.task import Task, make_task
 from ln_jax.train import optim
-from ln_jax.validate import ConfigError
 
 Batch = dict[str, jax.Array]
 State = dict[str, Any]
@@ -119,13 +118,15 @@ def model_state(model: nnx.Module, cfg: TrainConfig, mesh: jax.sharding.Mesh) ->
     tx, opt_sh = _optimizer_and_shardings(cfg, params, mesh)
     with sharding.use_mesh(mesh):
         opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
-    scalar = lambda v: jax.device_put(jnp.asarray(v), _replicated(mesh))
+    # Typed as `abstract_state`'s (not weakly typed, as jnp.asarray(0) is): the programs
+    # compiled from the abstract state (`ln_jax.train.precompile`) take these.
+    scalar = lambda v, dtype: jax.device_put(jnp.asarray(v, dtype), _replicated(mesh))
     state = {
         "params": params,
         "opt_state": opt_state,
-        "step": scalar(0),
-        "halted": scalar(False),
-        "nonfinite_step": scalar(0),
+        "step": scalar(0, jnp.int32),
+        "halted": scalar(False, jnp.bool_),
+        "nonfinite_step": scalar(0, jnp.int32),
     }
     return TrainState(graphdef, rest, state, tx)
 
@@ -159,15 +160,13 @@ def abstract_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> dict[str, jax.S
     read; every array split over data x fsdp).
 
     Raises:
-      ConfigError: if the global batch does not divide over the data x fsdp devices.
+      ConfigError: if the global batch does not divide over the data x fsdp devices and the
+        processes (the data loader's own check, `loader.check_global_batch`).
     """
-    b = cfg.data.global_batch_size
+    from ln_jax.data.loader import check_global_batch
+
     divisor = sharding.batch_divisor(mesh)
-    if b % divisor:
-        raise ConfigError(
-            f"data.global_batch_size={b} is not divisible by the data x fsdp device count "
-            f"{divisor} of mesh {dict(mesh.shape)}."
-        )
+    check_global_batch(cfg.data.global_batch_size, divisor, jax.process_count())
     return make_task(cfg).abstract_batch(mesh)
 
 
@@ -371,16 +370,19 @@ def jit_steps(cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: TrainState):
     train: `jit_train_step` (without measurements). evaluate: parameters, rest and batch in;
     replicated sums.
     """
-    shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
+    return jit_train_step(cfg, mesh, pieces), jit_eval_step(cfg, mesh, pieces)
+
+
+def jit_eval_step(cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: TrainState) -> Callable:
+    """The evaluation step jitted with the shardings of `pieces`: parameters, rest and batch
+    in; replicated sums out."""
+    params_sh = jax.tree.map(lambda x: x.sharding, pieces.state["params"])
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
-    batch_sh = sharding.batch_sharding(mesh)
-    train = jit_train_step(cfg, mesh, pieces)
-    evaluate = jax.jit(
+    return jax.jit(
         make_eval_step(pieces.graphdef, cfg),
-        in_shardings=(shardings["params"], rest_sh, batch_sh),
+        in_shardings=(params_sh, rest_sh, sharding.batch_sharding(mesh)),
         out_shardings=_replicated(mesh),
     )
-    return train, evaluate
 
 
 def in_mesh(fn: Callable, mesh: jax.sharding.Mesh) -> Callable:

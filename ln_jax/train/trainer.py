@@ -30,7 +30,7 @@ from ln_jax import compile_cache, console, paths, platforms, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.nn.placement_setup import setup_placements
 from ln_jax.task import Task, make_task
-from ln_jax.train import accumulation, monitor, optim, run_identity, steps
+from ln_jax.train import accumulation, monitor, optim, precompile, run_identity, steps
 from ln_jax.train.checkpoint import Checkpointer, CheckpointError
 from ln_jax.train.early_warning import EarlyWarning
 from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, Progress, Scope, read_records
@@ -83,6 +83,8 @@ class Run:
     eval_batches: Any
     task: Task
     monitor_step: Callable | None = None  # the train step with measurements (None = off)
+    # the programs compiled at set-up ("train", "measured"), with their batch's shapes
+    ready: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
 
 def check_device(cfg: TrainConfig) -> None:
@@ -109,50 +111,77 @@ class _PhaseClock:
         self.last = self.start = time.perf_counter()
         self.laps: list[tuple[str, float]] = []
 
-    def lap(self, name: str) -> None:
+    def lap(self, name: str, note: str = "") -> None:
         now = time.perf_counter()
-        self.laps.append((name, now - self.last))
+        self.laps.append((name, now - self.last, note))
         self.last = now
 
     def report(self) -> None:
-        parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.laps)
+        parts = ", ".join(
+            f"{name} {seconds:.1f} s" + (f" ({note})" if note else "")
+            for name, seconds, note in self.laps
+        )
         setup_log.info("set up in %.1f s: %s", self.last - self.start, parts)
 
 
-def setup(cfg: TrainConfig) -> Run:
+def setup(cfg: TrainConfig, compile_ahead: bool = True) -> Run:
     """Builds the mesh, the data pipelines, the sharded state and the jitted steps of `cfg`;
-    with `grad_accum_steps=0` the accumulation is chosen here (`ln_jax.train.accumulation`)."""
+    with `grad_accum_steps=0` the accumulation is chosen here (`ln_jax.train.accumulation`).
+
+    With `compile_ahead` (what a run does) the train programs compile in a background thread
+    while the state is built (`ln_jax.train.precompile`), and set-up returns once they are
+    compiled; without, they compile at their first calls (the probe of
+    "auto" accumulation excepted)."""
     check_device(cfg)
     clock = _PhaseClock()
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     task = make_task(cfg)
-    train_iter, eval_batches = task.pipelines(mesh)
+    train_iter, eval_batches = task.pipelines(mesh)  # its errors come before any compile
     clock.lap("data pipelines")
-    pieces = steps.init_state(cfg, mesh)
-    clock.lap("state")
-    if cfg.grad_accum_steps == 0:
-        probe, _ = steps.jit_steps(dataclasses.replace(cfg, grad_accum_steps=1), mesh, pieces)
-        args = (pieces.state, pieces.rest, steps.abstract_batch(cfg, mesh))
-        accum = accumulation.auto_accumulation(probe, args, cfg.data, mesh)
-        cfg = dataclasses.replace(cfg, grad_accum_steps=accum)
-        clock.lap("grad_accum_steps=auto (compiles the step once)")
+    ahead = precompile.Ahead(cfg, mesh) if compile_ahead else None
+    try:
+        pieces = steps.init_state(cfg, mesh)
+        clock.lap("state")
+        if ahead is not None:
+            cfg, programs = ahead.finish(pieces.graphdef)
+            took = " then ".join(f"{k} {v:.1f} s" for k, v in ahead.seconds.items())
+            clock.lap("waiting for the compiles", f"{took}, in a background thread")
+        else:
+            cfg = _auto_accumulation(cfg, mesh, pieces, clock)
+            programs = precompile.programs_of(cfg, mesh, pieces)
+    except BaseException:
+        if ahead is not None:
+            ahead.abandon()
+        raise
     clock.report()
-    train, evaluate = steps.jit_steps(cfg, mesh, pieces)
-    measured = steps.jit_train_step(cfg, mesh, pieces, measure=True) if cfg.monitor_every else None
+    ready = {name: precompile.batch_shapes(ahead.batch) for name in programs} if ahead else {}
+    measured = programs.get(precompile.MEASURED)
     return Run(
         cfg,
         mesh,
         pieces.graphdef,
         pieces.rest,
         pieces.state,
-        steps.in_mesh(train, mesh),
-        steps.in_mesh(evaluate, mesh),
+        steps.in_mesh(programs[precompile.TRAIN], mesh),
+        steps.in_mesh(steps.jit_eval_step(cfg, mesh, pieces), mesh),
         optim.make_schedule(cfg.optim),
         train_iter,
         eval_batches,
         task,
         measured and steps.in_mesh(measured, mesh),
+        ready,
     )
+
+
+def _auto_accumulation(cfg: TrainConfig, mesh, pieces, clock: _PhaseClock) -> TrainConfig:
+    """`cfg` with "auto" accumulation chosen by compiling the step once (else `cfg`)."""
+    if cfg.grad_accum_steps:
+        return cfg
+    probe = steps.jit_train_step(dataclasses.replace(cfg, grad_accum_steps=1), mesh, pieces)
+    args = (pieces.state, pieces.rest, steps.abstract_batch(cfg, mesh))
+    accum = accumulation.auto_accumulation(probe, args, cfg.data, mesh)
+    clock.lap("grad_accum_steps=auto (compiles the step once)")
+    return dataclasses.replace(cfg, grad_accum_steps=accum)
 
 
 # --------------------------------------------------------------------------- loop
@@ -408,13 +437,15 @@ class _Loop:
         self.config_dict, self.preemption, self.hooks = config_dict, preemption, hooks
         self.watcher = EarlyWarning(run.cfg.monitor) if run.monitor_step is not None else None
         self.evals = _earlier_evals(workdir) if hasattr(run.task, "run_result") else []
-        self.compiled: set[str] = set()  # the train programs this process has run
+        self.compiled = set(run.ready.items())  # (program, batch shapes) compiled so far
         self.skipped_shown = 0  # nan_policy="skip": the dropped updates already reported
         self.lockstep = sharding.lockstep(run.mesh)  # wait for each step (`sharding.lockstep`)
 
-    def _note_compilation(self, measured: bool) -> None:
-        """A train program's first step in this process compiles it: not a steady step."""
-        program = "measured" if measured else "train"
+    def _note_compilation(self, measured: bool, batch: Batch) -> None:
+        """A train program's first step at a batch shape in this process compiles it (unless
+        set-up did: `Run.ready`): not a steady step."""
+        program = (precompile.MEASURED if measured else precompile.TRAIN,
+                   precompile.batch_shapes(batch))  # fmt: skip
         if program not in self.compiled:
             self.compiled.add(program)
             self.progress.disturb("compilation")
@@ -423,9 +454,10 @@ class _Loop:
         run, cfg, last = self.run, self.run.cfg, self.run.cfg.total_steps
         for step in range(start + 1, last + 1):
             measured = _measured(run, step)
-            self._note_compilation(measured)
+            batch = next(run.train_iter)
+            self._note_compilation(measured, batch)
             train_step = run.monitor_step if measured else run.train_step
-            run.state, metrics = train_step(run.state, run.rest, next(run.train_iter))
+            run.state, metrics = train_step(run.state, run.rest, batch)
             if self.lockstep:  # several CPU devices: running ahead can deadlock XLA:CPU
                 jax.block_until_ready(metrics)
             for hook in self.hooks:
