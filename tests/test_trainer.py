@@ -178,7 +178,10 @@ def test_set_up_compiles_each_train_program_once_and_auto_accumulation_fits_it(
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         cfg = tiny_config(data_dir, grad_accum_steps=0, **{"monitor.every": 2})
-        run = trainer.setup(cfg)
+        run = trainer.setup(cfg, wait=False)  # returns while the programs compile
+        assert run.train_step is None and run.monitor_step is None and run.pending is not None
+        run = trainer.finish_setup(run)
+        assert run.pending is None and trainer.finish_setup(run) is run
         assert run.cfg.grad_accum_steps == 1  # tiny fits in 24 GiB at once
         # The auto accumulation's probe is the run's train step: two programs, not three.
         assert len(compiles) == 2, compiles

@@ -11,7 +11,8 @@ from the persistent cache during step 2 (4.8 s; docs/gpu.md, 2026-11-27).
 Here both are lowered from the abstract state (`steps.abstract_state`: shapes and shardings,
 nothing allocated) and compiled one after the other in one background thread, the train step
 first; XLA compiles outside Python's lock, so the compiles overlap the state's initialisation,
-and the measured step, compiled second, finds the matmuls' autotuning already done (XLA keeps
+step 0's set-up and the checkpoint's restore (`trainer.setup(..., wait=False)`, then
+`trainer.finish_setup`), and the measured step, compiled second, finds the matmuls' autotuning already done (XLA keeps
 its results in the process). One thread, not one per program: two compiles autotuning on one
 GPU at once would time their candidate kernels against each other's, and on this 2-core CPU
 (BERT-base, batch 8, the whole 2-step command against the lazy compiles before this module,
@@ -31,7 +32,7 @@ The choice is made in the background thread, as soon as the probe is compiled.
 
   ahead = Ahead(cfg, mesh)             # compiling from here on
   ...                                  # the state
-  cfg, programs = ahead.finish(graphdef)   # {"train": step, "measured": step or absent}
+  cfg, programs = ahead.finish()       # {"train": step, "measured": step or absent}
 """
 
 from __future__ import annotations
@@ -107,13 +108,11 @@ class Ahead:
                 self._compile(name, jitted)
         return cfg, programs
 
-    def finish(self, graphdef: Any) -> tuple[TrainConfig, dict[str, steps.BoundStep]]:
+    def finish(self) -> tuple[TrainConfig, dict[str, steps.BoundStep]]:
         """(cfg with its accumulation chosen, {"train", "measured"?: jitted steps whose
-        executables for the abstract batch are compiled}). `graphdef`: the concrete state's,
-        which the programs' (from the abstract state) must equal."""
-        if graphdef != self.abstract.graphdef:
-            self.abandon()
-            raise AssertionError("the abstract and the initialised model differ in structure")
+        executables for the abstract batch are compiled}), once compiled. The programs are
+        built from the abstract state: the caller checks that the initialised model's graphdef
+        equals `abstract.graphdef`."""
         try:
             return self.future.result()
         finally:

@@ -85,6 +85,7 @@ class Run:
     monitor_step: Callable | None = None  # the train step with measurements (None = off)
     # the programs compiled at set-up ("train", "measured"), with their batch's shapes
     ready: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    pending: Any = None  # set-up not finished (`setup(..., wait=False)`): `finish_setup`
 
 
 def check_device(cfg: TrainConfig) -> None:
@@ -124,14 +125,16 @@ class _PhaseClock:
         setup_log.info("set up in %.1f s: %s", self.last - self.start, parts)
 
 
-def setup(cfg: TrainConfig, compile_ahead: bool = True) -> Run:
+def setup(cfg: TrainConfig, compile_ahead: bool = True, wait: bool = True) -> Run:
     """Builds the mesh, the data pipelines, the sharded state and the jitted steps of `cfg`;
     with `grad_accum_steps=0` the accumulation is chosen here (`ln_jax.train.accumulation`).
 
     With `compile_ahead` (what a run does) the train programs compile in a background thread
-    while the state is built (`ln_jax.train.precompile`), and set-up returns once they are
-    compiled; without, they compile at their first calls (the probe of
-    "auto" accumulation excepted)."""
+    while the state is built (`ln_jax.train.precompile`); without, they compile at their first
+    calls (the probe of "auto" accumulation excepted). With `wait=False` set-up returns while
+    they compile, `Run.train_step` and `Run.monitor_step` unset and `Run.cfg`'s accumulation
+    perhaps still "auto": the trainer restores a checkpoint meanwhile (its errors come at once),
+    then calls `finish_setup`."""
     check_device(cfg)
     clock = _PhaseClock()
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
@@ -142,34 +145,67 @@ def setup(cfg: TrainConfig, compile_ahead: bool = True) -> Run:
     try:
         pieces = steps.init_state(cfg, mesh)
         clock.lap("state")
-        if ahead is not None:
-            cfg, programs = ahead.finish(pieces.graphdef)
-            took = " then ".join(f"{k} {v:.1f} s" for k, v in ahead.seconds.items())
-            clock.lap("waiting for the compiles", f"{took}, in a background thread")
-        else:
+        programs = {}
+        if ahead is None:
             cfg = _auto_accumulation(cfg, mesh, pieces, clock)
             programs = precompile.programs_of(cfg, mesh, pieces)
+        elif pieces.graphdef != ahead.abstract.graphdef:
+            raise AssertionError("the abstract and the initialised model differ in structure")
     except BaseException:
         if ahead is not None:
             ahead.abandon()
         raise
-    clock.report()
-    ready = {name: precompile.batch_shapes(ahead.batch) for name in programs} if ahead else {}
-    measured = programs.get(precompile.MEASURED)
-    return Run(
+    run = Run(
         cfg,
         mesh,
         pieces.graphdef,
         pieces.rest,
         pieces.state,
-        steps.in_mesh(programs[precompile.TRAIN], mesh),
+        None,
         steps.in_mesh(steps.jit_eval_step(cfg, mesh, pieces), mesh),
         optim.make_schedule(cfg.optim),
         train_iter,
         eval_batches,
         task,
-        measured and steps.in_mesh(measured, mesh),
-        ready,
+        pending=(ahead, clock),
+    )
+    if ahead is None:
+        return _with_programs(run, cfg, programs)
+    return finish_setup(run) if wait else run
+
+
+def finish_setup(run: Run) -> Run:
+    """`run` (from `setup(..., wait=False)`) once its train programs are compiled; the set-up
+    line written to train.log. A run whose set-up is finished is returned as it is."""
+    if run.pending is None:
+        return run
+    ahead, clock = run.pending
+    if ahead is None:
+        clock.report()
+        return dataclasses.replace(run, pending=None)
+    try:
+        cfg, programs = ahead.finish()
+    except BaseException:
+        ahead.abandon()
+        raise
+    took = " then ".join(f"{k} {v:.1f} s" for k, v in ahead.seconds.items())
+    clock.lap("waiting for the compiles", f"{took}, in a background thread")
+    clock.report()
+    ready = {name: precompile.batch_shapes(ahead.batch) for name in programs}
+    return _with_programs(dataclasses.replace(run, ready=ready, pending=None), cfg, programs)
+
+
+def _with_programs(run: Run, cfg: TrainConfig, programs: dict) -> Run:
+    """`run` with its config (accumulation chosen) and its train programs."""
+    if run.pending is not None:  # compiled lazily: nothing to wait for
+        run.pending[1].report()
+    measured = programs.get(precompile.MEASURED)
+    return dataclasses.replace(
+        run,
+        cfg=cfg,
+        train_step=steps.in_mesh(programs[precompile.TRAIN], run.mesh),
+        monitor_step=measured and steps.in_mesh(measured, run.mesh),
+        pending=None,
     )
 
 
@@ -301,13 +337,16 @@ def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption, scope) 
         latest = _check_identity(config_dict, workdir, ckpt, accept_changes)
         if latest is not None and latest >= cfg.total_steps:
             return _already_done(cfg, workdir, latest)
-        run = setup(cfg)
+        # The train programs compile in the background while step 0's parameters are set
+        # and the checkpoint is read (a corrupt one is an error at once, not after them).
+        run = setup(cfg, wait=False)
         _initial_parameters(run, workdir, fresh=latest is None)
         restored = ckpt.restore(run.state)
         if restored is not None:
             start, run.state, data_state = restored
             run.train_iter.set_state(data_state)
             log.info("resumed from step %d in %s", start, workdir)
+        run = finish_setup(run)
         start = int(run.state["step"])
         if is_main:  # the run starts (or goes on) here: from now on the workdir is this run's
             run_identity.record_config(workdir, config_dict)
@@ -322,6 +361,8 @@ def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption, scope) 
             return loop.steps(start, result)
     finally:
         if run is not None:
+            if run.pending is not None and run.pending[0] is not None:
+                run.pending[0].abandon()  # set-up failed: no further compile starts
             run.train_iter.close()  # stops the data workers
         ckpt.close()
         if writer is not None:
