@@ -12,17 +12,17 @@ Here both are lowered from the abstract state (`steps.abstract_state`: shapes an
 nothing allocated) and compiled one after the other in one background thread, the train step
 first; XLA compiles outside Python's lock, so the compiles overlap the state's initialisation,
 step 0's set-up and the checkpoint's restore (`trainer.setup(..., wait=False)`, then
-`trainer.finish_setup`), and the measured step, compiled second, finds the matmuls' autotuning already done (XLA keeps
-its results in the process). One thread, not one per program: two compiles autotuning on one
-GPU at once would time their candidate kernels against each other's, and on this 2-core CPU
-(BERT-base, batch 8, the whole 2-step command against the lazy compiles before this module,
-medians of 3 pairs) one thread per program took 0.99x the wall time and 1.15x the CPU time,
-one thread for both 0.94x and 1.03x (45.4 s against 49.4 s). They start once the data pipeline
-is built, so that its errors (a dataset not found or not prepared) come at once: a compile
-cannot be stopped, and a process waits for its threads before it exits. The jitted functions
-keep their executables, so the run's first calls with the abstract batch's shapes compile
-nothing (the state's scalars are typed as the abstract ones: a weakly typed step counter was a
-different program).
+`trainer.finish_setup`), and the measured step, compiled second, finds the matmuls' autotuning
+already done (XLA keeps its results in the process). One thread, not one per program: two
+compiles autotuning on one GPU at once would time their candidate kernels against each other's,
+and on this 2-core CPU (BERT-base, batch 8, the whole 2-step command against the lazy compiles
+before this module, medians of 3 pairs) one thread per program took 0.99x the wall time and
+1.15x the CPU time, one thread for both 0.94x and 1.03x (45.4 s against 49.4 s). They start
+once the data pipeline is built, so that its errors (a dataset not found or not prepared) come
+at once: a compile cannot be stopped, and a process waits for its threads before it exits. The
+jitted functions keep their executables, so the run's first calls with the abstract batch's
+shapes compile nothing (the state's scalars are typed as the abstract ones: a weakly typed step
+counter was a different program).
 
 With `grad_accum_steps=0` ("auto") the train step at one micro-batch is the probe whose memory
 analysis picks the accumulation (`accumulation.choose`); when it picks 1, as it does wherever
