@@ -37,7 +37,8 @@ def load(folder: str, name: str) -> Any:
 
 def main_job_step_s(folder: str) -> float | None:
     """Median seconds per step of the main job's logged intervals from step 3 on (steps 1
-    and 2 compile the measured and the plain step); monitored steps and the loader included."""
+    and 2 are the first calls of the measured and the plain step); monitored steps and the
+    loader included."""
     path = os.path.join(folder, "main_job", "metrics.jsonl")
     if not os.path.exists(path):
         return None
@@ -48,6 +49,26 @@ def main_job_step_s(folder: str) -> float | None:
             if r.get("split") == "train" and r.get("steps_per_s") and r["step"] > 2
         ]
     return 1.0 / statistics.median(rates) if rates else None
+
+
+def main_job_start(folder: str) -> str | None:
+    """The main job's start: train.log's set-up line ("set up in ...": data, state, the
+    compiles) and its first step's seconds (metrics.jsonl), or None if it did not start."""
+    log = os.path.join(folder, "main_job", "train.log")
+    if not os.path.exists(log):
+        return None
+    with open(log) as f:
+        setup = [line.split("] ", 1)[-1].strip() for line in f if "] set up in " in line]
+    if not setup:
+        return None
+    text = setup[-1]
+    path = os.path.join(folder, "main_job", "metrics.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            first = [r for r in map(json.loads, f) if r.get("split") == "train"][:1]
+        if first and first[0].get("steps_per_s"):
+            text += f"; first step {1.0 / first[0]['steps_per_s']:.1f} s"
+    return text
 
 
 def rows(folder: str) -> tuple[list[dict], dict]:
@@ -206,6 +227,9 @@ def render(folder: str) -> tuple[str, dict]:
             f"- one attention layer, forward + backward (ms): {parts}; fastest Pallas "
             f"settings {kernel.get('best_tuning')}"
         )
+    start = main_job_start(folder)
+    if start:
+        lines.append(f"- main job: {start}")
     lines += translation_lines(load(folder, "mt.json"))
     for name, err in ((load(folder, "arms.json") or {}).get("failed") or {}).items():
         lines.append(f"- arm {name} FAILED: {err[:300]}")

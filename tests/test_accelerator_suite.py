@@ -93,6 +93,10 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
     assert ratio["value"] == pytest.approx(main_s / arms["main"]["feeds"]["fixed"]["median_s"])
     assert ratio["met"] == (ratio["value"] <= 1.05)
     assert "main_job_over_fixed" in (out / "summary.md").read_text()
+    # the main job's start, as train.log wrote it, with its first step's seconds
+    log = (out / "main_job" / "train.log").read_text()
+    (setup,) = [line.split("] ", 1)[1] for line in log.splitlines() if "] set up in " in line]
+    assert f"- main job: {setup}; first step " in (out / "summary.md").read_text()
     recipe = {n: r["feeds"]["fixed"]["median_s"] for n, r in arms.items() if n != "main"}
     assert summary["targets"]["fastest_recipe_arm"] == min(recipe, key=recipe.get)
     assert "| ln_jax default (xla, hash, V=30522) |" in run.stdout
