@@ -206,3 +206,34 @@ def test_corrupt_checkpoint_fails_quietly(tmp_path, mode):
     assert "RESTORED step 1 {'position': 1}" in proc.stdout  # with fallback
     assert "Event loop is closed" not in proc.stderr
     assert len(proc.stderr.splitlines()) < 20, proc.stderr
+
+
+def test_an_orphaned_read_report_leaves_a_bare_root_handler_and_goes_to_the_log():
+    """asyncio's report of a leftover tensorstore read is re-logged at INFO on the stray-read
+    logger; a root handler without a level (as `logging.basicConfig` leaves, where the CI run
+    printed 131 such lines) must not see it at any level. Other asyncio errors pass."""
+    from ln_jax.train import checkpoint
+
+    seen: list[logging.LogRecord] = []
+    catcher = logging.Handler()
+    catcher.emit = seen.append
+    root = logging.getLogger()
+    before = root.level
+    root.addHandler(catcher)
+    root.setLevel(logging.INFO)
+    try:
+        checkpoint._demote_orphaned_read_errors()
+        asyncio_log = logging.getLogger("asyncio")
+        asyncio_log.error(
+            "Future exception was never retrieved\nfuture: <Future finished exception="
+            "ValueError('DATA_LOSS: Error reading \"w10/.zarray\" [tensorstore_spec=...]')>"
+        )
+        asyncio_log.error("Task exception was never retrieved: something else")
+    finally:
+        root.removeHandler(catcher)
+        root.setLevel(before)
+    by_logger = [(r.name, r.levelname, r.getMessage()[:40]) for r in seen]
+    assert by_logger == [
+        ("tensorstore", "INFO", "ignored after a failed checkpoint read: "),
+        ("asyncio", "ERROR", "Task exception was never retrieved: some"),
+    ]

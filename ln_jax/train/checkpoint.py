@@ -411,15 +411,18 @@ def _stray_reads_to_log(previous: Callable[[Any], None]) -> Callable[[Any], None
 
 
 class _OrphanedReadFilter(logging.Filter):
-    """Demotes asyncio's "Task/Future exception was never retrieved" reports of tensorstore
-    reads to the log file: the same leftover reads of a failed restore as below, when their
-    task is collected before the loop closes (the restore's own error already names the
-    checkpoint)."""
+    """Moves asyncio's "Task/Future exception was never retrieved" reports of tensorstore
+    reads to the stray-read log at INFO (train.log, not the terminal): the same leftover reads
+    of a failed restore as below, when their task is collected before the loop closes (the
+    restore's own error already names the checkpoint). Re-logged rather than demoted in
+    place: asyncio's logger has already passed the record at ERROR, and a root handler
+    without a level (`logging.basicConfig`) would print it at any level."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
         if "exception was never retrieved" in text and "tensorstore" in text:
-            record.levelno, record.levelname = logging.INFO, "INFO"
+            _stray_log.info("ignored after a failed checkpoint read: %s", text[:300])
+            return False
         return True
 
 
