@@ -89,6 +89,8 @@ def summarize(
     return {
         "steps": steps,
         "kernel_ms_per_step": total,
+        "kernels_per_step": len(events) / steps,
+        "by_duration": by_duration(events, steps),
         "classes": {
             c: {"ms_per_step": ms, "share": ms / total if total else 0.0}
             for c, ms in sorted(by_class.items(), key=lambda kv: -kv[1])
@@ -103,6 +105,28 @@ def summarize(
             for name, times in kernels
         ],
     }
+
+
+DURATION_EDGES_US = (5.0, 20.0, 100.0)
+
+
+def by_duration(events: list[tuple[str, float]], steps: int) -> list[dict[str, Any]]:
+    """Kernels and their ms per step by duration: under 5 us, 5-20, 20-100, 100 us and over.
+    How much a step's many small kernels (per-parameter optimizer updates and norms, bias
+    sums) cost in all, which a top-N list by name does not show."""
+    edges = (0.0, *DURATION_EDGES_US, float("inf"))
+    rows = []
+    for lo, hi in zip(edges, edges[1:], strict=False):
+        inside = [ms for _, ms in events if lo <= ms * 1e3 < hi]
+        rows.append(
+            {
+                "from_us": lo,
+                "to_us": hi if hi != float("inf") else None,
+                "kernels_per_step": len(inside) / steps,
+                "ms_per_step": sum(inside) / steps,
+            }
+        )
+    return rows
 
 
 def profile_name(hlo_name: str) -> str:
@@ -157,6 +181,11 @@ def print_summary(s: dict[str, Any], source: str) -> None:
         unit = "TFLOP/s" if cls == "matmul" else "GB/s"
         print(f"  {cls:<12s} ran at {x['rate'] / 1e9 if unit == 'GB/s' else x['rate'] / 1e12:8.0f}"
               f" {unit} ({100 * x['of_peak']:.0f}% of the chip's)")  # fmt: skip
+    for row in s.get("by_duration", []):
+        lo, hi = row["from_us"], row["to_us"]
+        span = f"{lo:g}-{hi:g} us" if hi else f">= {lo:g} us"
+        n, ms = row["kernels_per_step"], row["ms_per_step"]
+        print(f"  kernels {span:<12s}{n:8.1f} a step {ms:8.2f} ms")
     print("top kernels (ms/step, calls/step, class):")
     for k in s["top"]:
         print(

@@ -209,6 +209,15 @@ def render(folder: str) -> tuple[str, dict]:
             f"- profile of arm {arm}: {profile['kernel_ms_per_step']:.1f} ms of kernels per "
             f"step: {parts}"
         )
+        bands = "; ".join(
+            f"{b['from_us']:g}{'-' + format(b['to_us'], 'g') if b['to_us'] else '+'} us: "
+            f"{b['kernels_per_step']:.0f} kernels, {b['ms_per_step']:.2f} ms"
+            for b in profile.get("by_duration", [])
+        )
+        if bands:
+            lines.append(
+                f"- its {profile['kernels_per_step']:.0f} kernels a step by duration: {bands}"
+            )
         rates = ", ".join(
             f"{c} {100 * x['of_peak']:.0f}%" for c, x in profile.get("achieved", {}).items()
         )

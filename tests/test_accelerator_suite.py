@@ -62,6 +62,9 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
     assert profile["kernel_ms_per_step"] == pytest.approx(
         sum(c["ms_per_step"] for c in profile["classes"].values())
     )
+    assert profile["kernel_ms_per_step"] == pytest.approx(
+        sum(b["ms_per_step"] for b in profile["by_duration"])
+    )
 
     mt = json.loads((out / "mt.json").read_text())
     step = mt["train"]["arms"]["8x16"]
@@ -97,6 +100,10 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
     log = (out / "main_job" / "train.log").read_text()
     (setup,) = [line.split("] ", 1)[1] for line in log.splitlines() if "] set up in " in line]
     assert f"- main job: {setup}; first step " in (out / "summary.md").read_text()
+    assert (
+        f"- its {profile['kernels_per_step']:.0f} kernels a step by duration: 0-5 us: "
+        in (out / "summary.md").read_text()
+    )
     recipe = {n: r["feeds"]["fixed"]["median_s"] for n, r in arms.items() if n != "main"}
     assert summary["targets"]["fastest_recipe_arm"] == min(recipe, key=recipe.get)
     assert "| ln_jax default (xla, hash, V=30522) |" in run.stdout

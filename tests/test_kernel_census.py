@@ -177,3 +177,20 @@ def test_a_profile_joined_with_its_hlo_gives_each_class_s_rate(tmp_path):
     assert rates["matmul"]["of_peak"] == pytest.approx(rates["matmul"]["rate"] / spec.bf16_flops)
     assert kernel_census.spec_for("NVIDIA H100 80GB HBM3") == "h100"
     assert kernel_census.spec_for("NVIDIA H200") == "h200" and kernel_census.spec_for("cpu") is None
+
+
+def test_a_profile_summary_counts_its_small_kernels_by_duration():
+    """profile_summary's `by_duration`: kernels and ms per step in each duration band, so the
+    cost of a step's many tiny kernels is read off the profile (the bands' times add up)."""
+    from bench import profile_summary
+
+    step = [("adam_a", 0.002), ("adam_b", 0.003), ("norm", 0.004), ("ln", 0.010),
+            ("ln", 0.015), ("gelu", 0.050), ("gemm", 0.400)]  # fmt: skip
+    summary = profile_summary.summarize(step * 3, steps=3)
+    rows = {row["from_us"]: row for row in summary["by_duration"]}
+    assert summary["kernels_per_step"] == 7
+    assert rows[0.0]["kernels_per_step"] == 3 and rows[0.0]["ms_per_step"] == pytest.approx(0.009)
+    assert rows[5.0]["kernels_per_step"] == 2 and rows[5.0]["ms_per_step"] == pytest.approx(0.025)
+    assert rows[20.0]["kernels_per_step"] == 1 and rows[100.0]["to_us"] is None
+    total = sum(row["ms_per_step"] for row in summary["by_duration"])
+    assert total == pytest.approx(summary["kernel_ms_per_step"])
