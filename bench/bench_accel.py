@@ -65,6 +65,7 @@ block, ran at its kernels' time. `bench_torch_anchor.py --pipeline=K` times PyTo
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import os
 import re
@@ -276,9 +277,14 @@ class Feeds:
         self.waits: list[float] = []  # seconds of each next() of the loader
         self.loader_batches: list[dict] = []  # kept (not hashed) so hashing is not timed
         self.last_loss: dict[str, Any] = {}
+        # seconds from a blocked step's call to its return: the host's launch of the step
+        # (flattening the state, dispatch), while the device waits in a blocked loop
+        self.launches: dict[str, list[float]] = collections.defaultdict(list)
 
     def _run(self, name: str, batch: dict) -> None:
+        start = time.perf_counter()
         self.state, metrics = self.compiled(self.state, self.rest, batch)
+        self.launches[name].append(time.perf_counter() - start)
         jax.block_until_ready((self.state, metrics))
         self.last_loss[name] = metrics["loss"]
 
@@ -475,7 +481,11 @@ def arm_result(cfg: TrainConfig, mesh, feeds: Feeds, times: dict, peak: tuple) -
         "mesh": dict(mesh.shape),
         "peak": {"flops_per_s": peak[0], "source": peak[1]},
         "flops_per_step": flops,
-        "feeds": {name: summarize(times[name], s, flops, peak[0]) for name in feeds.callables()},
+        "feeds": {
+            name: summarize(times[name], s, flops, peak[0])
+            | {"launch_ms": 1e3 * statistics.median(feeds.launches[name][1:] or [float("nan")])}
+            for name in feeds.callables()
+        },
         "updates": int(jax.device_get(feeds.state["step"])),
         "last_loss": {k: float(v) for k, v in feeds.last_loss.items()},
     }

@@ -236,6 +236,16 @@ def render(folder: str) -> tuple[str, dict]:
             f"- one attention layer, forward + backward (ms): {parts}; fastest Pallas "
             f"settings {kernel.get('best_tuning')}"
         )
+    launches = [
+        f"{name} {arm['feeds']['fixed']['launch_ms']:.1f}"
+        for name, arm in ((load(folder, "arms.json") or {}).get("arms") or {}).items()
+        if "launch_ms" in arm.get("feeds", {}).get("fixed", {})
+    ]
+    if launches:
+        lines.append(
+            "- the host's launch of a blocked step (its call until it returns, ms; the device "
+            "idles meanwhile): " + ", ".join(launches)
+        )
     start = main_job_start(folder)
     if start:
         lines.append(f"- main job: {start}")

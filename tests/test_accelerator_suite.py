@@ -104,6 +104,16 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
         f"- its {profile['kernels_per_step']:.0f} kernels a step by duration: 0-5 us: "
         in (out / "summary.md").read_text()
     )
+    # the host's launch of each blocked step: timed, and inside the step's own time
+    launch = {n: r["feeds"]["fixed"]["launch_ms"] for n, r in arms.items()}
+    assert all(
+        0 < ms < r["feeds"]["fixed"]["p75_s"] * 1e3
+        for ms, r in zip(launch.values(), arms.values(), strict=True)
+    )
+    assert (
+        f"the device idles meanwhile): default {launch['default']:.1f}"
+        in (out / "summary.md").read_text()
+    )
     recipe = {n: r["feeds"]["fixed"]["median_s"] for n, r in arms.items() if n != "main"}
     assert summary["targets"]["fastest_recipe_arm"] == min(recipe, key=recipe.get)
     assert "| ln_jax default (xla, hash, V=30522) |" in run.stdout
