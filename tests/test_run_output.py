@@ -158,12 +158,19 @@ def test_a_first_run_prepares_the_corpus_quietly_and_its_eta_skips_compilation(f
         assert noise not in shown, noise
     assert f"INFO preparing ln_jax_pydocs in {data_dir}" in shown
     assert "Downloading and preparing" in (workdir / "train.log").read_text()
-    # where the start went, in the log file only: "set up in 3.8 s: data pipelines 0.3 s, ..."
-    (setup,) = re.findall(r"set up in ([\d.]+) s: data pipelines ([\d.]+) s, state ([\d.]+) s"
+    # where the start went, in the log file only: "set up in 3.8 s: devices 0.0 s, data ..."
+    (setup,) = re.findall(r"set up in ([\d.]+) s: devices ([\d.]+) s, data pipelines ([\d.]+) s"
+                          r", state ([\d.]+) s"
                           r", waiting for the compiles ([\d.]+) s \(train [\d.]+ s then measured",
                           (workdir / "train.log").read_text())  # fmt: skip
     assert float(setup[0]) == pytest.approx(sum(float(x) for x in setup[1:]), abs=0.15)
     assert "set up in" not in shown
+    # and within the data pipelines, in the log file only
+    log = (workdir / "train.log").read_text()
+    for split in ("train", "eval"):
+        assert re.search(rf"data pipeline {split}: data and tokenizer [\d.]+ s, token ids and "
+                         r"pair index [\d.]+ s, loader [\d.]+ s", log), split  # fmt: skip
+    assert "data pipeline" not in shown
     lines = out.stdout.splitlines()
     # Both programs (step 1 measured, step 2 plain) were compiled at set-up: neither step
     # says it compiled, and step 2 has a rate.

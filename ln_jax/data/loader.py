@@ -28,6 +28,7 @@ import grain
 import jax
 import numpy as np
 
+from ln_jax import console
 from ln_jax import sharding as sharding_lib
 from ln_jax.data import pairs as pairs_lib
 from ln_jax.data import pretraining
@@ -421,6 +422,9 @@ def device_prefetch(cfg: DataConfig, mesh: jax.sharding.Mesh) -> int:
     return 0 if on_cpu else DEVICE_PREFETCH_ACCELERATOR
 
 
+_setup_log = console.file_only_logger(__name__)  # where a run's start went: train.log
+
+
 def make_pipeline(
     cfg: DataConfig,
     *,
@@ -459,14 +463,24 @@ def make_pipeline(
     size = size or cfg.global_batch_size
     check_global_batch(size, sharding_lib.batch_divisor(mesh), jax.process_count())
     block, num_blocks = mesh_rows(mesh, size)
+    clock = [time.perf_counter()]
     corpora, tokenizer = _prepare_once(lambda: _corpora(cfg, split, per_host=False))
+    clock.append(time.perf_counter())
     corpora = _tokenize_rest(cfg, split, corpora, tokenizer)
     builder = jax.process_index() == 0
     components = _components(cfg, split, seed, corpora, tokenizer, builder)
+    clock.append(time.perf_counter())
     args = (cfg, split, seed, block, num_blocks, num_batches, threads, workers)
     pipeline = _build(*args, components, lambda b: to_global(b, mesh, size))
     if split == "train":
         pipeline = GlobalBatchIterator(pipeline, mesh, size, device_prefetch(cfg, mesh))
+    clock.append(time.perf_counter())
+    _setup_log.info(
+        "data pipeline %s: data and tokenizer %.1f s, token ids and pair index %.1f s, "
+        "loader %.1f s",
+        split,
+        *np.diff(clock),
+    )
     return pipeline, tokenizer
 
 

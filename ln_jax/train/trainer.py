@@ -138,6 +138,7 @@ def setup(cfg: TrainConfig, compile_ahead: bool = True, wait: bool = True) -> Ru
     check_device(cfg)
     clock = _PhaseClock()
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    clock.lap("devices")  # a GPU's or TPU's runtime starts here
     task = make_task(cfg)
     train_iter, eval_batches = task.pipelines(mesh)  # its errors come before any compile
     clock.lap("data pipelines")
