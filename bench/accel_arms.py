@@ -23,6 +23,7 @@ from bench.bench_accel import (
     peak_step,
     profile,
     shape_of,
+    split_xla_options,
     summarize,
     total_peak,
     train_config,
@@ -32,19 +33,28 @@ from ln_jax.config import TrainConfig
 
 
 def _compile_arm(args, argv, overrides) -> tuple[TrainConfig, Any, Any, Any, float]:
-    cfg = train_config(args, argv, overrides)
+    fields, options = split_xla_options(overrides)
+    cfg = train_config(args, argv, fields)
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    pieces, compiled, seconds = compile_step(cfg, mesh)
+    pieces, compiled, seconds = compile_step(cfg, mesh, options)
     return cfg, mesh, pieces, compiled, seconds
 
 
+def compile_threads(arms: int) -> int:
+    """Arms compiled at once: all of them on CPUs; one at a time on a GPU or TPU, whose
+    compiles time their candidate kernels on the device (autotuning): compiled together, they
+    time them against each other and may keep slower ones (the trainer compiles its programs
+    one at a time, `ln_jax.train.precompile`)."""
+    return arms if jax.default_backend() == "cpu" else 1
+
+
 def run_arms(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    """Every `--arm` compiled (in parallel threads), then timed in alternation; the result
-    holds each arm's figures (`arm_result`) and its speed-up over the first arm."""
+    """Every `--arm` compiled (`compile_threads` at once), then timed in alternation; the
+    result holds each arm's figures (`arm_result`) and its speed-up over the first arm."""
     from concurrent.futures import ThreadPoolExecutor
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=len(args.arms)) as pool:
+    with ThreadPoolExecutor(max_workers=compile_threads(len(args.arms))) as pool:
         futures = {n: pool.submit(_compile_arm, args, argv, o) for n, o in args.arms.items()}
         built, failed = {}, {}
         for name, future in futures.items():

@@ -19,10 +19,11 @@
 #        (attention dropout 0: "auto" takes cuDNN's fused attention), gelu_tanh (the tanh GELU,
 #        not the recipe's: what erf costs), xla_layout (model.activation_layout=xla: XLA's own
 #        layout of the residual stream, the GPU default before 2026-11-27; "auto" pins it
-#        row-major), main (default at the main job's vocabulary, 8000: the step the main job is
-#        compared with); each also with --pipeline=5 (5 steps in flight, one wait); a profile
-#        of $PROFILE_ARM (default: default) summarised by kernel class (profile_summary.py)
-#        and the optimised HLO (hlo/) to match its fusion names
+#        row-major), cublas (XLA's Triton GEMMs off for its compile), main (default at the
+#        main job's vocabulary, 8000: the step the main job is compared with); each also
+#        with --pipeline=5 (5 steps in flight, one wait); a profile of $PROFILE_ARM
+#        (default: default) summarised by kernel class (profile_summary.py) and the
+#        optimised HLO (hlo/) to match its fusion names
 #     4. the PyTorch anchor: HuggingFace BertForPreTraining, eager and torch.compile, MLM at
 #        all positions and at the masked ones (bench_torch_anchor.py)
 #     5. translation (bench_mt_accel.py): the `iwslt` model's train step (configs/mt.py:iwslt,
@@ -146,6 +147,10 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 # and transposed around every residual add and LayerNorm backward; "auto" pins it row-major
 # on a GPU since 2026-11-27 (H200: 67.8 -> 65.4 ms; docs/gpu.md)
 [ "$MODE" = gpu ] && ARMS+=(--arm=xla_layout:model.activation_layout=xla)
+# XLA's Triton GEMMs off (cuBLAS for every matmul), for this arm's compile alone: on the H200
+# of 2026-11-28 the step had 26 Triton GEMM fusions and 8.5 GB more elementwise traffic than
+# the same step compiled for an H200 with them off (bench/gpu_compile_arms.py; docs/gpu.md)
+[ "$MODE" = gpu ] && ARMS+=(--arm=cublas:xla.xla_gpu_enable_triton_gemm=false)
 ARMS+=(--arm=main:data.vocab_size=8000)  # default at the main job's vocabulary
 PROFILE_ARM=${PROFILE_ARM:-default}
 if [ -n "$ONLY" ]; then  # --arms: keep the named ones, in the order above

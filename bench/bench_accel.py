@@ -51,9 +51,12 @@ the embedded corpus, which supports ~10k pieces). `--attention` (default auto: c
 its fused attention dropout included) sets model.attention_impl.
 
 Arms (`--arm=NAME[:FIELD=VALUE,...]`, repeated): each is the benchmark's config plus its own
-overrides (dotted fields as after `--config.`); all are built and compiled first (in parallel
-threads), then their steps alternate on fixed batches, A B C A B C ..., and the result holds
-each arm's figures and its speed-up over the first arm. `--profile_arm` traces one arm alone.
+overrides (dotted fields as after `--config.`; `xla.OPTION=VALUE` is an XLA compiler option of
+that arm's compile alone, e.g. `--arm=cublas:xla.xla_gpu_enable_triton_gemm=false`); all are
+built and compiled first (in parallel threads on a CPU, one at a time on a GPU or TPU, whose
+compiles time candidate kernels on the device), then their steps alternate on fixed batches,
+A B C A B C ..., and the result holds each arm's figures and its speed-up over the first arm.
+`--profile_arm` traces one arm alone.
 
 `--pipeline=K` (arms): each arm is also timed as a trainer runs it: K steps dispatched one after
 another and one block on the last, the time over K ("pipelined" beside "fixed"). The device
@@ -220,14 +223,42 @@ def shape_of(cfg: TrainConfig) -> dict[str, int]:
     )  # fmt: skip
 
 
-def compile_step(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> tuple[Any, Any, float]:
-    """(pieces, compiled train step, compile seconds): the trainer's step, compiled once."""
+def compile_step(
+    cfg: TrainConfig, mesh: jax.sharding.Mesh, options: dict[str, Any] | None = None
+) -> tuple[Any, Any, float]:
+    """(pieces, compiled train step, compile seconds): the trainer's step, compiled once;
+    `options`: XLA compiler options of this compile only (an arm's `xla.*` overrides)."""
     start = time.perf_counter()
     pieces = steps.init_state(cfg, mesh)
     train, _ = steps.jit_steps(cfg, mesh, pieces)
     with sharding.use_mesh(mesh):
-        compiled = train.lower(pieces.state, pieces.rest, steps.abstract_batch(cfg, mesh)).compile()
+        lowered = train.lower(pieces.state, pieces.rest, steps.abstract_batch(cfg, mesh))
+        compiled = lowered.compile(options) if options else lowered.compile()
     return pieces, compiled, time.perf_counter() - start
+
+
+XLA_PREFIX = "xla."  # an arm's override naming an XLA compiler option, not a config field
+
+
+def split_xla_options(overrides: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
+    """An arm's overrides -> (config fields, XLA compiler options): "xla.xla_gpu_enable_triton_gemm
+    =false" is the option `xla_gpu_enable_triton_gemm` False for that arm's compile alone (an
+    XLA flag in XLA_FLAGS would hold for every arm of the process)."""
+    fields = {k: v for k, v in overrides.items() if not k.startswith(XLA_PREFIX)}
+    options = {
+        k[len(XLA_PREFIX) :]: _option_value(v) for k, v in overrides.items() if k not in fields
+    }
+    return fields, options
+
+
+def _option_value(text: str) -> Any:
+    """ "true"/"false" -> bool, an integer -> int, else the text."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def fixed_batch(s: dict[str, int], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:

@@ -112,6 +112,9 @@ _ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
 _HEADER = re.compile(r"^(ENTRY )?%(\S+) \(.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = ")
 _OPERAND = re.compile(r"%([\w.\-]+)")
+# An operand as newer XLA prints it: "%fusion.3#1" is element 1 of fusion.3's tuple (older
+# text reads it through a get-tuple-element instruction).
+_TUPLE_OPERAND = re.compile(r"%([\w.\-]+)(?:#(\d+))?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +249,7 @@ class _Instr:
     operands: list[str]
     attrs: str
     args: str  # the text between the opcode's parentheses
+    elements: list[int | None] = dataclasses.field(default_factory=list)  # "#i" of operands
 
 
 def _computations(text: str) -> tuple[dict[str, dict[str, _Instr]], str]:
@@ -273,7 +277,9 @@ def _parse_instruction(line: str) -> _Instr:
     hlo_type, rest = _split_type(rest)
     opcode, _, rest = rest.partition("(")
     operands, attrs = _balanced(rest)
-    return _Instr(name, hlo_type, opcode.strip(), _OPERAND.findall(operands), attrs, operands)
+    found = _TUPLE_OPERAND.findall(operands)
+    elements = [int(i) if i else None for _, i in found]
+    return _Instr(name, hlo_type, opcode.strip(), [n for n, _ in found], attrs, operands, elements)
 
 
 def _split_type(text: str) -> tuple[str, str]:
@@ -330,7 +336,7 @@ def _kernels(comps: dict[str, dict[str, _Instr]], comp: str, count: int) -> Iter
             continue
         read = _read_bytes(comps, instr)
         operand_bytes = sum(
-            read.get(i, array_bytes(instrs[o].type))
+            read.get(i, array_bytes(_operand_type(instrs, instr, i)))
             for i, o in enumerate(instr.operands)
             if o in instrs
         )
@@ -339,12 +345,42 @@ def _kernels(comps: dict[str, dict[str, _Instr]], comp: str, count: int) -> Iter
             opcode=instr.opcode,
             cls=_class_of(comps, instr),
             shape=re.sub(r"\{[\d,]*\}", "", instr.type),
-            bytes=array_bytes(instr.type) + operand_bytes,
+            bytes=array_bytes(_written_type(instr)) + operand_bytes,
             flops=_flops(comps, instr, instrs),
             count=count,
             op_name=_op_name(instr.attrs),
             launch_name=_attr(instr.attrs, "deduplicated_name") or instr.name,
         )
+
+
+def _operand_type(instrs: dict[str, _Instr], instr: _Instr, index: int) -> str:
+    """The type of `instr`'s operand `index`: the tuple element it names ("%x#1"), if any."""
+    hlo_type = instrs[instr.operands[index]].type
+    element = instr.elements[index] if index < len(instr.elements) else None
+    if element is None or not hlo_type.startswith("("):
+        return hlo_type
+    return _tuple_elements(hlo_type)[element]
+
+
+def _tuple_elements(hlo_type: str) -> list[str]:
+    """The top-level element types of a tuple type "(f32[4]{0}, (s32[], bf16[2]))"."""
+    inner, parts, depth, start = hlo_type[1:-1], [], 0, 0
+    for i, ch in enumerate(inner):
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(inner[start:i].strip())
+            start = i + 1
+    return [*parts, inner[start:].strip()] if inner.strip() else parts
+
+
+def _written_type(instr: _Instr) -> str:
+    """What a kernel writes: its output, less the scratch workspace (the trailing s8 array) a
+    cuBLAS or cuDNN custom call lists among its outputs."""
+    if instr.opcode == "custom-call" and instr.type.startswith("("):
+        elements = _tuple_elements(instr.type)
+        if len(elements) > 1 and elements[-1].startswith("s8["):
+            return "(" + ", ".join(elements[:-1]) + ")"
+    return instr.type
 
 
 _SLICING = ("slice", "dynamic-slice", "gather")

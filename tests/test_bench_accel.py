@@ -98,3 +98,19 @@ def test_peak_table_and_config_defaults():
     assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (-1, 1, 1)
     with pytest.raises(SystemExit):  # cuDNN attention needs a GPU
         bench_accel.parse_args(["--attention=cudnn"])
+
+
+def test_an_arm_s_xla_options_are_split_from_its_config_fields():
+    """`--arm=NAME:xla.OPTION=VALUE,...`: the xla.* keys are compiler options of that arm's
+    compile (typed), the rest config fields; on a CPU all arms compile at once, elsewhere one
+    at a time (autotuning times kernels on the device)."""
+    from bench import accel_arms
+
+    name, overrides = bench_accel.parse_arm(
+        "cublas:xla.xla_gpu_enable_triton_gemm=false,model.dtype=bfloat16,xla.xla_gpu_x=3"
+    )
+    fields, options = bench_accel.split_xla_options(overrides)
+    assert name == "cublas" and fields == {"model.dtype": "bfloat16"}
+    assert options == {"xla_gpu_enable_triton_gemm": False, "xla_gpu_x": 3}
+    assert bench_accel.split_xla_options({"xla.o": "fast"})[1] == {"o": "fast"}
+    assert accel_arms.compile_threads(4) == 4  # the tests' backend is the CPU

@@ -35,6 +35,11 @@ HLO = """HloModule jit_f, entry_computation_layout={(f32[1000]{0})->f32[10]{0}}
   ROOT %t = (f32[4]{0}, bf16[4,8]{1,0}) tuple(%r, %param_0.2)
 }
 
+%fused_double (param_0.3: bf16[4,8]) -> bf16[4,8] {
+  %param_0.3 = bf16[4,8]{1,0} parameter(0)
+  ROOT %twice = bf16[4,8]{1,0} add(%param_0.3, %param_0.3)
+}
+
 %gemm_fusion_dot.3_computation (p0: bf16[4,16], p1: bf16[16,8]) -> bf16[4,8] {
   %p0 = bf16[4,16]{1,0} parameter(0)
   %p1 = bf16[16,8]{1,0} parameter(1)
@@ -66,6 +71,7 @@ ENTRY %main.1 (a.1: f32[1000], b.1: bf16[4,8], x.1: bf16[4,16], w.1: bf16[16,8])
   %input_transpose_fusion.2 = bf16[8,4]{1,0} fusion(%b.1), kind=kInput, calls=%fused_transpose
   %input_transpose_fusion.4 = bf16[8,4]{1,0} fusion(%b.1), kind=kInput, calls=%fused_transpose, metadata={deduplicated_name="input_transpose_fusion.2"}
   %fusion.9 = (f32[4]{0}, bf16[4,8]{1,0}) fusion(%b.1), kind=kCustom, calls=%fused_norm
+  %loop_add_fusion.5 = bf16[4,8]{1,0} fusion(%fusion.9#1), kind=kLoop, calls=%fused_double
   %gemm_fusion_dot.3 = bf16[4,8]{1,0} fusion(%x.1, %w.1), kind=kCustom, calls=%gemm_fusion_dot.3_computation
   %zero.1 = s32[] constant(0)
   %init = (s32[], bf16[4,16]{1,0}, bf16[16,8]{1,0}) tuple(%zero.1, %x.1, %w.1)
@@ -87,6 +93,7 @@ def test_each_launching_instruction_is_one_kernel_with_its_class_and_count(censu
         "input_transpose_fusion.2": ("copy", 1),
         "input_transpose_fusion.4": ("copy", 1),  # the same kernel, launched again
         "fusion.9": ("reduction", 1),  # a generic name: classed by the reduce it holds
+        "loop_add_fusion.5": ("elementwise", 1),
         "gemm_fusion_dot.3": ("matmul", 1),
         "custom-call.7": ("matmul", 3),  # in the loop body: the known trip count
         "lt": ("elementwise", 3),  # the loop's condition, once a trip
@@ -100,21 +107,24 @@ def test_bytes_count_the_output_and_each_operand_once_and_slices_what_they_read(
     assert bytes_["input_transpose_fusion.2"] == bytes_["input_transpose_fusion.4"] == 64 + 64
     assert bytes_["fusion.9"] == (16 + 64) + 64  # a tuple output: both arrays
     assert bytes_["gemm_fusion_dot.3"] == 64 + 128 + 256
-    assert bytes_["custom-call.7"] == (64 + 1024) + 128 + 256  # cuBLAS's workspace included
+    # reads element 1 of fusion.9's output ("%fusion.9#1", as newer XLA prints it), not both
+    assert bytes_["loop_add_fusion.5"] == 64 + 64
+    # cuBLAS's workspace (s8[1024]) is scratch listed among the outputs, not data written
+    assert bytes_["custom-call.7"] == 64 + 128 + 256
 
 
 def test_flops_of_cublas_and_triton_gemms_and_the_floor(census):
     flops = {k.name: k.flops for k in census.kernels if k.flops}
     assert flops == {"gemm_fusion_dot.3": 2 * 4 * 8 * 16, "custom-call.7": 2 * 4 * 8 * 16}
     rows = census.by_class()
-    assert rows["matmul"] == {"kernels": 4, "bytes": 448 + 3 * 1472, "flops": 4 * 1024}
+    assert rows["matmul"] == {"kernels": 4, "bytes": 448 + 3 * 448, "flops": 4 * 1024}
     assert rows["copy"]["bytes"] == 80 + 2 * 128
     spec = kernel_census.SPECS["h100"]
     floors = census.floor_ms(spec)
     assert floors["matmul"] == pytest.approx(1e3 * 4096 / spec.bf16_flops)
     assert floors["copy"] == pytest.approx(1e3 * 336 / spec.memory_bandwidth)
     summary = census.summary(spec)
-    assert summary["total"]["kernels"] == 1 + 2 + 1 + 4 + 3
+    assert summary["total"]["kernels"] == 1 + 2 + 1 + 1 + 4 + 3
     assert [k.name for k in census.kernels_of("copy")] == [
         "input_transpose_fusion.2",
         "input_transpose_fusion.4",
@@ -160,11 +170,12 @@ def test_a_profile_joined_with_its_hlo_gives_each_class_s_rate(tmp_path):
     # Two steps of kernels as a GPU profile names them ('.' -> '_'); the cuBLAS call's own name.
     step = [("wrapped_slice", 0.001), ("input_transpose_fusion_2", 0.001),
             ("input_transpose_fusion_2", 0.001), ("fusion_9", 0.004),
-            ("gemm_fusion_dot_3", 0.01), ("nvjet_tst_64x8", 0.01)]  # fmt: skip
+            ("loop_add_fusion_5", 0.002), ("gemm_fusion_dot_3", 0.01),
+            ("nvjet_tst_64x8", 0.01)]  # fmt: skip
     events = step * 2
     path, census, share = profile_summary.matching_census(str(tmp_path), {n for n, _ in events})
     assert path.endswith("module_0001.jit_step_fn.sm_9.0_gpu_after_optimizations.txt")
-    assert share == 1.0  # all four kernels its five fusions launch are in the profile
+    assert share == 1.0  # all five kernels its six fusions launch are in the profile
     classes = {profile_summary.profile_name(k.name): k.cls for k in census.kernels}
     summary = profile_summary.summarize(events, steps=2, classes=classes)
     # "fusion_9" would be elementwise by its name; the HLO says it holds a reduction.
@@ -173,6 +184,8 @@ def test_a_profile_joined_with_its_hlo_gives_each_class_s_rate(tmp_path):
     spec = kernel_census.SPECS["h100"]
     rates = profile_summary.achieved(summary, census, spec)
     assert rates["copy"]["rate"] == pytest.approx((80 + 2 * 128) / 0.003e-3)
+    # the "#1" read (64 + 64 bytes) and the loop condition's compare, 3 x (1 + 4 + 4)
+    assert rates["elementwise"]["rate"] == pytest.approx((64 + 64 + 27) / 0.002e-3)
     assert rates["matmul"]["rate"] == pytest.approx(4 * 1024 / 0.02e-3)
     assert rates["matmul"]["of_peak"] == pytest.approx(rates["matmul"]["rate"] / spec.bf16_flops)
     assert kernel_census.spec_for("NVIDIA H100 80GB HBM3") == "h100"
