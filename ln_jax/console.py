@@ -110,12 +110,17 @@ def configure_logging(log_file: str | None = None) -> None:
 
 
 def close_logging() -> None:
-    """Removes and closes the root's handlers (a log file on a URL gets its last upload)."""
+    """Removes and closes the root's handlers (a log file on a URL gets its last upload) and
+    leaves a `NullHandler`: a library thread still running after the command (orbax's, after
+    a failed save) that logs through `logging.info(...)` would otherwise install
+    `logging.basicConfig`'s stderr handler on the handler-less root, and its records, INFO
+    included, would follow the command's last line on the terminal."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
         if isinstance(handler, logging.FileHandler):
             handler.close()
+    root.addHandler(logging.NullHandler())
 
 
 def _log_file_handler(log_file: str) -> logging.FileHandler:

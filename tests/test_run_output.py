@@ -274,6 +274,22 @@ def test_orbax_records_go_to_the_file_and_others_show_one_line(tmp_path, capsys)
     assert "save failed" in log_file.read_text() and "second line" in log_file.read_text()
 
 
+def test_a_library_logging_after_the_command_ends_prints_nothing(capsys):
+    """What a library thread logs after `close_logging` (orbax's, after a failed save: CI saw
+    "INFO:absl:..." and a traceback under a full disk's one-line error) reaches no terminal:
+    a module-level `logging` call finds a handler on the root and installs no stderr one."""
+    console.configure_logging()
+    console.close_logging()
+    try:
+        logging.error("late: a background thread's error")
+        logging.getLogger("absl").info("late: orbax's throughput")
+        assert not [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)]
+    finally:
+        for handler in list(logging.getLogger().handlers):
+            logging.getLogger().removeHandler(handler)
+    assert "late" not in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- messages
 
 
