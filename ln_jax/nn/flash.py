@@ -217,15 +217,20 @@ def _flash_fwd(q, k, v, valid, seeds, st):
 
 def _flash_bwd(st, res, d_out):
     q, k, v, valid, seeds, out, lse = res
-    delta = jnp.einsum("btnh,btnh->bnt", d_out.astype(jnp.float32), out.astype(jnp.float32))
-    args = (q, k, v, valid, seeds, d_out, lse, delta, st)
     one_block = q.shape[1] == st.block_q and k.shape[1] == st.block_k
-    if one_block and st.tuning.fused_backward:
-        dq, dk, dv = _backward_fused(*args)
+    if one_block and st.tuning.fused_backward:  # delta from `out` inside the kernel
+        dq, dk, dv = _backward_fused(q, k, v, valid, seeds, d_out, lse, out, st)
     else:
+        args = (q, k, v, valid, seeds, d_out, lse, _delta(d_out, out), st)
         dq = _backward_dq(*args)
         dk, dv = _backward_dkdv(*args)
     return dq, dk, dv, None, None
+
+
+def _delta(d_out: jax.Array, out: jax.Array) -> jax.Array:
+    """rowsum(dO * O) [b, n, t] in float32 (`d_out`, `out`: [b, t, n, h]): the softmax
+    backward's correction, dL/dlogits = P * (dP - delta)."""
+    return jnp.einsum("btnh,btnh->bnt", d_out.astype(jnp.float32), out.astype(jnp.float32))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -434,21 +439,23 @@ def _backward_dkdv(q, k, v, valid, seeds, d_out, lse, delta, st):
     )(q, k, v, valid, seeds, d_out, lse, delta)
 
 
-def _backward_fused(q, k, v, valid, seeds, d_out, lse, delta, st):
+def _backward_fused(q, k, v, valid, seeds, d_out, lse, out, st):
     """dq, dk, dv of a single query block against a single key block: one program per
-    (batch, head) recomputes the probabilities once for all three."""
+    (batch, head) recomputes the probabilities once for all three, and the softmax
+    correction (`_delta`) from its blocks of dO and O (no separate pass over both)."""
     b, t, n, h = q.shape
     s = k.shape[1]
 
-    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, do_ref, lse_ref, delta_ref, dq_ref,
+    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, do_ref, lse_ref, out_ref, dq_ref,
                dk_ref, dv_ref):  # fmt: skip
         q_blk, k_blk, v_blk, do_blk = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        delta = jnp.sum(do_blk.astype(jnp.float32) * out_ref[...].astype(jnp.float32), axis=1)
         q_pos = jnp.arange(t, dtype=jnp.int32)
         k_pos = jnp.arange(s, dtype=jnp.int32)
         p = _probs(q_blk, k_blk, valid_ref[...], lse_ref[...], q_pos, k_pos, st)
         p_d, keep = _dropped(p, seeds_ref[...], k_pos, st)
         dv_ref[...] = plgpu.dot(p_d.astype(do_blk.dtype), do_blk, trans_a=True).astype(dv_ref.dtype)
-        ds = _d_logits(p, keep, do_blk, v_blk, delta_ref[...], st).astype(q_blk.dtype)
+        ds = _d_logits(p, keep, do_blk, v_blk, delta, st).astype(q_blk.dtype)
         dq_ref[...] = (plgpu.dot(ds, k_blk) * st.scale).astype(dq_ref.dtype)
         dk_ref[...] = (plgpu.dot(ds, q_blk, trans_a=True) * st.scale).astype(dk_ref.dtype)
 
@@ -466,7 +473,7 @@ def _backward_fused(q, k, v, valid, seeds, d_out, lse, delta, st):
             row,
             q_spec,
             row,
-            row,
+            q_spec,
         ],
         out_specs=[q_spec, kv_spec, kv_spec],
         out_shape=[
@@ -477,4 +484,4 @@ def _backward_fused(q, k, v, valid, seeds, d_out, lse, delta, st):
         interpret=st.interpret,
         compiler_params=_compiler_params(st, st.tuning.warps_bwd),
         name="ln_jax_flash_bwd",
-    )(q, k, v, valid, seeds, d_out, lse, delta)
+    )(q, k, v, valid, seeds, d_out, lse, out)
