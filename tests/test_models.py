@@ -160,6 +160,25 @@ def test_dropout_is_driven_by_the_key():
     assert not np.allclose(run(jax.random.key(1)), run(None))
 
 
+def test_bf16_dropout_scales_kept_entries_by_exactly_one_over_keep_probability():
+    """Kept entries are x / 0.9 rounded once: dividing by bf16(0.9) = 0.8984 made them 0.18%
+    too large (1.1131 x). The gradient applies the same mask and scale."""
+    from ln_jax.nn import layers
+
+    x = jax.random.normal(jax.random.key(1), (512, 512)).astype(jnp.bfloat16)
+    key = jax.random.key(0)
+    y = np.asarray(layers.dropout(x, 0.1, key), np.float64)
+    xf, kept = np.asarray(x, np.float64), y != 0
+    assert abs(kept.mean() - 0.9) < 0.005
+    ratio = np.abs(y[kept]).sum() / np.abs(xf[kept]).sum()
+    assert abs(ratio - 1 / 0.9) < 2e-4, ratio
+    weights = jnp.asarray(np.random.default_rng(2).normal(size=x.shape), jnp.float32)
+    loss = lambda x: (layers.dropout(x, 0.1, key).astype(jnp.float32) * weights).sum()  # noqa: E731
+    grad = np.asarray(jax.grad(loss)(x), np.float64)
+    expected = np.where(kept, np.asarray(weights, np.float64) / 0.9, 0.0)
+    np.testing.assert_allclose(grad, expected, rtol=2**-7, atol=0)  # two bf16 roundings
+
+
 @pytest.mark.parametrize("placement", ["post", "pre"])
 def test_intermediates_are_consistent(placement):
     cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement=placement)

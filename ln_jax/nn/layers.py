@@ -27,11 +27,21 @@ Array = jax.Array
 
 
 def dropout(x: Array, rate: float, key: Array | None) -> Array:
-    """Inverted dropout; identity when `key` is None or `rate` is 0."""
+    """Inverted dropout of x [any shape]; identity when `key` is None or `rate` is 0.
+
+    Kept entries are multiplied by 1 / (1 - rate) in float32 and rounded once to x's dtype,
+    as PyTorch's dropout kernel does. Dividing a bf16 x by `1 - rate` instead divides by
+    bf16(0.9) = 0.8984: kept entries came out 1.1131 x, not 1.1111 x (0.18% high), and XLA:GPU
+    turned the backward's division into a bf16 multiply by 1.109, so the gradient was not the
+    forward's derivative; and that bf16 multiply, the last op before the two gradient GEMMs,
+    became a separate pass per GEMM on an H200 (docs/gpu.md, session 28). In float32 the two
+    forms differ only in the last bit.
+    """
     if key is None or rate == 0.0:
         return x
     keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+    scaled = (x.astype(jnp.float32) * (1.0 / (1.0 - rate))).astype(x.dtype)
+    return jnp.where(keep, scaled, jnp.zeros_like(x))
 
 
 def split_key(key: Array | None, n: int) -> list[Array | None]:
