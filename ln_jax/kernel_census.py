@@ -335,17 +335,18 @@ def _kernels(comps: dict[str, dict[str, _Instr]], comp: str, count: int) -> Iter
         if instr.opcode in _FREE or instr.opcode.endswith("-done"):
             continue
         read = _read_bytes(comps, instr)
+        written, updated = _in_place(comps, instrs, instr)
         operand_bytes = sum(
             read.get(i, array_bytes(_operand_type(instrs, instr, i)))
             for i, o in enumerate(instr.operands)
-            if o in instrs
+            if o in instrs and i not in updated
         )
         yield Kernel(
             name=instr.name,
             opcode=instr.opcode,
             cls=_class_of(comps, instr),
             shape=re.sub(r"\{[\d,]*\}", "", instr.type),
-            bytes=array_bytes(_written_type(instr)) + operand_bytes,
+            bytes=written + operand_bytes,
             flops=_flops(comps, instr, instrs),
             count=count,
             op_name=_op_name(instr.attrs),
@@ -384,6 +385,43 @@ def _written_type(instr: _Instr) -> str:
 
 
 _SLICING = ("slice", "dynamic-slice", "gather")
+
+
+def _in_place(
+    comps: dict[str, dict[str, _Instr]], scope: dict[str, _Instr], instr: _Instr
+) -> tuple[float, set[int]]:
+    """(bytes the kernel writes, indices of the operands it updates in place, unread).
+
+    A dynamic-update-slice (alone, or an output of a fusion) writes its update into the buffer
+    of its operand 0, which XLA aliases to the output: the kernel writes the update's bytes
+    and does not read that buffer (a scanned layer's stacked activations: one layer's slice a
+    trip, not the whole stack). Any other output is written whole."""
+    if instr.opcode == "dynamic-update-slice":
+        return array_bytes(_operand_type(scope, instr, 1)), {0}
+    body = _fused(comps, instr) if instr.opcode == "fusion" else {}
+    if not body:
+        return array_bytes(_written_type(instr)), set()
+    root = list(body.values())[-1]
+    outputs = [body[o] for o in root.operands] if root.opcode == "tuple" else [root]
+    written, updated = 0.0, set()
+    for out in outputs:
+        buffer = (
+            _through_views(body, out.operands[0]) if out.opcode == "dynamic-update-slice" else None
+        )
+        if buffer is None or buffer.opcode != "parameter":
+            written += array_bytes(out.type)
+            continue
+        written += array_bytes(body[out.operands[1]].type)
+        updated.add(int(buffer.args))
+    return written, updated
+
+
+def _through_views(body: dict[str, _Instr], name: str) -> _Instr:
+    """The instruction behind `name`, looking back through bitcasts and reshapes."""
+    instr = body[name]
+    while instr.opcode in ("bitcast", "reshape") and instr.operands[0] in body:
+        instr = body[instr.operands[0]]
+    return instr
 
 
 def _read_bytes(comps: dict[str, dict[str, _Instr]], instr: _Instr) -> dict[int, float]:

@@ -207,3 +207,40 @@ def test_a_profile_summary_counts_its_small_kernels_by_duration():
     assert rows[20.0]["kernels_per_step"] == 1 and rows[100.0]["to_us"] is None
     total = sum(row["ms_per_step"] for row in summary["by_duration"])
     assert total == pytest.approx(summary["kernel_ms_per_step"])
+
+
+# A scanned layer's body: one fusion writes this trip's slice into the stacked activations
+# (and a second, whole output); a bare dynamic-update-slice does the same for another stack.
+IN_PLACE = """HloModule jit_g, entry_computation_layout={(f32[12,64,32]{2,1,0})->f32[12,64,32]{2,1,0}}
+
+%fused_store (param_0: f32[12,64,32], param_1: f32[64,32], param_2: s32[]) -> (f32[12,64,32], f32[64,32]) {
+  %param_0 = f32[12,64,32]{2,1,0} parameter(0)
+  %param_1 = f32[64,32]{1,0} parameter(1)
+  %twice = f32[64,32]{1,0} add(%param_1, %param_1)
+  %update = f32[1,64,32]{2,1,0} bitcast(%twice)
+  %param_2 = s32[] parameter(2)
+  %zero = s32[] constant(0)
+  %stored = f32[12,64,32]{2,1,0} dynamic-update-slice(%param_0, %update, %param_2, %zero, %zero)
+  ROOT %t = (f32[12,64,32]{2,1,0}, f32[64,32]{1,0}) tuple(%stored, %twice)
+}
+
+ENTRY %main.2 (stack.1: f32[12,64,32], x.2: f32[64,32], i.2: s32[], other.2: f32[12,64,32]) -> f32[12,64,32] {
+  %stack.1 = f32[12,64,32]{2,1,0} parameter(0)
+  %x.2 = f32[64,32]{1,0} parameter(1)
+  %i.2 = s32[] parameter(2)
+  %other.2 = f32[12,64,32]{2,1,0} parameter(3)
+  %loop_dynamic_update_slice_fusion = (f32[12,64,32]{2,1,0}, f32[64,32]{1,0}) fusion(%stack.1, %x.2, %i.2), kind=kLoop, calls=%fused_store
+  %update.2 = f32[1,64,32]{2,1,0} bitcast(%x.2)
+  %zero.2 = s32[] constant(0)
+  %dynamic-update-slice.3 = f32[12,64,32]{2,1,0} dynamic-update-slice(%other.2, %update.2, %i.2, %zero.2, %zero.2)
+  ROOT %out.2 = f32[12,64,32]{2,1,0} get-tuple-element(%loop_dynamic_update_slice_fusion), index=0
+}
+"""
+
+
+def test_an_in_place_update_moves_its_slice_not_the_whole_stack():
+    bytes_ = {k.name: k.bytes for k in kernel_census.read(IN_PLACE).kernels}
+    layer = 64 * 32 * 4  # one trip's slice, of a stack 12 times larger
+    # reads x and the index, writes the slice and the whole second output
+    assert bytes_["loop_dynamic_update_slice_fusion"] == (layer + 4) + (layer + layer)
+    assert bytes_["dynamic-update-slice.3"] == (layer + 4 + 4 + 4) + layer
