@@ -4,12 +4,18 @@
   python bench/gpu_compile_arms.py --gpu=h100 --size=base --batch=256 \\
       --arm=default --arm=row_major:model.activation_layout=row_major \\
       --out=docs/gpu/deviceless/arms.json --hlo_dir=/tmp/hlo
+  # as a GPU whose autotuner kept XLA's Triton GEMMs (at their default tiling): what they fuse
+  python bench/gpu_compile_arms.py --gpu=h200 --size=base --batch=256 --arm=default \
+      --arm=triton:xla.xla_gpu_enable_triton_gemm=true,xla.xla_gpu_autotune_level=0
 
 Each `--arm` (the syntax of `bench/bench_accel.py`, whose config the arms share: BERT-base,
 bf16, dropout 0.1 everywhere) is built as on a GPU ("auto" fields), compiled for `--gpu`
 (`ln_jax.deviceless`) by `ln_jax.compile_check.gpu_report`, and read by
 `ln_jax.kernel_census`: kernels, bytes moved and FLOPs per class, and each class's floor on
-that GPU (matmuls at its bf16 rate, the rest at its memory bandwidth). Side by side, a change's
+that GPU (matmuls at its bf16 rate, the rest at its memory bandwidth). An arm's `xla.OPTION=VALUE`
+is a compiler option of its compile (over `ln_jax.deviceless.COMPILER_OPTIONS`, which asks for
+cuBLAS); with Triton GEMMs on, the Triton GEMMs that compute on an operand are listed
+(`kernel_census.gemm_prologues`). Side by side, a change's
 effect on what the GPU would run shows before a GPU is at hand; whether its time follows its
 bytes is for the accelerator suite to measure (`bench/accelerator_suite.sh`). Not a timing.
 """
@@ -25,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_accel import parse_args, train_config  # noqa: E402
-from ln_jax import compile_check, deviceless  # noqa: E402
+from bench.bench_accel import parse_args, split_xla_options, train_config  # noqa: E402
+from ln_jax import compile_check, deviceless, kernel_census  # noqa: E402
 
 DEFAULT_ARMS = ("default",)
 
@@ -36,7 +42,9 @@ def compile_arm(
 ) -> dict:
     """One arm's compile report for one `gpu` (its census summarised); its optimised HLO
     written to `hlo_dir`/NAME.hlo.txt if `hlo_dir`."""
-    report = compile_check.gpu_report(lambda: train_config(args, argv, overrides), gpu)
+    fields, options = split_xla_options(overrides)
+    build = lambda: train_config(args, argv, fields)  # noqa: E731
+    report = compile_check.gpu_report(build, gpu, options=options)
     census = report.pop("kernel_census")
     hlo = report.pop("hlo_text")
     if hlo_dir:
@@ -44,6 +52,7 @@ def compile_arm(
         with open(os.path.join(hlo_dir, f"{name}.hlo.txt"), "w") as f:
             f.write(hlo)
     report["kernels"] = census.summary(deviceless.spec(gpu))
+    report["gemm_prologues"] = kernel_census.gemm_prologues(hlo)
     report["largest_copies"] = [
         {"name": k.name, "shape": k.shape, "bytes": k.bytes, "count": k.count}
         for k in census.kernels_of("copy")[:10]
@@ -72,6 +81,14 @@ def print_arms(results: dict[str, dict], gpu: str) -> None:
             f"{name}: floor {total:.2f} ms ({total / first:.3f}x the first arm), temporaries "
             f"{r['temp_bytes'] / 2**30:.2f} GiB, compiled in {r['compile_seconds']:.0f} s"
         )
+        prologues = r["gemm_prologues"]
+        if prologues:
+            ops = sorted({op for p in prologues for op in p["ops"]})
+            print(
+                f"{name}: {len(prologues)} Triton GEMM fusions compute on an operand "
+                f"({', '.join(ops)}): where a GPU's autotuner picks cuBLAS for one, that "
+                "computation becomes a kernel of its own, once for each GEMM that reads it"
+            )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -499,11 +499,13 @@ def gpu_report(
     mesh: tuple[int, int, int] | None = None,
     num_devices: int = 1,
     device_memory_gib: float | None = None,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`compile_report` for `num_devices` GPUs of model `gpu` ("h100"), compiled on this host
     without them (`ln_jax.deviceless`): the config is built as on a GPU ("auto" fields), an
     "auto" accumulation is chosen for the GPU's memory (or `device_memory_gib`), and the report
-    has the program's "kernel_census".
+    has the program's "kernel_census". `options`: XLA compiler options over
+    `deviceless.COMPILER_OPTIONS` (e.g. Triton GEMMs on, at autotune level 0).
 
     Raises:
       DevicelessError: no CUDA plugin here (the message says what to install).
@@ -517,7 +519,8 @@ def gpu_report(
         trainer.check_device(cfg)
         shape = mesh or (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
         on_gpus = sharding.make_mesh(*shape, devices=devices)
-        return compile_report(cfg, on_gpus, deviceless.COMPILER_OPTIONS, budget)
+        compiler_options = {**deviceless.COMPILER_OPTIONS, **(options or {})}
+        return compile_report(cfg, on_gpus, compiler_options, budget)
 
 
 def _census(inv: cli.Invocation, platform: str, mesh: Any) -> int:

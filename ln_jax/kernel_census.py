@@ -28,6 +28,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
+from typing import Any
 
 CLASSES: tuple[tuple[str, str], ...] = (
     # (class, pattern on the lower-cased kernel name); the first match wins
@@ -223,6 +224,33 @@ def read(hlo_text: str) -> Census:
     for comp, count in _kernel_computations(comps, entry):
         kernels += [k for k in _kernels(comps, comp, count)]
     return Census(tuple(kernels))
+
+
+# What a GEMM fusion holds besides its dot that moves or views data without computing on it.
+_LAYOUT_OPS = frozenset({"parameter", "dot", "bitcast", "broadcast", "constant", "transpose"})
+_LAYOUT_OPS |= {"reshape", "copy", "tuple", "get-tuple-element"}
+
+
+def gemm_prologues(hlo_text: str) -> list[dict[str, Any]]:
+    """The Triton GEMM fusions (`gemm_fusion_*`) of a module that compute on their operands
+    before the dot: [{"name", "shape", "ops" (the opcodes, sorted)}], in program order.
+
+    Compiled without autotuning (deviceless, `xla_gpu_autotune_level=0`) XLA keeps every GEMM
+    it can in Triton and fuses elementwise producers into it. On a GPU the autotuner may pick
+    cuBLAS for such a GEMM instead; the fused ops then run as a kernel of their own, once per
+    GEMM that had fused them (the H200's dropout-scale multiply of 2026-11-28, docs/gpu.md).
+    """
+    comps, entry = _computations(hlo_text)
+    found = []
+    for comp, _ in _kernel_computations(comps, entry):
+        for instr in comps[comp].values():
+            if instr.opcode != "fusion" or not instr.name.startswith("gemm_fusion"):
+                continue
+            ops = sorted({i.opcode for i in _fused(comps, instr).values()} - _LAYOUT_OPS)
+            if ops:
+                shape = re.sub(r"\{[\d,]*\}", "", instr.type)
+                found.append({"name": instr.name, "shape": shape, "ops": ops})
+    return found
 
 
 def array_bytes(hlo_type: str) -> float:

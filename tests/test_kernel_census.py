@@ -244,3 +244,37 @@ def test_an_in_place_update_moves_its_slice_not_the_whole_stack():
     # reads x and the index, writes the slice and the whole second output
     assert bytes_["loop_dynamic_update_slice_fusion"] == (layer + 4) + (layer + layer)
     assert bytes_["dynamic-update-slice.3"] == (layer + 4 + 4 + 4) + layer
+
+
+# A Triton GEMM that scales its left operand first, and one that only reads its operands.
+PROLOGUE = """HloModule jit_h, entry_computation_layout={(bf16[64,32]{1,0}, bf16[32,16]{1,0})->bf16[64,16]{1,0}}
+
+%gemm_fusion_dot.1_computation (p0: bf16[64,32], p1: bf16[32,16]) -> bf16[64,16] {
+  %p0 = bf16[64,32]{1,0} parameter(0)
+  %c = bf16[] constant(1.109)
+  %b = bf16[64,32]{1,0} broadcast(%c), dimensions={}
+  %scaled = bf16[64,32]{1,0} multiply(%p0, %b)
+  %p1 = bf16[32,16]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[64,16]{1,0} dot(%scaled, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%gemm_fusion_dot.2_computation (p0.2: bf16[64,32], p1.2: bf16[32,16]) -> bf16[64,16] {
+  %p0.2 = bf16[64,32]{1,0} parameter(0)
+  %p1.2 = bf16[32,16]{1,0} parameter(1)
+  ROOT %dot.2 = bf16[64,16]{1,0} dot(%p0.2, %p1.2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main.3 (x.3: bf16[64,32], w.3: bf16[32,16]) -> bf16[64,16] {
+  %x.3 = bf16[64,32]{1,0} parameter(0)
+  %w.3 = bf16[32,16]{1,0} parameter(1)
+  %gemm_fusion_dot.1 = bf16[64,16]{1,0} fusion(%x.3, %w.3), kind=kCustom, calls=%gemm_fusion_dot.1_computation
+  ROOT %gemm_fusion_dot.2 = bf16[64,16]{1,0} fusion(%x.3, %w.3), kind=kCustom, calls=%gemm_fusion_dot.2_computation
+}
+"""
+
+
+def test_a_triton_gemm_that_computes_on_its_operand_is_listed():
+    assert kernel_census.gemm_prologues(PROLOGUE) == [
+        {"name": "gemm_fusion_dot.1", "shape": "bf16[64,16]", "ops": ["multiply"]}
+    ]
+    assert kernel_census.gemm_prologues(HLO) == []
