@@ -20,7 +20,7 @@
 #        not the recipe's: what erf costs), xla_layout (model.activation_layout=xla: XLA's own
 #        layout of the residual stream, the GPU default before 2026-11-27; "auto" pins it
 #        row-major), cublas (XLA's Triton GEMMs off for its compile), no_dot_merge (XLA's
-#        merging of GEMMs that share an operand off), main (default at the
+#        merging of GEMMs that share an operand off), cublas_no_merge (both), main (default at the
 #        main job's vocabulary, 8000: the step the main job is compared with); each also
 #        with --pipeline=5 (5 steps in flight, one wait); a profile of $PROFILE_ARM
 #        (default: default) summarised by kernel class (profile_summary.py) and the
@@ -155,6 +155,9 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 # XLA's dot merger off: on that H200 it merged each layer's key and value projections into
 # one GEMM, so the backward concatenated dK and dV (12 copies of 2 x 50 MB a step)
 [ "$MODE" = gpu ] && ARMS+=(--arm=no_dot_merge:xla.xla_gpu_dot_merger_threshold_mb=0)
+# Both off: cuBLAS with its bias epilogues (the H200's compile had 1 where the cuBLAS-only
+# compile has 76: 36 q/k/v bias adds ran as kernels of their own) and no merged GEMMs
+[ "$MODE" = gpu ] && ARMS+=(--arm=cublas_no_merge:xla.xla_gpu_enable_triton_gemm=false,xla.xla_gpu_dot_merger_threshold_mb=0)
 ARMS+=(--arm=main:data.vocab_size=8000)  # default at the main job's vocabulary
 PROFILE_ARM=${PROFILE_ARM:-default}
 if [ -n "$ONLY" ]; then  # --arms: keep the named ones, in the order above
