@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 from typing import Any
@@ -31,13 +32,34 @@ from bench.bench_accel import (
 from ln_jax import sharding
 from ln_jax.config import TrainConfig
 
+DUMP_OPTION = "xla_gpu_dump_autotune_results_to"
 
-def _compile_arm(args, argv, overrides) -> tuple[TrainConfig, Any, Any, Any, float]:
+
+def _compile_arm(args, argv, name, overrides) -> tuple[TrainConfig, Any, Any, Any, float]:
     fields, options = split_xla_options(overrides)
     cfg = train_config(args, argv, fields)
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    dump = autotune_dump(args, name)
+    if dump:
+        try:
+            return cfg, mesh, *compile_step(cfg, mesh, {**options, DUMP_OPTION: dump})
+        except Exception as err:  # an XLA without the option: the arm's figures still count
+            if DUMP_OPTION not in str(err):
+                raise
+            print(f"arm {name}: no autotune dump ({str(err)[:200]})", file=sys.stderr)
     pieces, compiled, seconds = compile_step(cfg, mesh, options)
     return cfg, mesh, pieces, compiled, seconds
+
+
+def autotune_dump(args: argparse.Namespace, name: str) -> str:
+    """Where arm `name`'s compile writes its autotuning results on a GPU (`--autotune_dump`:
+    DIR/NAME.textproto), or "" (no flag, or not a GPU). Loaded into a compile without a GPU
+    (`bench/gpu_compile_arms.py --arm=NAME:xla.xla_gpu_load_autotune_results_from=PATH`),
+    they may let it choose the GPU's kernels: cuBLAS or Triton for each GEMM."""
+    if not getattr(args, "autotune_dump", None) or jax.default_backend() != "gpu":
+        return ""
+    os.makedirs(args.autotune_dump, exist_ok=True)
+    return os.path.abspath(os.path.join(args.autotune_dump, f"{name}.textproto"))
 
 
 def compile_threads(arms: int) -> int:
@@ -55,7 +77,7 @@ def run_arms(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=compile_threads(len(args.arms))) as pool:
-        futures = {n: pool.submit(_compile_arm, args, argv, o) for n, o in args.arms.items()}
+        futures = {n: pool.submit(_compile_arm, args, argv, n, o) for n, o in args.arms.items()}
         built, failed = {}, {}
         for name, future in futures.items():
             try:

@@ -183,7 +183,10 @@ BENCH_ENV=()
 # The optimised HLO, to match the profile's fusion names (input_transpose_fusion_25, ...).
 [ "$MODE" = gpu ] && BENCH_ENV=(env "XLA_FLAGS=${XLA_FLAGS:-} --xla_dump_to=$OUT/hlo \
   --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*step_fn.*")
-step bench 300 "${BENCH_ENV[@]}" "$PY" bench/bench_accel.py "${SHAPE[@]}" "${ARMS[@]}" \
+# GPU: each arm's autotuning results (autotune/ARM.textproto), for compiles without a GPU
+DUMP=()
+[ "$MODE" = gpu ] && DUMP=(--autotune_dump="$OUT/autotune")
+step bench 300 "${BENCH_ENV[@]}" "$PY" bench/bench_accel.py "${SHAPE[@]}" "${ARMS[@]}" "${DUMP[@]}" \
   --profile_arm="$PROFILE_ARM" --profile_dir="$OUT/trace" --profile_steps=3 --out="$OUT/arms.json"
 HLO_ARGS=()
 [ "$MODE" = gpu ] && HLO_ARGS=(--hlo_dir="$OUT/hlo")  # classes and achieved rates from the HLO

@@ -147,6 +147,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--profile_arm", default=None, help="the arm that --profile_dir traces")
     p.add_argument(
+        "--autotune_dump",
+        default=None,
+        help="GPU: each arm's autotuning results to DIR/ARM.textproto (bench/accel_arms.py)",
+    )
+    p.add_argument(
         "--pipeline",
         type=int,
         default=0,

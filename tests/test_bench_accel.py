@@ -114,3 +114,42 @@ def test_an_arm_s_xla_options_are_split_from_its_config_fields():
     assert options == {"xla_gpu_enable_triton_gemm": False, "xla_gpu_x": 3}
     assert bench_accel.split_xla_options({"xla.o": "fast"})[1] == {"o": "fast"}
     assert accel_arms.compile_threads(4) == 4  # the tests' backend is the CPU
+
+
+def test_on_a_gpu_each_arm_dumps_its_autotuning_and_an_xla_without_the_option_still_compiles(
+    monkeypatch, tmp_path
+):
+    """`--autotune_dump=DIR`: on a GPU an arm's compile writes DIR/ARM.textproto; where XLA
+    refuses the option, the arm compiles without it; on a CPU nothing is asked."""
+    import argparse
+
+    from bench import accel_arms
+
+    args = argparse.Namespace(autotune_dump=str(tmp_path / "at"))
+    assert accel_arms.autotune_dump(args, "default") == ""  # the tests' CPU
+    monkeypatch.setattr(accel_arms.jax, "default_backend", lambda: "gpu")
+    path = accel_arms.autotune_dump(args, "cublas")
+    assert path == str(tmp_path / "at" / "cublas.textproto") and (tmp_path / "at").is_dir()
+    assert accel_arms.autotune_dump(argparse.Namespace(autotune_dump=None), "x") == ""
+
+    calls = []
+
+    def compile_step(cfg, mesh, options):
+        calls.append(dict(options))
+        if accel_arms.DUMP_OPTION in options:
+            raise RuntimeError(
+                f"INVALID_ARGUMENT: No such compile option: '{accel_arms.DUMP_OPTION}'"
+            )
+        return "pieces", "compiled", 1.0
+
+    monkeypatch.setattr(accel_arms, "compile_step", compile_step)
+    monkeypatch.setattr(accel_arms.sharding, "make_mesh", lambda *a: "mesh")
+    fake = argparse.Namespace(autotune_dump=str(tmp_path / "at"))
+    cfg_attrs = argparse.Namespace(data=1, fsdp=1, tensor=1)
+    monkeypatch.setattr(accel_arms, "train_config", lambda *a: argparse.Namespace(mesh=cfg_attrs))
+    built = accel_arms._compile_arm(fake, [], "cublas", {"xla.xla_gpu_enable_triton_gemm": "false"})
+    assert built[2:] == ("pieces", "compiled", 1.0)
+    assert calls == [
+        {"xla_gpu_enable_triton_gemm": False, accel_arms.DUMP_OPTION: path},
+        {"xla_gpu_enable_triton_gemm": False},
+    ]
