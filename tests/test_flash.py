@@ -62,6 +62,32 @@ def test_the_kernel_computes_the_reference_function_and_its_gradients(
     assert float(jnp.abs(got[0] - no_drop).max()) > 0.1  # the dropout did act
 
 
+@pytest.mark.parametrize("t, fused", [(128, True), (128, False), (256, False)])
+def test_the_kernel_adds_the_projection_biases_and_returns_their_gradients(t, fused):
+    """q + bq, k + bk, v + bv inside the kernel (both backward forms, one and two blocks): the
+    reference on the biased inputs, and each bias's gradient is its input's summed."""
+    q, k, v, g = _qkv(1, 2, t, t, 2, 32)
+    biases = tuple(jax.random.normal(jax.random.key(i), (2, 32)) for i in (11, 12, 13))
+    valid = _valid((t, 50), t)
+    opts = dict(dropout_rate=0.1, dropout_key=jax.random.key(3))
+    tuning = flash.Tuning(fused_backward=fused)
+
+    def kernel(q, k, v, bq, bk, bv):
+        return flash.flash_attention(q, k, v, valid, biases=(bq, bk, bv), tuning=tuning, **opts)
+
+    def reference(q, k, v, bq, bk, bv):
+        return flash.reference_attention(q + bq, k + bk, v + bv, valid, **opts)
+
+    got_out, got_vjp = jax.vjp(kernel, q, k, v, *biases)
+    ref_out, ref_vjp = jax.vjp(reference, q, k, v, *biases)
+    np.testing.assert_allclose(np.asarray(got_out), np.asarray(ref_out), atol=2e-5)
+    names = ("dq", "dk", "dv", "dbq", "dbk", "dbv")
+    for name, x, y in zip(names, got_vjp(g), ref_vjp(g), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-4, err_msg=name)
+    unbiased = flash.flash_attention(q, k, v, valid, tuning=tuning, **opts)
+    assert float(jnp.abs(unbiased - got_out).max()) > 0.1  # the biases did act
+
+
 def test_without_dropout_the_kernel_equals_jax_attention():
     """An independent reference: `jax.nn.dot_product_attention` with the same key mask."""
     q, k, v, _ = _qkv(1, 3, 64, 64, 2, 32)
@@ -112,7 +138,7 @@ def _model_loss(impl, rate):
     from flax import nnx
 
     from ln_jax.models.bert import model as bert
-    from tests.test_models import ODD, batch
+    from tests.test_models import ODD, batch, randomize
 
     ids, seg, mask, pos = batch(np.random.default_rng(9), t=16, pad_from=(16, 11, 5))
     tgt = {
@@ -121,7 +147,8 @@ def _model_loss(impl, rate):
     }
     shape = dict(ODD, hidden_size=32, num_heads=2, mlp_dim=64, num_layers=2, dtype="float32")
     cfg = ln_jax.ModelConfig(**shape, attention_impl=impl, attention_dropout=rate)
-    graphdef, state = nnx.split(ln_jax.create_model(cfg))
+    # random q/k/v biases (and all else): the kernel adds them on the Pallas path
+    graphdef, state = nnx.split(randomize(ln_jax.create_model(cfg), seed=4))
 
     def loss(state, key):
         out = nnx.merge(graphdef, state)(ids, seg, mask, pos, dropout_key=key)

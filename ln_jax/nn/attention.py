@@ -141,16 +141,32 @@ class Attention(nnx.Module):
         """
         if self.cache is not None:
             return self._decode(x)
+        if self.kind == "cross" and memory is None:
+            raise ValueError("cross-attention needs `memory` (the encoder output).")
+        source, valid = (memory, memory_mask) if self.kind == "cross" else (x, mask)
+        if self._kernel_adds_biases():
+            q, k, v = (
+                constrain(proj(y, add_bias=False), HEADS)
+                for proj, y in ((self.query, x), (self.key, source), (self.value, source))
+            )
+            biases = tuple(p.bias[...] for p in (self.query, self.key, self.value))
+            return self.out(constrain(self._attend(q, k, v, valid, dropout_key, biases), HEADS))
         q = self.queries(x)
-        if self.kind == "cross":
-            if memory is None:
-                raise ValueError("cross-attention needs `memory` (the encoder output).")
-            k, v = self.keys_values(memory)
-            valid = memory_mask
-        else:
-            k, v = self.keys_values(x)
-            valid = mask
+        k, v = self.keys_values(source)
         return self.out(constrain(self._attend(q, k, v, valid, dropout_key), HEADS))
+
+    def _kernel_adds_biases(self) -> bool:
+        """Whether the Pallas kernel adds the q/k/v biases as it loads q, k, v: on a GPU whose
+        GEMMs take no bias epilogue (Triton GEMMs on: the H200's compile of 2026-11-28 had 36
+        bias-add passes a step, docs/gpu.md) that saves a pass over each. Not with QK-norm
+        (the bias comes before the norm)."""
+        projections = (self.query, self.key, self.value)
+        return (
+            self.impl == "pallas"
+            and self.query_norm is None
+            and self.key_norm is None
+            and all(p.bias is not None for p in projections)
+        )
 
     def queries(self, x: Array) -> Array:
         """x [batch, length, embed] -> q [batch, length, heads, kv] (QK-normed if on)."""
@@ -177,15 +193,16 @@ class Attention(nnx.Module):
         logits = logits * q.shape[-1] ** -0.5
         return jax.nn.softmax(jnp.where(ok, logits, _NEG), axis=-1)
 
-    def _attend(self, q: Array, k: Array, v: Array, valid: Array | None, key) -> Array:
-        """q [B, T, N, H], k/v [B, S, N, H], valid [B, S] 1/0 keys -> [B, T, N, H]."""
+    def _attend(self, q: Array, k: Array, v: Array, valid: Array | None, key, biases=None) -> Array:
+        """q [B, T, N, H], k/v [B, S, N, H], valid [B, S] 1/0 keys -> [B, T, N, H];
+        `biases` (Pallas only): the q/k/v biases [N, H] the kernel adds."""
         causal = self.kind == "causal"
         drop = key is not None and self.dropout_rate > 0.0
         if self.impl == "pallas":
             v_ok = None if valid is None else valid > 0
             rate = self.dropout_rate
             return flash.flash_attention(
-                q, k, v, v_ok, causal=causal, dropout_rate=rate, dropout_key=key
+                q, k, v, v_ok, causal=causal, dropout_rate=rate, dropout_key=key, biases=biases
             )
         lengths = sequence_lengths(valid)
         # XLA's attention in half precision is ours too: its backward multiplies in bf16

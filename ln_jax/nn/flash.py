@@ -105,11 +105,16 @@ def flash_attention(
     causal: bool = False,
     dropout_rate: float = 0.0,
     dropout_key: Array | None = None,
+    biases: tuple[Array, Array, Array] | None = None,
     interpret: bool | None = None,
     tuning: Tuning | None = None,
 ) -> Array:
     """Fused attention. q [B, T, N, H], k/v [B, S, N, H] (any float dtype; bf16 on GPUs),
     key_valid [B, S] bool (None = all keys), causal: query t sees keys <= t (T == S).
+    biases: (bq, bk, bv), each [N, H] (the float32 parameters; rounded to q's dtype), added
+    to q, k and v as the kernel loads them (the projections' biases: on a GPU whose GEMM has
+    no bias epilogue, each would be a pass over its [B, T, N, H] of its own); their
+    gradients are the sums of dq, dk, dv.
     Dropout on the probabilities is keyed by `dropout_key` (None or rate 0: no dropout).
     interpret: run Pallas's interpreter (default: when the platform built for,
     `ln_jax.platforms.current()`, is the CPU). tuning: Triton settings (`Tuning`;
@@ -122,6 +127,8 @@ def flash_attention(
     drop = dropout_key is not None and dropout_rate > 0.0
     seeds = row_seeds(dropout_key, b, n, t) if drop else jnp.zeros((b, n, t), jnp.int32)
     valid = jnp.ones((b, s), bool) if key_valid is None else key_valid
+    if biases is None:
+        biases = tuple(jnp.zeros((n, x.shape[-1]), x.dtype) for x in (q, k, v))
     if interpret is None:
         interpret = platforms.current() == "cpu"
     local = functools.partial(
@@ -132,11 +139,13 @@ def flash_attention(
         tuning=tuning or default_tuning(),
     )
     qkv = ("act_batch", None, "act_heads", None)
+    bias = ("act_heads", None)
     names = (qkv, qkv, qkv, ("act_batch", None), ("act_batch", "act_heads", None))
-    return per_shard(local, names, qkv)(q, k, v, valid, seeds)
+    return per_shard(local, (*names, bias, bias, bias), qkv)(q, k, v, valid, seeds, *biases)
 
 
-def _local_attention(q, k, v, valid, seeds, *, causal, rate, interpret, tuning):
+def _local_attention(q, k, v, valid, seeds, q_bias, k_bias, v_bias, *, causal, rate, interpret,
+                     tuning):  # fmt: skip
     """The kernel on one shard: pads lengths and head size to its blocks, then crops."""
     _, t, _, h = q.shape
     s = k.shape[1]
@@ -145,8 +154,9 @@ def _local_attention(q, k, v, valid, seeds, *, causal, rate, interpret, tuning):
     qp, kp, vp = _pad(q, tp, hp), _pad(k, sp, hp), _pad(v, sp, hp)
     valid = jnp.pad(valid.astype(jnp.int32), ((0, 0), (0, sp - s)))
     seeds = jnp.pad(seeds, ((0, 0), (0, 0), (0, tp - t)))
+    biases = tuple(jnp.pad(x, ((0, 0), (0, hp - h))) for x in (q_bias, k_bias, v_bias))
     static = _Static(h**-0.5, causal, rate, bq, bk, interpret, tuning)
-    return _flash(qp, kp, vp, valid, seeds, static)[:, :t, :, :h]
+    return _flash(qp, kp, vp, valid, seeds, biases, static)[:, :t, :, :h]
 
 
 def _block(length: int) -> int:
@@ -205,26 +215,31 @@ class _Static(NamedTuple):
     tuning: Tuning
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _flash(q, k, v, valid, seeds, st):
-    return _forward(q, k, v, valid, seeds, st)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(q, k, v, valid, seeds, biases, st):
+    return _forward(q, k, v, valid, seeds, biases, st)[0]
 
 
-def _flash_fwd(q, k, v, valid, seeds, st):
-    out, lse = _forward(q, k, v, valid, seeds, st)
-    return out, (q, k, v, valid, seeds, out, lse)
+def _flash_fwd(q, k, v, valid, seeds, biases, st):
+    out, lse = _forward(q, k, v, valid, seeds, biases, st)
+    return out, (q, k, v, valid, seeds, biases, out, lse)
 
 
 def _flash_bwd(st, res, d_out):
-    q, k, v, valid, seeds, out, lse = res
+    q, k, v, valid, seeds, biases, out, lse = res
     one_block = q.shape[1] == st.block_q and k.shape[1] == st.block_k
     if one_block and st.tuning.fused_backward:  # delta from `out` inside the kernel
-        dq, dk, dv = _backward_fused(q, k, v, valid, seeds, d_out, lse, out, st)
+        dq, dk, dv = _backward_fused(q, k, v, valid, seeds, biases, d_out, lse, out, st)
     else:
-        args = (q, k, v, valid, seeds, d_out, lse, _delta(d_out, out), st)
+        args = (q, k, v, valid, seeds, biases, d_out, lse, _delta(d_out, out), st)
         dq = _backward_dq(*args)
         dk, dv = _backward_dkdv(*args)
-    return dq, dk, dv, None, None
+    # A bias is added to every row of its head: its gradient is the sum over batch and length.
+    d_biases = tuple(
+        g.astype(jnp.float32).sum((0, 1)).astype(b.dtype)
+        for g, b in zip((dq, dk, dv), biases, strict=True)
+    )
+    return dq, dk, dv, None, None, d_biases
 
 
 def _delta(d_out: jax.Array, out: jax.Array) -> jax.Array:
@@ -234,6 +249,16 @@ def _delta(d_out: jax.Array, out: jax.Array) -> jax.Array:
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _row(bias_ref, dtype) -> Array:
+    """A bias block [H] (float32 parameters) -> [1, H] in the dtype of what it is added to."""
+    return bias_ref[...].astype(dtype)[None, :]
+
+
+def _bias_spec(h: int, head) -> pl.BlockSpec:
+    """The [N, H] bias rows of the grid's head; `head` maps the grid indices to it."""
+    return pl.BlockSpec((None, h), lambda *ids: (head(*ids), 0))
 
 
 def _compiler_params(st: _Static, warps: int):
@@ -259,15 +284,16 @@ def _dropped(p, seeds, k_pos, st):
     return jnp.where(keep, p * (1.0 / (1.0 - st.rate)), 0.0), keep
 
 
-def _forward(q, k, v, valid, seeds, st):
+def _forward(q, k, v, valid, seeds, biases, st):
     """q [B, T, N, H] ... -> out [B, T, N, H], lse [B, N, T] float32."""
     b, t, n, h = q.shape
     s = k.shape[1]
     bq, bk = st.block_q, st.block_k
 
-    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, o_ref, lse_ref):
+    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, qb_ref, kb_ref, vb_ref, o_ref, lse_ref):
         iq = pl.program_id(2)
-        q_blk = q_ref[...]
+        q_blk = q_ref[...] + _row(qb_ref, q_ref.dtype)
+        k_bias, v_bias = _row(kb_ref, k_ref.dtype), _row(vb_ref, v_ref.dtype)
         q_pos = iq * bq + jnp.arange(bq, dtype=jnp.int32)
         row_seed = seeds_ref[...]
 
@@ -275,13 +301,14 @@ def _forward(q, k, v, valid, seeds, st):
             acc, m, total = carry
             ks = pl.ds(j * bk, bk)
             k_pos = j * bk + jnp.arange(bk, dtype=jnp.int32)
-            logits = _scores(q_blk, k_ref[ks, :], valid_ref[ks], q_pos, k_pos, st)
+            logits = _scores(q_blk, k_ref[ks, :] + k_bias, valid_ref[ks], q_pos, k_pos, st)
             m_new = jnp.maximum(m, logits.max(-1))
             p = jnp.exp(logits - m_new[:, None])
             corr = jnp.exp(m - m_new)
             l_new = corr * total + p.sum(-1)
             p_d, _ = _dropped(p, row_seed, k_pos, st)
-            acc = corr[:, None] * acc + plgpu.dot(p_d.astype(v_ref.dtype), v_ref[ks, :])
+            v_blk = v_ref[ks, :] + v_bias
+            acc = corr[:, None] * acc + plgpu.dot(p_d.astype(v_blk.dtype), v_blk)
             return acc, m_new, l_new
 
         init = (
@@ -302,6 +329,7 @@ def _forward(q, k, v, valid, seeds, st):
             pl.BlockSpec((None, s, None, h), lambda i, j, r: (i, 0, j, 0)),
             pl.BlockSpec((None, s), lambda i, j, r: (i, 0)),
             pl.BlockSpec((None, None, bq), lambda i, j, r: (i, j, r)),
+            *[_bias_spec(h, lambda i, j, r: j)] * 3,
         ],
         out_specs=[
             pl.BlockSpec((None, bq, None, h), lambda i, j, r: (i, r, j, 0)),
@@ -314,7 +342,7 @@ def _forward(q, k, v, valid, seeds, st):
         interpret=st.interpret,
         compiler_params=_compiler_params(st, st.tuning.warps_fwd),
         name="ln_jax_flash_fwd",
-    )(q, k, v, valid, seeds)
+    )(q, k, v, valid, seeds, *biases)
 
 
 def _k_blocks(iq, st, s):
@@ -337,24 +365,26 @@ def _d_logits(p, keep, do_blk, v_blk, delta, st):
     return p * (dp - delta[:, None])
 
 
-def _backward_dq(q, k, v, valid, seeds, d_out, lse, delta, st):
+def _backward_dq(q, k, v, valid, seeds, biases, d_out, lse, delta, st):
     b, t, n, h = q.shape
     s = k.shape[1]
     bq, bk = st.block_q, st.block_k
 
-    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, do_ref, lse_ref, delta_ref, dq_ref):
+    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, qb_ref, kb_ref, vb_ref, do_ref, lse_ref,
+               delta_ref, dq_ref):  # fmt: skip
         iq = pl.program_id(2)
-        q_blk, do_blk = q_ref[...], do_ref[...]
+        q_blk, do_blk = q_ref[...] + _row(qb_ref, q_ref.dtype), do_ref[...]
+        k_bias, v_bias = _row(kb_ref, k_ref.dtype), _row(vb_ref, v_ref.dtype)
         lse, dlt, row_seed = lse_ref[...], delta_ref[...], seeds_ref[...]
         q_pos = iq * bq + jnp.arange(bq, dtype=jnp.int32)
 
         def body(j, dq):
             ks = pl.ds(j * bk, bk)
             k_pos = j * bk + jnp.arange(bk, dtype=jnp.int32)
-            k_blk = k_ref[ks, :]
+            k_blk = k_ref[ks, :] + k_bias
             p = _probs(q_blk, k_blk, valid_ref[ks], lse, q_pos, k_pos, st)
             _, keep = _dropped(p, row_seed, k_pos, st)
-            ds = _d_logits(p, keep, do_blk, v_ref[ks, :], dlt, st)
+            ds = _d_logits(p, keep, do_blk, v_ref[ks, :] + v_bias, dlt, st)
             return dq + plgpu.dot(ds.astype(k_blk.dtype), k_blk)
 
         dq = jax.lax.fori_loop(0, _k_blocks(iq, st, s), body, jnp.zeros((bq, h), jnp.float32))
@@ -372,6 +402,7 @@ def _backward_dq(q, k, v, valid, seeds, d_out, lse, delta, st):
             kv_spec,
             pl.BlockSpec((None, s), lambda i, j, r: (i, 0)),
             row,
+            *[_bias_spec(h, lambda i, j, r: j)] * 3,
             q_spec,
             row,
             row,
@@ -381,25 +412,29 @@ def _backward_dq(q, k, v, valid, seeds, d_out, lse, delta, st):
         interpret=st.interpret,
         compiler_params=_compiler_params(st, st.tuning.warps_bwd),
         name="ln_jax_flash_dq",
-    )(q, k, v, valid, seeds, d_out, lse, delta)
+    )(q, k, v, valid, seeds, *biases, d_out, lse, delta)
 
 
-def _backward_dkdv(q, k, v, valid, seeds, d_out, lse, delta, st):
+def _backward_dkdv(q, k, v, valid, seeds, biases, d_out, lse, delta, st):
     b, t, n, h = q.shape
     s = k.shape[1]
     bq, bk = st.block_q, st.block_k
 
-    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, do_ref, lse_ref, delta_ref, dk_ref,
-               dv_ref):  # fmt: skip
+    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, qb_ref, kb_ref, vb_ref, do_ref, lse_ref,
+               delta_ref, dk_ref, dv_ref):  # fmt: skip
         ik = pl.program_id(2)
-        k_blk, v_blk, valid_k = k_ref[...], v_ref[...], valid_ref[...]
+        k_blk, v_blk = (
+            k_ref[...] + _row(kb_ref, k_ref.dtype),
+            v_ref[...] + _row(vb_ref, v_ref.dtype),
+        )
+        valid_k, q_bias = valid_ref[...], _row(qb_ref, q_ref.dtype)
         k_pos = ik * bk + jnp.arange(bk, dtype=jnp.int32)
 
         def body(i, carry):
             dk, dv = carry
             qs = pl.ds(i * bq, bq)
             q_pos = i * bq + jnp.arange(bq, dtype=jnp.int32)
-            q_blk, do_blk = q_ref[qs, :], do_ref[qs, :]
+            q_blk, do_blk = q_ref[qs, :] + q_bias, do_ref[qs, :]
             p = _probs(q_blk, k_blk, valid_k, lse_ref[qs], q_pos, k_pos, st)
             p_d, keep = _dropped(p, seeds_ref[qs], k_pos, st)
             dv = dv + plgpu.dot(p_d.astype(do_blk.dtype), do_blk, trans_a=True)
@@ -424,6 +459,7 @@ def _backward_dkdv(q, k, v, valid, seeds, d_out, lse, delta, st):
             kv_spec,
             pl.BlockSpec((None, bk), lambda i, j, c: (i, c)),
             full_row,
+            *[_bias_spec(h, lambda i, j, c: j)] * 3,
             q_spec,
             full_row,
             full_row,
@@ -436,19 +472,21 @@ def _backward_dkdv(q, k, v, valid, seeds, d_out, lse, delta, st):
         interpret=st.interpret,
         compiler_params=_compiler_params(st, st.tuning.warps_bwd),
         name="ln_jax_flash_dkdv",
-    )(q, k, v, valid, seeds, d_out, lse, delta)
+    )(q, k, v, valid, seeds, *biases, d_out, lse, delta)
 
 
-def _backward_fused(q, k, v, valid, seeds, d_out, lse, out, st):
+def _backward_fused(q, k, v, valid, seeds, biases, d_out, lse, out, st):
     """dq, dk, dv of a single query block against a single key block: one program per
     (batch, head) recomputes the probabilities once for all three, and the softmax
     correction (`_delta`) from its blocks of dO and O (no separate pass over both)."""
     b, t, n, h = q.shape
     s = k.shape[1]
 
-    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, do_ref, lse_ref, out_ref, dq_ref,
-               dk_ref, dv_ref):  # fmt: skip
-        q_blk, k_blk, v_blk, do_blk = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+    def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, qb_ref, kb_ref, vb_ref, do_ref, lse_ref,
+               out_ref, dq_ref, dk_ref, dv_ref):  # fmt: skip
+        q_blk = q_ref[...] + _row(qb_ref, q_ref.dtype)
+        k_blk = k_ref[...] + _row(kb_ref, k_ref.dtype)
+        v_blk, do_blk = v_ref[...] + _row(vb_ref, v_ref.dtype), do_ref[...]
         delta = jnp.sum(do_blk.astype(jnp.float32) * out_ref[...].astype(jnp.float32), axis=1)
         q_pos = jnp.arange(t, dtype=jnp.int32)
         k_pos = jnp.arange(s, dtype=jnp.int32)
@@ -471,6 +509,7 @@ def _backward_fused(q, k, v, valid, seeds, d_out, lse, out, st):
             kv_spec,
             pl.BlockSpec((None, s), lambda i, j: (i, 0)),
             row,
+            *[_bias_spec(h, lambda i, j: j)] * 3,
             q_spec,
             row,
             q_spec,
@@ -484,4 +523,4 @@ def _backward_fused(q, k, v, valid, seeds, d_out, lse, out, st):
         interpret=st.interpret,
         compiler_params=_compiler_params(st, st.tuning.warps_bwd),
         name="ln_jax_flash_bwd",
-    )(q, k, v, valid, seeds, d_out, lse, out)
+    )(q, k, v, valid, seeds, *biases, d_out, lse, out)

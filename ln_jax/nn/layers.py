@@ -129,18 +129,19 @@ class Dense(nnx.Module):
         self.n_in = len(in_shape)
         self.dtype = dtype
 
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array, add_bias: bool = True) -> Array:
         """x [..., *in_shape] -> [..., *out_shape], as one 2-D matmul [rows, in] x [in, out]:
         the weight gradient then contracts one axis, which XLA's CPU backend runs on its fast
         matmul path (with the leading axes kept, 2.1x slower for a [64, 32, 256] x [256, 1024]
         layer's forward and backward on one core; GPU and TPU canonicalise to the same 2-D
-        matmul either way)."""
+        matmul either way). `add_bias=False`: x . W only, for a consumer that adds the bias
+        itself (the attention kernel)."""
         kernel = self.kernel[...].astype(self.dtype)
         lead, k_in = x.shape[: x.ndim - self.n_in], kernel.shape[: self.n_in]
         k_out = kernel.shape[self.n_in :]
         flat = x.astype(self.dtype).reshape(math.prod(lead), math.prod(k_in))
         y = jnp.dot(flat, kernel.reshape(math.prod(k_in), math.prod(k_out)))
-        if self.bias is not None:  # on the 2-D product: a GPU GEMM's bias epilogue takes it
+        if add_bias and self.bias is not None:  # on the 2-D product: a GEMM epilogue takes it
             y = y + self.bias[...].astype(self.dtype).reshape(-1)
         return y.reshape(*lead, *k_out)
 
