@@ -112,21 +112,27 @@ def test_the_masks_drop_the_rate_and_are_a_function_of_the_key():
 
 def test_sharded_kernel_equals_unsharded_and_gathers_nothing():
     """data=2, fsdp=2, tensor=2: batch and heads split, one kernel per shard (shard_map); the
-    masks are drawn for the global batch, so the sharded step computes the same numbers."""
+    masks are drawn for the global batch, so the sharded step computes the same numbers. The
+    biases' gradients (split by head only) are summed over the batch's shards."""
     q, k, v, _ = _qkv(2, 4, 32, 32, 4, 16)
+    biases = [jax.random.normal(jax.random.key(i), (4, 16)) for i in (21, 22, 23)]
     valid = _valid((32, 9, 32, 17), 32)
     key = jax.random.key(5)
 
-    def loss(q, k, v):
-        out = flash.flash_attention(q, k, v, valid, dropout_rate=0.1, dropout_key=key)
+    def loss(q, k, v, *biases):
+        out = flash.flash_attention(
+            q, k, v, valid, dropout_rate=0.1, dropout_key=key, biases=tuple(biases)
+        )
         return jnp.sum(out * jnp.cos(out))
 
-    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
-    want = fn(q, k, v)
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5)))
+    want = fn(q, k, v, *biases)
     mesh = sharding.make_mesh(2, 2, 2)
     with sharding.use_mesh(mesh):
         spec = sharding.named_sharding(mesh, ("act_batch", None, "act_heads", None))
+        heads = sharding.named_sharding(mesh, ("act_heads", None))
         args = [jax.device_put(x, spec) for x in (q, k, v)]
+        args += [jax.device_put(x, heads) for x in biases]
         got = fn(*args)
         hlo = fn.lower(*args).compile().as_text()
     assert "all-gather" not in hlo
