@@ -20,11 +20,12 @@
 #        not the recipe's: what erf costs), xla_layout (model.activation_layout=xla: XLA's own
 #        layout of the residual stream, the GPU default before 2026-11-27; "auto" pins it
 #        row-major), cublas (XLA's Triton GEMMs off for its compile), no_dot_merge (XLA's
-#        merging of GEMMs that share an operand off), cublas_no_merge (both), main (default at the
-#        main job's vocabulary, 8000: the step the main job is compared with); each also
-#        with --pipeline=5 (5 steps in flight, one wait); a profile of $PROFILE_ARM
-#        (default: default) summarised by kernel class (profile_summary.py) and the
-#        optimised HLO (hlo/) to match its fusion names
+#        merging of GEMMs that share an operand off), cublas_no_merge (both), stacked (the
+#        layers' parameters stacked, the scan unrolled), main (default at the main job's
+#        vocabulary, 8000: the step the main job is compared with); each also with
+#        --pipeline=5 (5 steps in flight, one wait); a profile of $PROFILE_ARM (default:
+#        default) summarised by kernel class (profile_summary.py) and the optimised HLO (hlo/)
+#        to match its fusion names
 #     4. the PyTorch anchor: HuggingFace BertForPreTraining, eager and torch.compile, MLM at
 #        all positions and at the masked ones (bench_torch_anchor.py)
 #     5. translation (bench_mt_accel.py): the `iwslt` model's train step (configs/mt.py:iwslt,
@@ -158,6 +159,10 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 # Both off: cuBLAS with its bias epilogues (the H200's compile had 1 where the cuBLAS-only
 # compile has 76: 36 q/k/v bias adds ran as kernels of their own) and no merged GEMMs
 [ "$MODE" = gpu ] && ARMS+=(--arm=cublas_no_merge:xla.xla_gpu_enable_triton_gemm=false,xla.xla_gpu_dot_merger_threshold_mb=0)
+# The layers' parameters stacked and the scan unrolled (straight-line code): compiled for an
+# H200 without one, 1,334 -> 850 kernels a step at the same bytes (each stacked parameter's
+# AdamW update, cast and norm one kernel for all 12 layers; docs/gpu.md, session 29)
+[ "$MODE" = gpu ] && ARMS+=(--arm=stacked:model.scan_layers=true,model.scan_unroll=12)
 ARMS+=(--arm=main:data.vocab_size=8000)  # default at the main job's vocabulary
 PROFILE_ARM=${PROFILE_ARM:-default}
 if [ -n "$ONLY" ]; then  # --arms: keep the named ones, in the order above

@@ -95,6 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.activation_layout = "auto"
     c.model.remat = "none"  # none | full | dots: recompute activations in the backward pass
     c.model.scan_layers = False  # lax.scan over stacked layers (fast compiles for deep stacks)
+    # with scan_layers: layers per scan iteration; num_layers = straight-line code on stacked
+    # parameters (fewer optimizer kernels on a GPU); 1 = a loop (fastest compile)
+    c.model.scan_unroll = 1
     c.model.nsp_head = True  # build the NSP head (its loss counts only when data.nsp is True)
 
     c.optim = ml_collections.ConfigDict()

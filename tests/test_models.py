@@ -128,6 +128,40 @@ def test_scan_matches_loop_and_layers_stay_addressable(placement):
     np.testing.assert_array_equal(d1, d2)
 
 
+def test_scan_unroll_changes_the_program_not_the_values():
+    """Unrolled (2 of 3: a remainder; 3: straight-line code, no loop left) gives the values of
+    the loop: outputs with dropout, intermediates and gradients, for a depth-dependent rule."""
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement="lns", scan_layers=True)
+    ids, seg, mask, pos = batch(np.random.default_rng(4))
+    key = jax.random.key(5)
+    params = nnx.state(randomize(ln_jax.create_model(cfg)), nnx.Param)
+    runs, loops = {}, {}
+    for unroll in (1, 2, 3):
+        model = ln_jax.create_model(cfg.replace(scan_unroll=unroll))
+        nnx.update(model, params)
+        graphdef, state = nnx.split(model)
+
+        def out(s, graphdef=graphdef):
+            return nnx.merge(graphdef, s)(ids, seg, mask, pos, dropout_key=key, record=True)
+
+        loops[unroll] = jax.jit(out).lower(state).as_text().count("stablehlo.while")
+        runs[unroll] = (out(state), _grads(model, ids, seg, mask, pos, key))
+    assert loops[2] == loops[1] == loops[3] + 1, loops  # the others: dropout's random bits
+    for unroll in (2, 3):
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+            runs[1],
+            runs[unroll],
+        )
+
+
+def test_scan_unroll_needs_scanned_layers():
+    with pytest.raises(ValueError, match="scan_unroll=4.*scan_layers=True"):
+        ln_jax.ModelConfig(**ODD, num_layers=4, scan_unroll=4)
+    with pytest.raises(ValueError, match="scan_unroll=0"):
+        ln_jax.ModelConfig(**ODD, num_layers=4, scan_layers=True, scan_unroll=0)
+
+
 def _grads(model, ids, seg, mask, pos, key):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 

@@ -34,6 +34,7 @@ class StackConfig(Protocol):
     attention_impl: str
     remat: str
     scan_layers: bool
+    scan_unroll: int
 
     @property
     def head_dim(self) -> int: ...

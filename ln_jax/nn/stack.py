@@ -89,7 +89,7 @@ class Stack(nnx.Module):
         """
         fn = _layer_fn(self.cfg, inputs, record, self.decoding)
         if self.cfg.scan_layers:
-            y, rec = _scan_layers(fn, self.layers, x, dropout_key, self.cfg.num_layers)
+            y, rec = _scan_layers(fn, self.layers, x, dropout_key, self.cfg)
         elif self.dlcl is not None:
             y, rec = _dlcl_layers(fn, self.layers, self.dlcl, x, dropout_key)
         else:
@@ -181,8 +181,10 @@ def _dlcl_layers(
 
 
 def _scan_layers(
-    fn: Any, layers: Layer, x: Array, key: Array | None, num_layers: int
+    fn: Any, layers: Layer, x: Array, key: Array | None, cfg: StackConfig
 ) -> tuple[Array, Record]:
+    """The stacked layers over x, `cfg.scan_unroll` per iteration (all: straight-line code)."""
+    num_layers = cfg.num_layers
     meta = {nnx.PARTITION_NAME: "layers"}
     keys = None if key is None else jax.random.split(key, num_layers)
     depths = jnp.arange(1, num_layers + 1)  # scanned data: each layer's 1-based index
@@ -191,6 +193,7 @@ def _scan_layers(
         in_axes=(nnx.Carry, 0, 0 if keys is not None else None, 0),
         out_axes=(nnx.Carry, 0),
         transform_metadata=meta,
+        unroll=min(int(cfg.scan_unroll), num_layers),
     )
     def body(h: Array, layer: Layer, layer_key: Array | None, depth: Array) -> tuple[Array, Record]:
         y, rec = fn(layer, h, layer_key, depth)

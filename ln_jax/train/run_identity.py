@@ -49,6 +49,8 @@ CONFIG_FILE = "config.json"
 #   mesh.*                      the same program on other devices: reductions in another order.
 #   model.activation_layout     the same program with the residual stream in another memory
 #                               layout: the same values up to the order of reductions.
+#   model.scan_unroll           the same scanned layers as a loop or as straight-line code:
+#                               the same values up to fusion (tests/test_models.py).
 #   data.data_dir               where the prepared data is read: another folder may hold
 #                               another preparation.
 #   eval_batches, data.eval_batch_size, data.eval_num_batches
@@ -78,6 +80,7 @@ CONSENT_FIELDS = frozenset(
         "mesh.fsdp",
         "mesh.tensor",
         "model.activation_layout",
+        "model.scan_unroll",
         "data.data_dir",
         "eval_batches",
         "data.eval_batch_size",
@@ -90,6 +93,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "task": "bert_pretraining",
     "steps_per_epoch": 0,
     "model.activation_layout": "xla",  # added 2026-11-26; XLA chose the layout before
+    "model.scan_unroll": 1,  # added 2026-11-28; a scanned stack was a loop before
 }
 # Consent fields that move the learning-rate schedule: the change is shown before it is taken.
 SCHEDULE_FIELDS = frozenset({"total_steps", "optim.total_steps"})
