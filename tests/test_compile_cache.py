@@ -6,6 +6,7 @@ setting is restored after the run."""
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -74,7 +75,11 @@ def test_a_second_run_reads_every_program_from_the_cache(data_dir, tmp_path, mon
 
 def test_the_run_values_as_inputs_compute_what_they_compute_as_constants(data_dir):
     """The train step with `run_values` bound as inputs equals the same step with them
-    compiled in as constants, bit for bit (a warm-up, another seed)."""
+    compiled in as constants, bit for bit (a warm-up, another seed). Under the suite's
+    fast-compile flags XLA:CPU's older emitters round some products with the constant-folded
+    learning rate differently in the last bit (parameters apart by up to 9e-11, 2026-11-28:
+    tests/xla_env.py), so there the check allows 1e-9; each update moves a parameter by about
+    the learning rate (3e-4 here), and a wrong step's learning rate is off by a third."""
     schedule = {"optim.schedule": "warmup_linear_decay", "optim.warmup_steps": 3}
     cfg = tiny_config(data_dir, seed=4, **schedule, **{"optim.peak_lr": 1e-3})
     mesh = sharding.make_mesh(2, 2, 2)
@@ -95,5 +100,7 @@ def test_the_run_values_as_inputs_compute_what_they_compute_as_constants(data_di
             for _ in range(2):
                 state, metrics = step(state, pieces.rest, batch)
         results.append(jax.device_get((state["params"], metrics)))
-    jax.tree.map(np.testing.assert_array_equal, *results)
+    older_emitters = "--xla_cpu_use_fusion_emitters=false" in os.environ.get("XLA_FLAGS", "")
+    tol = {"rtol": 1e-6, "atol": 1e-9} if older_emitters else {"rtol": 0.0, "atol": 0.0}
+    jax.tree.map(partial(np.testing.assert_allclose, **tol), *results)
     assert results[0][1]["learning_rate"] == pytest.approx(1e-3 / 3)  # update 1 of 3 of warm-up

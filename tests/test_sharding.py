@@ -253,7 +253,11 @@ def test_initialisers_equal_the_default_compilation_bit_for_bit():
         return ln_jax.BertForPreTraining(cfg, rngs=nnx.Rngs(params=3))
 
     # XLA's defaults, whatever the test process's XLA_FLAGS say (tests/xla_env.py).
-    defaults = {"xla_backend_optimization_level": 3, "xla_llvm_disable_expensive_passes": False}
+    defaults = {
+        "xla_backend_optimization_level": 3,
+        "xla_llvm_disable_expensive_passes": False,
+        "xla_cpu_use_fusion_emitters": True,
+    }
     with nnx.use_eager_sharding(False):
         want = jax.jit(
             lambda: nnx.to_pure_dict(nnx.state(build(), nnx.Param)), compiler_options=defaults
