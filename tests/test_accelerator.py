@@ -21,7 +21,7 @@ from ln_jax.models.bert import model as bert
 from ln_jax.nn import attention, layers
 from ln_jax.train import steps
 from tests import reference
-from tests.test_models import ODD, batch
+from tests.test_models import ODD, batch, build
 
 pytest_plugins = ("tests.data_fixtures",)
 
@@ -55,7 +55,7 @@ def test_sequence_lengths_mask_the_same_keys_as_the_boolean_mask():
 
 def test_the_model_ignores_padding_through_sequence_lengths():
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, attention_dropout=0.0, hidden_dropout=0.0)
-    model = ln_jax.create_model(cfg)
+    model = build(cfg)
     ids, seg, mask, pos = batch(np.random.default_rng(3))
     out = model(ids, seg, mask, pos)["mlm_logits"]
     noisy = np.where(mask > 0, ids, 7)  # other tokens in the padding
@@ -221,7 +221,7 @@ def test_a_cudnn_bf16_model_matches_the_xla_path_under_the_same_dropout_key_on_g
     losses = {}
     for impl in ("xla", "cudnn"):
         cfg = ln_jax.ModelConfig(**shape, attention_impl=impl, attention_dropout=0.0)
-        graphdef, state = nnx.split(ln_jax.create_model(cfg))
+        graphdef, state = nnx.split(build(cfg))
         loss = jitted_loss(graphdef)
         losses[impl] = np.array([float(loss(state, jax.random.key(i))) for i in range(4)])
     np.testing.assert_allclose(losses["cudnn"], losses["xla"], rtol=1e-2)
@@ -243,7 +243,7 @@ def test_mlm_loss_in_logsumexp_form_equals_log_softmax():
 
 def _dots(cfg) -> list[tuple[str, str]]:
     """(operand types, result type) of every dot_general in the jitted forward of `cfg`."""
-    model = ln_jax.create_model(cfg)
+    model = build(cfg)
     ids, seg, mask, pos = batch(np.random.default_rng(1))
     text = jax.jit(lambda m: m(ids, seg, mask, pos)["mlm_logits"]).lower(model).as_text()
     lines = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
@@ -271,7 +271,7 @@ def test_bf16_loss_tracks_float32_loss():
     }
     losses = {}
     for dtype in ("float32", "bfloat16"):
-        model = ln_jax.create_model(ln_jax.ModelConfig(**ODD, num_layers=2, dtype=dtype))
+        model = build(ln_jax.ModelConfig(**ODD, num_layers=2, dtype=dtype))
         out = model(ids, seg, mask, pos)
         losses[dtype] = float(bert.pretraining_loss(out, tgt, use_nsp=False)[0])
     assert abs(losses["bfloat16"] - losses["float32"]) < 0.02 * losses["float32"], losses
@@ -314,8 +314,8 @@ def test_a_padded_vocabulary_changes_no_loss_prediction_or_gradient():
         "masked_ids": jnp.asarray(ids[np.arange(3)[:, None], pos]),
         "masked_weights": jnp.ones(pos.shape),
     }
-    plain = ln_jax.create_model(ln_jax.ModelConfig(**ODD, num_layers=1))
-    padded = ln_jax.create_model(ln_jax.ModelConfig(**ODD, num_layers=1, vocab_multiple=16))
+    plain = build(ln_jax.ModelConfig(**ODD, num_layers=1))
+    padded = build(ln_jax.ModelConfig(**ODD, num_layers=1, vocab_multiple=16))
     assert padded.bert.embeddings.word[...].shape == (32, 12)
     assert padded.mlm.bias[...].shape == (32,)
     _copy_into(padded, plain)
@@ -350,7 +350,7 @@ def test_a_float32_residual_keeps_the_stream_in_float32_and_nearer_float32():
         ("bf16", dict(dtype="bfloat16")),
         ("bf16+f32res", dict(dtype="bfloat16", residual_float32=True)),
     ):
-        model = ln_jax.create_model(ln_jax.ModelConfig(**shape, **extra))  # BERT's sigma 0.02
+        model = build(ln_jax.ModelConfig(**shape, **extra))  # BERT's sigma 0.02
         h, rec = model.bert(ids, seg, mask, record=True)
         del h
         hidden[name] = np.asarray(rec["final_norm_in"].astype(jnp.float32))

@@ -29,6 +29,18 @@ def flat_params(model) -> dict[str, np.ndarray]:
     return {".".join(map(str, k)): np.asarray(v[...], np.float64) for k, v in flat}
 
 
+def build(cfg, seed: int = 0) -> ln_jax.BertForPreTraining:
+    """`ln_jax.create_model(cfg, seed=seed)`'s model, initialised eagerly (op by op).
+
+    create_model compiles one initialiser program per config (2-3 s on 2 cores, each config
+    anew); eagerly, each op compiles once per shape for every config of a test file
+    (`tests/test_placements.py::test_matches_numpy_reference`, 18 configs: 48 -> 12 s). The
+    values come from the same random streams; tests of create_model itself use it.
+    """
+    with nnx.use_eager_sharding(False):
+        return ln_jax.BertForPreTraining(cfg, rngs=nnx.Rngs(params=seed))
+
+
 def randomize(model, seed=0, scale=0.3):
     """Gives every parameter (LN scales and biases too) random values so no bug hides."""
     state = nnx.state(model, nnx.Param)
@@ -55,7 +67,7 @@ def test_matches_numpy_reference(placement, num_layers, activation):
     cfg = ln_jax.ModelConfig(
         **ODD, num_layers=num_layers, placement=placement, activation=activation
     )
-    model = randomize(ln_jax.create_model(cfg, seed=1))
+    model = randomize(build(cfg, seed=1))
     ids, seg, mask, pos = batch(np.random.default_rng(0))
     out = model(ids, seg, mask, pos, record=True)
     ref_seq, ref_mlm, ref_nsp = reference.bert_forward(flat_params(model), cfg, ids, seg, mask, pos)
@@ -71,7 +83,7 @@ def test_matches_numpy_reference(placement, num_layers, activation):
 @pytest.mark.parametrize("placement", ["post", "pre"])
 def test_padding_does_not_change_real_positions(placement):
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement=placement)
-    model = randomize(ln_jax.create_model(cfg))
+    model = randomize(build(cfg))
     rng = np.random.default_rng(1)
     ids, seg, mask, _ = batch(rng, pad_from=(9, 5, 2))
     pos = np.zeros((3, 2), np.int32)
@@ -89,7 +101,7 @@ def test_padding_does_not_change_real_positions(placement):
 
 def test_mlm_logits_only_at_given_positions():
     cfg = ln_jax.ModelConfig(**ODD, num_layers=1)
-    model = randomize(ln_jax.create_model(cfg))
+    model = randomize(build(cfg))
     ids, seg, mask, _ = batch(np.random.default_rng(2))
     all_pos = np.tile(np.arange(9, dtype=np.int32), (3, 1))
     full = np.asarray(model(ids, seg, mask, all_pos)["mlm_logits"])
@@ -102,8 +114,8 @@ def test_mlm_logits_only_at_given_positions():
 @pytest.mark.parametrize("placement", ["post", "lns"])  # lns: the depth is scanned data
 def test_scan_matches_loop_and_layers_stay_addressable(placement):
     cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement=placement)
-    loop = randomize(ln_jax.create_model(cfg))
-    scan = ln_jax.create_model(cfg.replace(scan_layers=True))
+    loop = randomize(build(cfg))
+    scan = build(cfg.replace(scan_layers=True))
     layers = [nnx.to_pure_dict(nnx.state(layer, nnx.Param)) for layer in loop.bert.encoder.layers]
     scan_state = nnx.state(scan.bert.encoder.layers, nnx.Param)
     nnx.replace_by_pure_dict(scan_state, jax.tree.map(lambda *xs: jnp.stack(xs), *layers))
@@ -134,10 +146,10 @@ def test_scan_unroll_changes_the_program_not_the_values():
     cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement="lns", scan_layers=True)
     ids, seg, mask, pos = batch(np.random.default_rng(4))
     key = jax.random.key(5)
-    params = nnx.state(randomize(ln_jax.create_model(cfg)), nnx.Param)
+    params = nnx.state(randomize(build(cfg)), nnx.Param)
     runs, loops = {}, {}
     for unroll in (1, 2, 3):
-        model = ln_jax.create_model(cfg.replace(scan_unroll=unroll))
+        model = build(cfg.replace(scan_unroll=unroll))
         nnx.update(model, params)
         graphdef, state = nnx.split(model)
 
@@ -177,15 +189,15 @@ def test_remat_gives_the_same_gradients(scan):
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, scan_layers=scan)
     ids, seg, mask, pos = batch(np.random.default_rng(4))
     key = jax.random.key(3)
-    plain = _grads(ln_jax.create_model(cfg, seed=5), ids, seg, mask, pos, key)
-    remat = _grads(ln_jax.create_model(cfg.replace(remat="full"), seed=5), ids, seg, mask, pos, key)
+    plain = _grads(build(cfg, seed=5), ids, seg, mask, pos, key)
+    remat = _grads(build(cfg.replace(remat="full"), seed=5), ids, seg, mask, pos, key)
     for x, y in zip(jax.tree.leaves(plain), jax.tree.leaves(remat), strict=True):
         np.testing.assert_allclose(x, y, atol=1e-6)
 
 
 def test_dropout_is_driven_by_the_key():
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, hidden_dropout=0.3, attention_dropout=0.3)
-    model = ln_jax.create_model(cfg)
+    model = build(cfg)
     ids, seg, mask, pos = batch(np.random.default_rng(5))
     run = lambda key: np.asarray(model(ids, seg, mask, pos, dropout_key=key)["mlm_logits"])
     np.testing.assert_array_equal(run(None), run(None))
@@ -216,7 +228,7 @@ def test_bf16_dropout_scales_kept_entries_by_exactly_one_over_keep_probability()
 @pytest.mark.parametrize("placement", ["post", "pre"])
 def test_intermediates_are_consistent(placement):
     cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement=placement)
-    model = randomize(ln_jax.create_model(cfg))
+    model = randomize(build(cfg))
     ids, seg, mask, pos = batch(np.random.default_rng(6))
     rec = {
         k: np.asarray(v)
@@ -240,8 +252,8 @@ def test_intermediates_are_consistent(placement):
 def test_xavier_and_bert_initialisers():
     d = 64
     base = dict(size="custom", vocab_size=50, hidden_size=d, num_heads=4, mlp_dim=128, num_layers=1)
-    xav = ln_jax.create_model(ln_jax.ModelConfig(**base, init="xavier"))
-    bert = ln_jax.create_model(ln_jax.ModelConfig(**base, init="bert"))
+    xav = build(ln_jax.ModelConfig(**base, init="xavier"))
+    bert = build(ln_jax.ModelConfig(**base, init="bert"))
     q = lambda m: np.asarray(m.bert.encoder.layers[0].attention.branch.query.kernel[...])
     assert abs(q(xav).var() * d - 1.0) < 0.15  # Xavier on a d x d map: Var = 1/d
     assert abs(q(bert).std() - 0.02 * 0.88) < 0.002  # truncated at 2 sigma: std ~0.88 sigma
@@ -252,13 +264,13 @@ def test_xavier_and_bert_initialisers():
 
 def test_bfloat16_compute_keeps_float32_params_and_logits():
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, dtype="bfloat16")
-    model = ln_jax.create_model(cfg)
+    model = build(cfg)
     ids, seg, mask, pos = batch(np.random.default_rng(7))
     out = model(ids, seg, mask, pos, record=True)
     assert out["mlm_logits"].dtype == jnp.float32 and out["nsp_logits"].dtype == jnp.float32
     assert out["intermediates"]["ffn/branch_out"].dtype == jnp.bfloat16
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    ref = ln_jax.create_model(cfg.replace(dtype="float32"))(ids, seg, mask, pos)["mlm_logits"]
+    ref = build(cfg.replace(dtype="float32"))(ids, seg, mask, pos)["mlm_logits"]
     np.testing.assert_allclose(out["mlm_logits"], ref, atol=0.1)
 
 
@@ -364,7 +376,7 @@ def test_hessian_through_closed_form_norms_equals_autodiff():
     from ln_jax.nn import layers
 
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement="pre")
-    model = ln_jax.create_model(cfg, seed=0)
+    model = build(cfg, seed=0)
     ids, seg, mask, pos = batch(np.random.default_rng(0))
     graphdef, state = nnx.split(model)
     is_target = lambda path: (

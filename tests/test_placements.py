@@ -20,7 +20,7 @@ from ln_jax.nn.init import bert_std
 from ln_jax.nn.layers import DyT, RMSNorm
 from ln_jax.nn.placements import PlacementRule
 from tests import reference
-from tests.test_models import ODD, batch, flat_params, randomize
+from tests.test_models import ODD, batch, build, flat_params, randomize
 
 pytest_plugins = ("tests.data_fixtures",)
 
@@ -55,7 +55,7 @@ def inputs(seed=0):
 )
 def test_matches_numpy_reference(placement, extra):
     cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement=placement, activation="relu", **extra)
-    model = randomize(ln_jax.create_model(cfg, seed=2))  # omega, gates, W: all non-trivial
+    model = randomize(build(cfg, seed=2))  # omega, gates, W: all non-trivial
     ids, seg, mask, pos = inputs()
     out = model(ids, seg, mask, pos)
     hidden, _ = model.bert(ids, seg, mask)
@@ -90,7 +90,7 @@ def admin_model(num_layers=6, **extra):
         attention_dropout=0.0,
         **extra,
     )
-    return ln_jax.create_model(cfg, seed=3)
+    return build(cfg, seed=3)
 
 
 def as_batch(ids, seg, mask, pos):
@@ -141,8 +141,8 @@ def test_fold_admin_is_exact():
 
 def test_deepnorm_alpha_and_beta():
     base = dict(**{**ODD, "hidden_size": 48, "mlp_dim": 60}, num_layers=4, init="xavier")
-    deep = ln_jax.create_model(ln_jax.ModelConfig(**base, placement="deepnorm"), seed=5)
-    post = ln_jax.create_model(ln_jax.ModelConfig(**base, placement="post"), seed=5)
+    deep = build(ln_jax.ModelConfig(**base, placement="deepnorm"), seed=5)
+    post = build(ln_jax.ModelConfig(**base, placement="post"), seed=5)
     alpha, beta = 8**0.25, 32**-0.25  # (2N)^(1/4), (8N)^(-1/4) for N = 4
     layer_d, layer_p = deep.bert.encoder.layers[2], post.bert.encoder.layers[2]
     assert layer_d.attention.alpha == pytest.approx(alpha)
@@ -153,8 +153,8 @@ def test_deepnorm_alpha_and_beta():
         assert std(layer_d, "attention", name) == pytest.approx(std(layer_p, "attention", name))
     # DeepNorm's two changes apart: deepnorm_alpha has the skip scale and plain weights,
     # deepnorm_beta the beta-scaled weights and an identity skip.
-    only_a = ln_jax.create_model(ln_jax.ModelConfig(**base, placement="deepnorm_alpha"), seed=5)
-    only_b = ln_jax.create_model(ln_jax.ModelConfig(**base, placement="deepnorm_beta"), seed=5)
+    only_a = build(ln_jax.ModelConfig(**base, placement="deepnorm_alpha"), seed=5)
+    only_b = build(ln_jax.ModelConfig(**base, placement="deepnorm_beta"), seed=5)
     layer_a, layer_b = only_a.bert.encoder.layers[2], only_b.bert.encoder.layers[2]
     assert layer_a.attention.alpha == pytest.approx(alpha) and layer_b.ffn.alpha == 1.0
     for sub, name in [("attention", "value"), ("ffn", "wo")]:
@@ -164,7 +164,7 @@ def test_deepnorm_alpha_and_beta():
 
 def test_rezero_is_the_identity_at_initialisation():
     cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement="rezero")
-    model = ln_jax.create_model(cfg)
+    model = build(cfg)
     ids, seg, mask, _ = inputs()
     hidden, rec = model.bert(ids, seg, mask, record=True)
     np.testing.assert_array_equal(hidden, rec["embeddings"])
@@ -178,7 +178,7 @@ def flat_encoder(model):
 
 def test_dlcl_starts_at_averages_and_learns():
     cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement="pre", dlcl=True)
-    model = ln_jax.create_model(cfg)
+    model = build(cfg)
     w = np.asarray(model.bert.encoder.dlcl.weights[...])
     np.testing.assert_allclose(w, [[1, 0, 0], [1 / 2, 1 / 2, 0], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-6)
     ids, seg, mask, pos = inputs()
@@ -194,7 +194,7 @@ def test_dlcl_starts_at_averages_and_learns():
 def test_per_layer_placements_build_the_right_norms():
     cfg = ln_jax.ModelConfig(**ODD, num_layers=3, placement="post*1,pre*2")
     assert cfg.layer_placements == ("post", "post", "pre")[:1] + ("pre", "pre")
-    layers = ln_jax.create_model(cfg).bert.encoder.layers
+    layers = build(cfg).bert.encoder.layers
     assert layers[0].ffn.post_norm is not None and layers[0].ffn.pre_norm is None
     assert all(layer.attention.pre_norm is not None for layer in layers[1:])
     assert all(layer.attention.post_norm is None for layer in layers[1:])
@@ -305,7 +305,7 @@ def test_monitor_entropy_sees_the_qk_norm():
     from ln_jax.train import monitor
 
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement="pre", qk_norm=True)
-    model = randomize(ln_jax.create_model(cfg, seed=2), scale=1.0)
+    model = randomize(build(cfg, seed=2), scale=1.0)
     ids, seg, mask, _ = inputs()
     hidden, rec = model.bert(ids, seg, mask, record=True)
     stats = monitor.forward_stats(rec, hidden, model.bert.encoder, mask, encoder_view(cfg))
@@ -345,7 +345,7 @@ def test_placement_rule_checks_its_fields():
 
 def test_dyt_initialisation_and_formula():
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, placement="dyt")
-    encoder = ln_jax.create_model(cfg).bert.encoder
+    encoder = build(cfg).bert.encoder
     norm = encoder.layers[1].ffn.pre_norm
     assert isinstance(norm, DyT) and isinstance(encoder.final_norm, DyT)
     np.testing.assert_array_equal(norm.alpha[...], [0.5])  # Zhu et al.'s alpha0
@@ -360,7 +360,7 @@ def test_bert_scaled_init_keeps_berts_std_relative_to_width():
     # d = 64: sigma = 0.02 * sqrt(768 / 64) = 0.0693; truncated at 2 sigma, the std is 0.88 sigma.
     d, sigma = 64, 0.02 * math.sqrt(768 / 64)
     base = dict(size="custom", vocab_size=50, hidden_size=d, num_heads=4, mlp_dim=128, num_layers=1)
-    model = ln_jax.create_model(ln_jax.ModelConfig(**base, init="bert_scaled"))
+    model = build(ln_jax.ModelConfig(**base, init="bert_scaled"))
     ffn = model.bert.encoder.layers[0].ffn.branch
     for w in (ffn.wi.kernel[...], model.bert.embeddings.word[...]):
         w = np.asarray(w)
