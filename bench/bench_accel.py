@@ -215,7 +215,9 @@ def train_config(
     values = override(values, arm or {})
     model = values["model"]
     model["max_position_embeddings"] = max(model["max_position_embeddings"], args.seq)
-    return build_config(values)
+    cfg = build_config(values)
+    measure.check_shape(shape_of(cfg))  # before anything compiles
+    return cfg
 
 
 def shape_of(cfg: TrainConfig) -> dict[str, int]:
@@ -567,4 +569,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except measure.ShapeError as e:
+        sys.exit(f"bench_accel.py: error: {e}")

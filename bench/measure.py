@@ -20,8 +20,24 @@ import numpy as np
 Step = Callable[[], Any]
 
 
+class ShapeError(ValueError):
+    """A benchmark shape no synthetic batch can have."""
+
+
+def check_shape(s: dict[str, int]) -> None:
+    """Raises ShapeError if `make_batch(s)` cannot place its masked predictions."""
+    t, p = s["seq"], s["predictions"]
+    if p > t - 2:
+        raise ShapeError(
+            f"a batch of length {t} has {max(t - 2, 0)} maskable positions (not [CLS] and the "
+            f"last), fewer than the {p} masked predictions asked for: raise the length (--seq) "
+            "or lower data.max_predictions_per_seq (an --arm field)."
+        )
+
+
 def make_batch(s: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
     """A synthetic pretraining batch with ln_jax's documented keys (numpy)."""
+    check_shape(s)
     rng = np.random.default_rng(seed)
     b, t, p, v = s["batch"], s["seq"], s["predictions"], s["vocab"]
     positions = np.sort(

@@ -153,3 +153,13 @@ def test_on_a_gpu_each_arm_dumps_its_autotuning_and_an_xla_without_the_option_st
         {"xla_gpu_enable_triton_gemm": False, accel_arms.DUMP_OPTION: path},
         {"xla_gpu_enable_triton_gemm": False},
     ]
+
+
+def test_a_batch_too_short_for_its_predictions_is_refused_before_compiling():
+    from bench import measure
+
+    shape = dict(batch=2, seq=16, predictions=20, vocab=50)
+    with pytest.raises(measure.ShapeError, match=r"length 16 has 14 maskable .* 20 masked.*--seq"):
+        measure.make_batch(shape)
+    batch = measure.make_batch(shape | {"predictions": 14})  # every maskable position
+    assert batch["masked_positions"].tolist() == [list(range(1, 15))] * 2
