@@ -33,6 +33,13 @@ GPU compiler here for `--num_devices` compile-only GPUs (`ln_jax.deviceless`; ne
 memory, and the program's kernels by class (`ln_jax.kernel_census`):
 
   python -m ln_jax.compile_check --config=configs/bert_preln.py --gpu=h100 --mesh=1,1,1
+
+A TPU slice's own compile, without the TPU: `--tpu=v5e-8` (v2-8, v5e-1, v6e-1, ...:
+`ln_jax.deviceless.TPU_SLICES`) compiles the step with libtpu here for the slice's devices
+(needs `pip install -e ".[tpu-compile]"`): the TPU's buffer assignment, checked against its
+memory per device, and an "auto" accumulation chosen as the trainer would choose it there:
+
+  python -m ln_jax.compile_check --config=configs/bert_preln.py --tpu=v5e-1
 """
 
 from __future__ import annotations
@@ -456,6 +463,15 @@ _GPU = COMMAND.string(
     meta="|".join(kernel_census.SPECS),
 )
 
+_TPU = COMMAND.string(
+    "tpu",
+    None,
+    "Compile the step for this single-host TPU slice here, without a TPU (the TPU's own "
+    'compiler, libtpu; needs `pip install -e ".[tpu-compile]"`): its memory figures, checked '
+    "against its memory per device unless --device_memory_gib is given.",
+    meta="|".join(deviceless.TPU_SLICES),
+)
+
 
 def _main(inv: cli.Invocation) -> int:
     """The command's body: fake devices asked for, the report, the verdict."""
@@ -465,20 +481,22 @@ def _main(inv: cli.Invocation) -> int:
 
 def _report(inv: cli.Invocation) -> int:
     try:
+        _check_targets()
+        if _GPU.value is not None or _TPU.value is not None:
+            deviceless.host_backend_only()
         n = requested_devices(inv.line.rest)
-        if n is not None and _GPU.value is None:
+        if n is not None and _GPU.value is None and _TPU.value is None:
             force_host_devices(n)  # before the config: its "auto" fields start JAX's backends
         mesh = parse_mesh(_MESH.value) if _MESH.value else None
         if _PLATFORM.value is not None:
-            if _GPU.value is not None:
-                raise ValueError(
-                    "--platform only lowers the step and --gpu compiles it for a GPU: give one."
-                )
             return _census(inv, _PLATFORM.value, mesh)
         budget = _DEVICE_MEMORY.value
         if _GPU.value is not None:
             report = gpu_report(inv.config, _GPU.value, mesh, n or 1, budget)
             budget = budget or deviceless.spec(_GPU.value).memory_bytes / GIB
+        elif _TPU.value is not None:
+            report = tpu_report(inv.config, _TPU.value, mesh, budget)
+            budget = budget or deviceless.tpu_slice(_TPU.value).memory_bytes / GIB
         else:
             report = compile_report(inv.config(), mesh, device_memory_gib=budget)
     except (UserError, ValueError, deviceless.DevicelessError) as err:
@@ -491,6 +509,25 @@ def _report(inv: cli.Invocation) -> int:
     ok, verdict = fits(report, budget)
     print(verdict, flush=True)
     return 0 if ok else 1
+
+
+def _check_targets() -> None:
+    """--platform, --gpu and --tpu exclude each other; a TPU slice has its own devices.
+
+    Raises:
+      ValueError: saying which flag to drop.
+    """
+    given = [f"--{f.name}" for f in (_PLATFORM, _GPU, _TPU) if f.value is not None]
+    if len(given) > 1:
+        raise ValueError(
+            f"{' and '.join(given)}: --platform only lowers the step, --gpu compiles it for "
+            "a GPU and --tpu for a TPU slice: give one."
+        )
+    if _TPU.value is not None and _NUM_DEVICES.value is not None:
+        raise ValueError(
+            f"--num_devices with --tpu={_TPU.value}: a TPU slice has its own devices; drop "
+            "--num_devices (or name another slice)."
+        )
 
 
 def gpu_report(
@@ -514,13 +551,48 @@ def gpu_report(
     """
     budget = device_memory_gib or deviceless.spec(gpu).memory_bytes / GIB
     devices = deviceless.gpu_devices(gpu, num_devices)
-    with platforms.lowering_for("gpu"), deviceless.without_persistent_cache():
+    options = {**deviceless.COMPILER_OPTIONS, **(options or {})}
+    return _compile_without_devices(build, "gpu", devices, mesh, budget, options)
+
+
+def tpu_report(
+    build: Callable[[], TrainConfig],
+    tpu: str,
+    mesh: tuple[int, int, int] | None = None,
+    device_memory_gib: float | None = None,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`compile_report` for the TPU slice `tpu` ("v5e-8", `deviceless.TPU_SLICES`), compiled
+    on this host by the TPU's own compiler (libtpu) without a TPU: the config is built as on
+    a TPU ("auto" fields: bfloat16, XLA's attention, rbg dropout bits), and an "auto"
+    accumulation is chosen for the slice's memory per device (or `device_memory_gib`).
+    `options`: XLA compiler options.
+
+    Raises:
+      DevicelessError: no libtpu here, or not jax's (the message says what to install).
+      ConfigError: a setting that cannot run on a TPU.
+      ValueError: an unknown slice, or a mesh that does not match its devices.
+    """
+    budget = device_memory_gib or deviceless.tpu_slice(tpu).memory_bytes / GIB
+    devices = deviceless.tpu_devices(tpu)
+    return _compile_without_devices(build, "tpu", devices, mesh, budget, options)
+
+
+def _compile_without_devices(
+    build: Callable[[], TrainConfig],
+    platform: str,
+    devices: list[Any],
+    mesh: tuple[int, int, int] | None,
+    budget_gib: float,
+    options: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """`compile_report` on compile-only `devices` of `platform`, the config built as there."""
+    with platforms.lowering_for(platform), deviceless.without_persistent_cache():
         cfg = build()
         trainer.check_device(cfg)
         shape = mesh or (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-        on_gpus = sharding.make_mesh(*shape, devices=devices)
-        compiler_options = {**deviceless.COMPILER_OPTIONS, **(options or {})}
-        return compile_report(cfg, on_gpus, compiler_options, budget)
+        on_devices = sharding.make_mesh(*shape, devices=devices)
+        return compile_report(cfg, on_devices, options, budget_gib)
 
 
 def _census(inv: cli.Invocation, platform: str, mesh: Any) -> int:

@@ -1,32 +1,40 @@
-"""Compiling for an NVIDIA GPU on a host without one.
+"""Compiling for an NVIDIA GPU or a TPU slice on a host without one.
 
-XLA's GPU compiler runs on any host where JAX's CUDA plugin is installed: JAX then offers
-compile-only devices of a described GPU (`jax.experimental.topologies`), and a program
-lowered and compiled for them is the program that GPU would run: its fusions, layouts,
-buffer assignment (the memory figures) and kernels (`ln_jax.kernel_census`). Nothing runs.
+XLA's GPU compiler runs on any host where JAX's CUDA plugin is installed, and the TPU's on
+any host where libtpu is: JAX then offers compile-only devices of a described GPU or TPU
+slice (`jax.experimental.topologies`), and a program lowered and compiled for them is the
+program those devices would run: its fusions, layouts, buffer assignment (the memory
+figures) and, on a GPU, its kernels (`ln_jax.kernel_census`). Nothing runs.
 
     devices = deviceless.gpu_devices("h100", 8)             # 8 H100s on one host
     mesh = sharding.make_mesh(8, 1, 1, devices=devices)
     with platforms.lowering_for("gpu"):                     # "auto" fields as on a GPU
         compiled = jitted.lower(*abstract_args).compile(deviceless.COMPILER_OPTIONS)
 
-`python -m ln_jax.compile_check --gpu=h100` does this for the train step.
+    devices = deviceless.tpu_devices("v5e-8")               # a v5litepod-8: 8 chips, one host
+
+`python -m ln_jax.compile_check --gpu=h100` (or `--tpu=v5e-8`) does this for the train step.
 
 What differs from the GPU itself: no autotuning (nothing to time), so each matmul takes
 XLA's default choice. `COMPILER_OPTIONS` asks for cuBLAS, which is what the project's GPU
-profiles ran (`nvjet` kernels); the Pallas attention compiles through Triton as there.
+profiles ran (`nvjet` kernels); the Pallas attention compiles through Triton as there. A TPU
+compile is the TPU's own (libtpu is the compiler a TPU VM runs).
 
 Install (CPU host): `pip install -e ".[gpu-compile]"`: the plugin and its PJRT library
 (~430 MB; no CUDA libraries, no driver). Their version must equal jaxlib's.
+`pip install -e ".[tpu-compile]"`: libtpu (~140 MB), the version jax's own `jax[tpu]` names.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import glob
 import importlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -156,6 +164,17 @@ def _register(module: str) -> None:
         importlib.import_module(module).initialize()
 
 
+def host_backend_only() -> None:
+    """JAX's backends limited to the host's CPU, if they have not started and the user named
+    none (JAX_PLATFORMS). Compile-only devices need no other; JAX then neither loads libtpu
+    as a backend nor checks the CUDA plugin's libraries, each of which prints a failure on a
+    host without that accelerator."""
+    from jax._src import xla_bridge
+
+    if not jax.config.jax_platforms and not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_platforms", "cpu")
+
+
 @contextlib.contextmanager
 def without_persistent_cache() -> Iterator[None]:
     """JAX's persistent compilation cache off while the block compiles: a compile-only
@@ -183,3 +202,131 @@ def abstract(value: np.ndarray, sharding: jax.sharding.Sharding) -> jax.ShapeDty
     """A host value's shape and dtype with `sharding`: what stands for it on compile-only
     devices, where no array can be put."""
     return jax.ShapeDtypeStruct(np.shape(value), np.asarray(value).dtype, sharding=sharding)
+
+
+# --------------------------------------------------------------------------- TPU slices
+
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuSlice:
+    """A single-host TPU slice as Cloud TPU rents it (Colab's TPUs are such slices).
+
+    Attributes:
+      accelerator_type: Cloud TPU's name of the slice ("v5litepod-8").
+      topology: libtpu's name of its chips' layout ("v5e:2x4").
+      chips_per_host: the chips on the one host, as libtpu's bounds (x, y, z).
+      devices: JAX devices (a v2 or v3 chip is two, one per core).
+      device_kind: JAX's `device_kind` of each.
+      memory_bytes: high-bandwidth memory per JAX device (published figures).
+    """
+
+    accelerator_type: str
+    topology: str
+    chips_per_host: tuple[int, int, int]
+    devices: int
+    device_kind: str
+    memory_bytes: int
+
+
+TPU_SLICES = {
+    "v2-8": TpuSlice("v2-8", "v2:2x2", (2, 2, 1), 8, "TPU v2", 8 * GIB),
+    "v3-8": TpuSlice("v3-8", "v3:2x2", (2, 2, 1), 8, "TPU v3", 16 * GIB),
+    "v5e-1": TpuSlice("v5litepod-1", "v5e:1x1", (1, 1, 1), 1, "TPU v5 lite", 16 * GIB),
+    "v5e-4": TpuSlice("v5litepod-4", "v5e:2x2", (2, 2, 1), 4, "TPU v5 lite", 16 * GIB),
+    "v5e-8": TpuSlice("v5litepod-8", "v5e:2x4", (2, 4, 1), 8, "TPU v5 lite", 16 * GIB),
+    "v5p-8": TpuSlice("v5p-8", "v5p:2x2x1", (2, 2, 1), 4, "TPU v5", 95 * GIB),
+    "v6e-1": TpuSlice("v6e-1", "v6e:1x1", (1, 1, 1), 1, "TPU v6 lite", 32 * GIB),
+    "v6e-4": TpuSlice("v6e-4", "v6e:2x2", (2, 2, 1), 4, "TPU v6 lite", 32 * GIB),
+    "v6e-8": TpuSlice("v6e-8", "v6e:2x4", (2, 4, 1), 8, "TPU v6 lite", 32 * GIB),
+}
+
+
+def tpu_slice(name: str) -> TpuSlice:
+    """The slice called `name` ("v5e-8", or Cloud TPU's "v5litepod-8").
+
+    Raises:
+      ValueError: naming the slices there are.
+    """
+    found = TPU_SLICES.get(name) or next(
+        (s for s in TPU_SLICES.values() if s.accelerator_type == name), None
+    )
+    if found is None:
+        raise ValueError(
+            f"--tpu={name!r}: not a known TPU slice; use one of {', '.join(TPU_SLICES)} "
+            "(one host each; Colab's TPUs are v2-8, v5e-1 and v6e-1)."
+        )
+    return found
+
+
+def libtpu() -> str:
+    """The installed libtpu's version, checked against the one jax's `jax[tpu]` names.
+
+    Raises:
+      DevicelessError: libtpu is missing, or another version than jax's.
+    """
+    jax_version = importlib.metadata.version("jax")
+    wanted = _libtpu_wanted()
+    install = f'pip install -e ".[tpu-compile]" (or "jax[tpu]=={jax_version}")'
+    if importlib.util.find_spec("libtpu") is None:
+        raise DevicelessError(
+            f"compiling for a TPU without one needs libtpu: {install}; no TPU is needed."
+        )
+    have = importlib.metadata.version("libtpu")
+    if wanted and not (have == wanted or have.startswith(wanted.rstrip("*"))):
+        raise DevicelessError(
+            f"libtpu {have} is not the {wanted} jax {jax_version} needs: {install}."
+        )
+    return have
+
+
+def _libtpu_wanted() -> str | None:
+    """The libtpu version jax's "tpu" extra pins ("0.0.42.*"), if it pins one."""
+    for requirement in importlib.metadata.requires("jax") or ():
+        found = re.match(r"libtpu\s*==\s*([0-9.*]+)", requirement)
+        if found:
+            return found.group(1)
+    return None
+
+
+def tpu_devices(name: str) -> list[Any]:
+    """The compile-only devices of TPU slice `name` ("v5e-8"), in one process.
+
+    Raises:
+      ValueError: an unknown slice.
+      DevicelessError: no libtpu, or not jax's (the message says what to install).
+    """
+    chosen = tpu_slice(name)
+    libtpu()
+    if not _has_tpu_chips():
+        _quiet_libtpu(chosen)
+    from jax.experimental import topologies
+
+    topology = topologies.get_topology_desc(
+        platform="tpu",
+        topology_name=chosen.topology,
+        chips_per_host_bounds=list(chosen.chips_per_host),
+    )
+    return list(topology.devices)
+
+
+def _has_tpu_chips() -> bool:
+    """Whether this host has TPU chips (then libtpu's settings are the host's own)."""
+    try:
+        from jax._src import hardware_utils
+
+        return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+    except (ImportError, AttributeError):  # JAX's internals moved: look for the chips' nodes
+        return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def _quiet_libtpu(chosen: TpuSlice) -> None:
+    """Settings libtpu otherwise looks for on a TPU VM and, without them, prints errors
+    about (worker hostnames, the accelerator type, its metadata server); and leave
+    libtpu's one-process lock off, so that two compiles on one host do not refuse each
+    other. Only where the host has no TPU, and never over a value the user set."""
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", chosen.accelerator_type)
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -108,6 +108,8 @@ def make_mesh(
     shape = resolve_mesh_shape(data, fsdp, tensor, len(devs))
     if devices is None:
         return jax.make_mesh(shape, MESH_AXES, axis_types=_auto_axis_types(3))
+    if devs[0].platform == "tpu":  # the chips' links decide the order (compile-only devices)
+        return jax.make_mesh(shape, MESH_AXES, axis_types=_auto_axis_types(3), devices=devs)
     return jax.sharding.Mesh(
         np.asarray(devs).reshape(shape), MESH_AXES, axis_types=_auto_axis_types(3)
     )

@@ -1,0 +1,165 @@
+"""The train step compiled for TPU slices on this CPU host by the TPU's own compiler (libtpu,
+`ln_jax.deviceless.tpu_devices`): the TPU's settings, its memory figures, the accumulation
+chosen for its memory, and the command's errors.
+
+Needs libtpu (`pip install -e ".[tpu-compile]"`; CI installs it); skipped without.
+"""
+
+import pytest
+
+from configs import bert_preln
+from ln_jax import compile_check, deviceless, matmul_census, platforms, sharding
+from ln_jax.config import TrainConfig
+from ln_jax.train import accumulation
+
+GIB = 1024**3
+
+
+def _libtpu_missing() -> str:
+    try:
+        deviceless.libtpu()
+    except deviceless.DevicelessError as err:
+        return str(err)
+    return ""
+
+
+needs_libtpu = pytest.mark.skipif(bool(_libtpu_missing()), reason=_libtpu_missing())
+
+
+def tiny(batch: int = 16, seq: int = 64, accum: int = 1) -> TrainConfig:
+    """BERT-tiny with the recipe's dropout and "auto" fields (resolved as on a TPU)."""
+    c = bert_preln.get_config("tiny")
+    c.data.max_seq_length, c.data.global_batch_size = seq, batch
+    c.data.max_predictions_per_seq = 8
+    c.grad_accum_steps = accum
+    return TrainConfig.from_mapping(c.to_dict())
+
+
+@pytest.fixture(scope="module")
+def data_parallel():
+    return compile_check.tpu_report(tiny, "v5e-4", (4, 1, 1))
+
+
+@needs_libtpu
+def test_the_step_compiles_for_a_v5e_slice_with_the_tpu_s_settings(data_parallel):
+    r = data_parallel
+    assert (r["platform"], r["device_kind"], r["num_devices"]) == ("tpu", "TPU v5 lite", 4)
+    assert (r["dtype"], r["grad_accum_steps"]) == ("bfloat16", 1)  # "auto" as on a TPU
+    # The donated state comes back in place: outputs alias the state's arguments.
+    state = r["params_bytes"] + r["opt_state_bytes"]
+    assert r["argument_bytes"] >= state + r["batch_bytes"]
+    assert r["alias_bytes"] >= state and r["temp_bytes"] > 0
+
+
+@needs_libtpu
+def test_the_tpu_s_flops_are_the_lowered_step_s_matmuls_and_a_little_more(data_parallel):
+    """libtpu's cost analysis counts every matmul of the lowered program (global shapes,
+    `ln_jax.matmul_census`) once, over the 4 devices, plus the elementwise work."""
+    with platforms.lowering_for("tpu"):
+        mesh = sharding.make_mesh(4, 1, 1, devices=deviceless.tpu_devices("v5e-4"))
+        lowered, _ = compile_check.lower_train_step(tiny(), mesh)
+    matmuls = sum(m.flops for m in matmul_census.read(lowered).matmuls if m.gemm)
+    assert data_parallel["flops_source"] == "xla"
+    assert matmuls <= data_parallel["flops_per_step"] <= 1.25 * matmuls
+
+
+@needs_libtpu
+def test_fsdp_on_the_slice_shards_the_state_the_compile_holds(data_parallel):
+    """On fsdp=4 each TPU holds a quarter of the parameters and optimizer state: the compiled
+    program's arguments shrink with them (a mesh built wrongly, or shardings lost in the
+    lowering, would leave them whole)."""
+    fsdp = compile_check.tpu_report(tiny, "v5e-4", (1, 4, 1))
+    assert fsdp["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    whole = data_parallel["params_bytes"] + data_parallel["opt_state_bytes"]
+    assert fsdp["params_bytes"] + fsdp["opt_state_bytes"] < 0.3 * whole
+    assert fsdp["argument_bytes"] < 0.4 * data_parallel["argument_bytes"]
+
+
+@needs_libtpu
+def test_auto_accumulation_is_chosen_for_the_tpu_s_memory():
+    """With grad_accum_steps=0 the check picks the micro-batches the trainer would pick on a
+    device of the given memory, from the TPU's own buffer assignment. At 64 sequences a
+    device the activations dominate the temporaries, and they shrink with the micro-batch."""
+    build = lambda accum=1: tiny(batch=256, seq=128, accum=accum)  # noqa: E731
+    whole = compile_check.tpu_report(build, "v5e-4", (4, 1, 1))
+    fixed = whole["total_bytes"] - whole["temp_bytes"]
+    # A budget the one-micro-batch step overflows and a third of its temporaries fits.
+    gib = (fixed + whole["temp_bytes"] / 3) / accumulation.HEADROOM / GIB
+    r = compile_check.tpu_report(lambda: build(accum=0), "v5e-4", (4, 1, 1), gib)
+    assert r["grad_accum_auto"] and r["grad_accum_steps"] == 4  # the fewest dividing 64, >= 3
+    assert r["temp_bytes"] < 0.5 * whole["temp_bytes"]
+    assert r["total_bytes"] < gib * GIB
+
+
+@needs_libtpu
+def test_the_command_compiles_for_a_tpu_and_checks_its_memory(capsys):
+    """The slice's devices make the config's mesh (data=-1: all 8 of a v2-8's cores) and
+    its memory per device is the budget (a v2 core's 8 GiB)."""
+    assert _run("--config=configs/bert_preln.py:tiny", "--tpu=v2-8") == 0
+    out = capsys.readouterr().out
+    assert "mesh data=8 fsdp=1 tensor=1 on 8 x TPU v2 (tpu)" in out
+    assert "fits: 0.0" in out and "GiB of 8 GiB per device" in out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--tpu=v7x-8"], "not a known TPU slice; use one of v2-8, v3-8, v5e-1"),
+        (["--tpu=v5e-4", "--gpu=h100"], "--gpu and --tpu: --platform only lowers"),
+        (["--tpu=v5e-4", "--platform=tpu"], "give one"),
+        (["--tpu=v5e-4", "--num_devices=8"], "a TPU slice has its own devices"),
+    ],
+)
+def test_command_errors_name_the_fix(extra, message, capsys):
+    code = _run("--config=configs/bert_preln.py:tiny", *extra)
+    assert code != 0 and message in capsys.readouterr().err
+
+
+@needs_libtpu
+def test_a_mesh_the_slice_cannot_hold_is_refused(capsys):
+    code = _run("--config=configs/bert_preln.py:tiny", "--tpu=v5e-4", "--mesh=8,1,1")
+    err = capsys.readouterr().err
+    assert code != 0 and "8" in err and "4" in err
+
+
+def test_without_libtpu_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(deviceless.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(deviceless.DevicelessError, match=r'pip install -e "\.\[tpu-compile\]"'):
+        deviceless.tpu_devices("v5e-8")
+
+
+def test_a_libtpu_that_is_not_jax_s_is_refused(monkeypatch):
+    monkeypatch.setattr(deviceless, "_libtpu_wanted", lambda: "0.0.42.*")
+    monkeypatch.setattr(deviceless.importlib.util, "find_spec", lambda name: object())
+    versions = {"jax": "0.10.2", "libtpu": "0.0.52"}
+    monkeypatch.setattr(deviceless.importlib.metadata, "version", versions.__getitem__)
+    with pytest.raises(deviceless.DevicelessError, match=r"libtpu 0\.0\.52 is not the 0\.0\.42"):
+        deviceless.libtpu()
+    versions["libtpu"] = "0.0.42.1"
+    assert deviceless.libtpu() == "0.0.42.1"
+
+
+def test_slices_are_found_by_either_name():
+    assert deviceless.tpu_slice("v5litepod-8") is deviceless.tpu_slice("v5e-8")
+    v2 = deviceless.tpu_slice("v2-8")
+    assert (v2.devices, v2.memory_bytes) == (8, 8 * GIB)  # a v2 chip is two devices of 8 GiB
+
+
+@needs_libtpu
+@pytest.mark.parametrize("name", ["v2-8", "v5e-1", "v5e-8", "v5p-8", "v6e-4"])
+def test_each_slice_has_its_devices_on_one_host(name):
+    chosen = deviceless.tpu_slice(name)
+    devices = deviceless.tpu_devices(name)
+    assert len(devices) == chosen.devices
+    assert {d.device_kind for d in devices} == {chosen.device_kind}
+    assert {d.process_index for d in devices} == {0}  # one host: Colab's, a single TPU VM
+    mesh = sharding.make_mesh(-1, 1, 1, devices=devices)
+    assert deviceless.is_compile_only(mesh.devices) and mesh.size == chosen.devices
+
+
+def _run(*argv: str) -> int:
+    try:
+        compile_check.run(list(argv))
+    except SystemExit as done:
+        return int(done.code or 0)
+    return 0
