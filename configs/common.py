@@ -47,7 +47,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval_batches = 50  # validation batches per evaluation (None = one pass)
     c.grad_accum_steps = 0  # micro-batches per update; 0 = auto: the fewest that fit in memory
     # dropout PRNG: threefry (portable bits), hash (portable, fused into its consumer), rbg,
-    # unsafe_rbg, or auto (rbg on a TPU, hash elsewhere); config.json records the resolved one
+    # unsafe_rbg, or auto (hash; on a TPU rbg before 2026-11-28); config.json records which
     c.dropout_rng = "auto"
     c.nan_policy = "stop"  # non-finite loss/gradient: "stop" (keep last checkpoint) or "skip"
     # JAX's persistent compilation cache: auto ($LN_JAX_CACHE_DIR/jax_compilation on a GPU/TPU,

@@ -47,7 +47,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.classifier_dropout = placeholder(float)  # dropout on the pooled [CLS] (None = hidden)
     c.log_every = 10  # train metrics to metrics.jsonl every N steps (and at each epoch's end)
     c.nan_policy = "stop"  # non-finite loss/gradient: "stop" or "skip" (drop the update)
-    c.dropout_rng = "auto"  # dropout PRNG: threefry, hash, rbg, unsafe_rbg, auto (rbg on a TPU)
+    c.dropout_rng = "auto"  # dropout PRNG: threefry, hash, rbg, unsafe_rbg, auto (hash)
 
     c.data = ml_collections.ConfigDict()
     c.data.data_dir = placeholder(str)  # TFDS data dir (None = $TFDS_DATA_DIR or default)

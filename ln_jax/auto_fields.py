@@ -23,12 +23,18 @@ def auto_activation_layout(on: str) -> str:
 
 
 def auto_dropout_rng(on: str) -> str:
-    """dropout_rng="auto": "rbg" on a TPU (the usual advice there, unmeasured here), else the
-    fused counter hash "hash": on an H100 BERT-base 77.0 -> 74.6 ms a step with the Pallas
-    attention (docs/gpu.md); on a CPU the translation step against Marian 1.10x -> 1.21x
-    (docs/translation.md). Hash bits, like threefry's, are the same on every backend and mesh;
-    the studies recorded with threefry pin it (configs/study.py, configs/study_mt.py)."""
-    return "rbg" if on == "tpu" else "hash"
+    """dropout_rng="auto": the fused counter hash "hash" on every platform (`on` is kept for
+    the other "auto" fields' form). On an H100 BERT-base 77.0 -> 74.6 ms a step with the
+    Pallas attention (docs/gpu.md); on a CPU the translation step against Marian 1.10x ->
+    1.21x (docs/translation.md). On a TPU (rbg there until 2026-11-28, the usual advice,
+    never measured) libtpu's own compile, read here without a TPU, keeps rbg's uint32 bits
+    of every dropout site for the backward: BERT-base at 2 x 128 sequences on a v5e-1 needs
+    11.0 GiB with rbg and 9.3 with hash, 256 on a v6e-1 19.0 and 15.3 (docs/tpu.md); a TPU's
+    speed with either is unmeasured. Hash bits, like threefry's, are the same on every
+    backend and mesh; the studies recorded with threefry pin it (configs/study.py,
+    configs/study_mt.py)."""
+    del on
+    return "hash"
 
 
 def auto_attention(cfg: Any, on: str) -> str:

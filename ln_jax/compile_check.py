@@ -310,6 +310,8 @@ def _compile_report(
         "seq_length": cfg.data.max_seq_length,
         "grad_accum_steps": cfg.grad_accum_steps,
         "dtype": cfg.model.dtype,
+        "attention_impl": cfg.model.attention_impl,
+        "dropout_rng": cfg.dropout_rng,
         "remat": cfg.model.remat,
         "mesh": dict(mesh.shape),
         "num_devices": mesh.size,
@@ -345,7 +347,8 @@ def format_report(report: dict[str, Any]) -> str:
     mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
     lines = [
         f"{report['name']}: {report['placement']}-LN {report['model_size']} "
-        f"({report['num_params'] / 1e6:.1f}M params, {report['dtype']}, remat "
+        f"({report['num_params'] / 1e6:.1f}M params, {report['dtype']}, attention "
+        f"{report['attention_impl']}, dropout bits {report['dropout_rng']}, remat "
         f"{report['remat']}), global batch {report['global_batch_size']} x seq "
         f"{report['seq_length']}, grad accumulation {report['grad_accum_steps']}"
         + (" (auto)" if report.get("grad_accum_auto") else ""),
@@ -564,7 +567,7 @@ def tpu_report(
 ) -> dict[str, Any]:
     """`compile_report` for the TPU slice `tpu` ("v5e-8", `deviceless.TPU_SLICES`), compiled
     on this host by the TPU's own compiler (libtpu) without a TPU: the config is built as on
-    a TPU ("auto" fields: bfloat16, XLA's attention, rbg dropout bits), and an "auto"
+    a TPU ("auto" fields: bfloat16, XLA's attention, hash dropout bits), and an "auto"
     accumulation is chosen for the slice's memory per device (or `device_memory_gib`).
     `options`: XLA compiler options.
 

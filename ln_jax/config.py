@@ -479,7 +479,8 @@ class TrainConfig:
         cheaper for BERT-base's ~1.2e9 dropout bits per step; bits depend on the backend), or
         "hash" (threefry keys, bits from a counter hash of the element index that XLA fuses
         into the op using the mask: no bit array in memory; `ln_jax.nn.random`), or
-        "auto" (resolved when the config is built: rbg on a TPU, hash elsewhere).
+        "auto" (resolved when the config is built: hash on every platform, a TPU included
+        since 2026-11-28, where it was rbg; `auto_dropout_rng`).
       nan_policy: on a non-finite loss or gradient: "stop" (message naming the step; the
         last good checkpoint is kept) or "skip" (drop it, go on; step k still uses lr(k)).
       compilation_cache: JAX's persistent compilation cache while the run trains: "auto"

@@ -89,7 +89,7 @@ NO_ATTENTION_DROPOUT = {"model.attention_dropout": 0.0}
         ("cpu", {}, ("float32", "xla", "hash")),
         ("gpu", {}, ("bfloat16", "pallas", "hash")),  # the recipe's attention dropout: Pallas
         ("gpu", NO_ATTENTION_DROPOUT, ("bfloat16", "cudnn", "hash")),
-        ("tpu", {}, ("bfloat16", "xla", "rbg")),
+        ("tpu", {}, ("bfloat16", "xla", "hash")),  # rbg before: docs/tpu.md
         ("gpu", {**NO_ATTENTION_DROPOUT, "model.dtype": "float32"}, ("float32", "xla", "hash")),
         ("gpu", {"model.dtype": "float32"}, ("float32", "xla", "hash")),
         ("gpu", {"model.hidden_size": 1280, "model.num_heads": 4}, ("bfloat16", "xla", "hash")),

@@ -147,7 +147,7 @@ def test_lowering_for_resolves_auto_fields_as_on_that_platform():
     assert (cfg.model.dtype, cfg.model.attention_impl, cfg.dropout_rng) == (
         "bfloat16",
         "xla",
-        "rbg",
+        "hash",
     )
     with platforms.lowering_for("gpu") as target:
         assert target == "cuda" and _config("configs/bert_preln.py:tiny").dropout_rng == "hash"

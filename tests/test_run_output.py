@@ -129,6 +129,17 @@ def test_free_changes_resume_consent_ones_ask_and_unsafe_ones_need_a_new_workdir
         assert err.value.fix.set == {"--workdir": f"{tmp_path}_3"}
 
 
+def test_a_tpu_run_begun_with_rbg_bits_resumes_with_consent(tmp_path):
+    """On a TPU "auto" dropout bits were rbg before 2026-11-28 and are hash since: such a run
+    resumes with --accept_changes (masks of the same distribution from then on), not only in
+    a new workdir."""
+    old, new = _config(dropout_rng="rbg"), _config(dropout_rng="hash")
+    with pytest.raises(run_identity.RunMismatchError, match="'rbg' -> 'hash'. If these"):
+        run_identity.check_resume(old, new, 8, str(tmp_path))
+    notes = run_identity.check_resume(old, new, 8, str(tmp_path), accept_changes=True)
+    assert notes == ["dropout_rng: 'rbg' -> 'hash'"]
+
+
 def test_a_field_added_since_the_run_shows_as_unset():
     old = run_identity.as_dict(TrainConfig())
     del old["monitor"]["window"]

@@ -51,6 +51,9 @@ CONFIG_FILE = "config.json"
 #                               layout: the same values up to the order of reductions.
 #   model.scan_unroll           the same scanned layers as a loop or as straight-line code:
 #                               the same values up to fusion (tests/test_models.py).
+#   dropout_rng                 the dropout masks' generator: masks of the same distribution,
+#                               other ones from the step resumed at ("auto" on a TPU resolved
+#                               to rbg before 2026-11-28, to hash since).
 #   data.data_dir               where the prepared data is read: another folder may hold
 #                               another preparation.
 #   eval_batches, data.eval_batch_size, data.eval_num_batches
@@ -80,6 +83,7 @@ CONSENT_FIELDS = frozenset(
         "mesh.fsdp",
         "mesh.tensor",
         "model.activation_layout",
+        "dropout_rng",
         "model.scan_unroll",
         "data.data_dir",
         "eval_batches",

@@ -224,9 +224,9 @@ def _grads(graphdef, params, rest, batch, key, cfg, task, measure=False):
         return jax.tree.map(jnp.add, carry, one(*xs)), None
 
     micro = _micro_batches(batch, accum)
-    first = one(jax.tree.map(lambda x: x[0], micro), 0)
-    later = (jax.tree.map(lambda x: x[1:], micro), jnp.arange(1, accum))
-    total, _ = jax.lax.scan(body, first, later)
+    shapes = jax.eval_shape(one, jax.tree.map(lambda x: x[0], micro), 0)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    total, _ = jax.lax.scan(body, zeros, (micro, jnp.arange(accum)))
     return total
 
 
