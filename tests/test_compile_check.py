@@ -1,5 +1,6 @@
 """Ahead-of-time compile check: per-device memory from abstract, sharded state (8 CPU devices)."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import jax
 import pytest
 
 from configs import bert_preln
-from ln_jax import compile_check, sharding
+from ln_jax import aot, compile_check, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.train import steps
 
@@ -111,9 +112,9 @@ def test_auto_accumulation_picks_what_fits_the_budget():
     gib = compile_check.GIB
     report = {"total_bytes": 9 * gib, "temp_bytes": 8 * gib}  # 1 GiB state + 8 GiB temp
     # 80% of 4 GiB: 1 + 8/k <= 3.2 -> k = 4 (batch 16 over data x fsdp = 4 devices).
-    assert compile_check._auto_accumulation(report, cfg, mesh, 4.0) == 4
-    assert compile_check._auto_accumulation(report, cfg, mesh, 80.0) == 1
-    assert compile_check._auto_accumulation(report, cfg, mesh, None) == 1
+    assert aot._auto_accumulation(report, cfg, mesh, 4.0) == 4
+    assert aot._auto_accumulation(report, cfg, mesh, 80.0) == 1
+    assert aot._auto_accumulation(report, cfg, mesh, None) == 1
 
 
 def test_accumulated_micro_batches_hold_one_micro_batch_of_activations():
@@ -132,6 +133,26 @@ def test_accumulated_micro_batches_hold_one_micro_batch_of_activations():
 
     two, four = temp(128, 2), temp(256, 4)
     assert two <= 1.05 * four, (two, four)
+
+
+def test_the_check_grows_the_accumulation_while_its_compile_is_over_the_budget(monkeypatch):
+    """As the trainer does: the one-micro-batch estimate picks 2, the compile at 2 needs more
+    than 80% of the device, so the check compiles at 4 and reports that."""
+    gib = compile_check.GIB
+    totals = {1: (41, 40), 2: (31, 30), 4: (16, 15)}  # accumulation: (total, temp) in GiB
+    compiled: list[int] = []
+
+    def fake(cfg, mesh, options):
+        compiled.append(cfg.grad_accum_steps)
+        total, temp = totals[cfg.grad_accum_steps]
+        return {"grad_accum_steps": cfg.grad_accum_steps, "total_bytes": total * gib,
+                "temp_bytes": temp * gib}  # fmt: skip
+
+    monkeypatch.setattr(aot, "_compile_report", fake)
+    cfg = dataclasses.replace(small_config(), grad_accum_steps=0)
+    report = compile_check.compile_report(cfg, (2, 2, 2), device_memory_gib=30.0)
+    assert compiled == [1, 2, 4] and report["grad_accum_steps"] == 4
+    assert report["grad_accum_auto"]
 
 
 def test_ahead_of_time_shardings_are_the_trainers():

@@ -157,6 +157,37 @@ def test_choose_accumulation():
     assert choose_accumulation(256, 4, fixed=10, temp=10**9, budget=40) == 64
 
 
+def test_a_larger_accumulation_when_the_compiled_one_is_over_the_budget():
+    from ln_jax.train.accumulation import larger_if_over
+
+    assert larger_if_over(256, 4, accum=2, needed=50, budget=40) == 4
+    assert larger_if_over(256, 4, accum=2, needed=40, budget=40) is None  # it fits
+    assert larger_if_over(256, 4, accum=64, needed=50, budget=40) is None  # no more rows
+
+
+def test_auto_accumulation_grows_while_the_compiled_step_is_over_the_budget(data_dir, monkeypatch):
+    """The probe (one micro-batch) estimates 2 micro-batches; the step compiled at 2 needs
+    more than that estimate, so set-up compiles it at 4, which fits (as the trainer would
+    have run out of memory where libtpu's compile for a v5e-1 needed 14.56 GiB against the
+    estimate's 12.8: docs/tpu.md)."""
+    from ln_jax.train import accumulation
+
+    needs = iter([(2**20, 40 * 2**20), (2**20, 30 * 2**20), (2**20, 15 * 2**20)])  # 1, 2, 4
+    monkeypatch.setattr(accumulation, "device_memory_bytes", lambda device=None: 30 * 2**20)
+    monkeypatch.setattr(accumulation, "step_memory", lambda compiled: next(needs))
+    compiles: list[str] = []
+    listen = _step_compiles(compiles)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        cfg = tiny_config(data_dir, grad_accum_steps=0, **{"data.global_batch_size": 16})
+        run = trainer.setup(cfg)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert run.cfg.grad_accum_steps == 4
+    assert len(compiles) == 3, compiles  # the probe, the step at 2, the step at 4
+    assert next(needs, None) is None
+
+
 def _step_compiles(into: list[str]):
     """A jax.monitoring listener that appends the name of each train-step program compiled."""
 

@@ -27,7 +27,9 @@ counter was a different program).
 With `grad_accum_steps=0` ("auto") the train step at one micro-batch is the probe whose memory
 analysis picks the accumulation (`accumulation.choose`); when it picks 1, as it does wherever
 the batch fits, the probe is the run's train step and the measured step is compiled at one
-micro-batch too. Otherwise both are built and compiled at the chosen accumulation.
+micro-batch too. Otherwise both are built and compiled at the chosen accumulation, or at the
+next larger one while the train step compiled at it is over the device's budget
+(`accumulation.recheck`: the probe's estimate can be short).
 The choice is made in the background thread, as soon as the probe is compiled.
 
   ahead = Ahead(cfg, mesh)             # compiling from here on
@@ -100,13 +102,26 @@ class Ahead:
             )
             if cfg.grad_accum_steps != 1:
                 self.seconds["probe"] = self.seconds.pop(TRAIN)
-                programs = programs_of(cfg, self.mesh, self.abstract)
+                cfg, programs = self._fitting(cfg)
         else:
             programs = programs_of(cfg, self.mesh, self.abstract)
         for name, jitted in programs.items():
             if name not in self.seconds:
                 self._compile(name, jitted)
         return cfg, programs
+
+    def _fitting(self, cfg: TrainConfig) -> tuple[TrainConfig, dict[str, steps.BoundStep]]:
+        """(cfg, programs) at the chosen accumulation, its train step compiled; at the next
+        larger one while the compiled step is over the device's budget
+        (`accumulation.recheck`)."""
+        while True:
+            programs = programs_of(cfg, self.mesh, self.abstract)
+            compiled = self._compile(TRAIN, programs[TRAIN])
+            accum = cfg.grad_accum_steps
+            larger = accumulation.recheck(compiled, cfg.data, self.mesh, accum)
+            if larger is None:
+                return cfg, programs
+            cfg = dataclasses.replace(cfg, grad_accum_steps=larger)
 
     def finish(self) -> tuple[TrainConfig, dict[str, steps.BoundStep]]:
         """(cfg with its accumulation chosen, {"train", "measured"?: jitted steps whose
