@@ -417,8 +417,39 @@ class Invocation:
         return values
 
     def config(self) -> Any:
-        """The typed config of this command line (`ConfigFront.build`)."""
-        return self.command.config.build(self.config_values())
+        """The typed config of this command line (`ConfigFront.build`).
+
+        Raises:
+          ConfigError: as `ConfigFront.build`; a config file of another command (most of its
+            top-level fields unknown here, e.g. configs/glue.py given to train.py) says so.
+        """
+        values = self.config_values()
+        try:
+            return self.command.config.build(values)
+        except ConfigError as err:
+            raise self._other_command_s_config(values) or err from None
+
+    def _other_command_s_config(self, values: Mapping[str, Any]) -> ConfigError | None:
+        """The error for `values` that are another command's config, else None."""
+        kind = self.command.config.kind()
+        known = (
+            {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else set()
+        )
+        unknown = sorted(k for k in values if k not in known)
+        if not known or len(unknown) < 3 or len(unknown) < len(values) / 4:
+            return None  # a misspelt field or two: the field's own error is the better one
+        front = self.command.config
+        spec = config_front.parse_command_line(self.argv).spec or self.command._default_spec(
+            self.argv
+        )
+        return ConfigError(
+            f"--config={spec} is not a config of {self.command.prog}: {len(unknown)} of its "
+            f"{len(values)} top-level fields are not {kind.__name__}'s ({', '.join(unknown[:4])}"
+            f"{', ...' if len(unknown) > 4 else ''}): another command's config (train.py and "
+            "compile_check take configs/bert_*.py and mt.py, finetune.py configs/glue.py); "
+            f"{self.command.prog} takes e.g. --config={front.example}.",
+            fix=Fix(set={"--config": front.example}),
+        )
 
     # ------------------------------------------------------------------ errors
 

@@ -193,3 +193,16 @@ def test_the_command_run_in_process_leaves_absl_logging_as_it_found_it(capsys, m
     finally:
         absl_logger.setLevel(logging.NOTSET)
     assert "3" in capsys.readouterr().err
+
+
+def test_another_command_s_config_is_named_as_such(capsys):
+    """configs/glue.py is finetune.py's: given here, most of its top-level fields are not
+    TrainConfig's, and the error says whose config it is, not only that 'attention_dropout'
+    is unknown; a misspelt field keeps its own error."""
+    assert compile_check.COMMAND.run(compile_check._main, ["--config=configs/glue.py"]) == 2
+    err = capsys.readouterr().err
+    assert "--config=configs/glue.py is not a config of python -m ln_jax.compile_check" in err
+    assert "finetune.py configs/glue.py" in err and "--config=configs/bert_preln.py:tiny" in err
+    argv = ["--config=configs/bert_preln.py:tiny", "--config.modle.size=tiny"]
+    assert compile_check.COMMAND.run(compile_check._main, argv) == 2
+    assert "unknown config field 'modle'. Did you mean 'model'?" in capsys.readouterr().err
