@@ -11,17 +11,9 @@ import pytest
 from configs import bert_preln
 from ln_jax import compile_check, deviceless, kernel_census, matmul_census, platforms, sharding
 from ln_jax.config import TrainConfig
+from tests.deviceless_support import needs, run_compile_check
 
-
-def _plugin_missing() -> str:
-    try:
-        deviceless.plugin()
-    except deviceless.DevicelessError as err:
-        return str(err)
-    return ""
-
-
-needs_plugin = pytest.mark.skipif(bool(_plugin_missing()), reason=_plugin_missing())
+needs_plugin = needs(deviceless.plugin)
 
 
 def tiny(batch: int = 8, seq: int = 32, **model) -> TrainConfig:
@@ -91,7 +83,7 @@ def test_the_row_major_pin_leaves_no_transpose_of_the_residual_stream():
 
 @needs_plugin
 def test_the_command_compiles_for_a_gpu_and_checks_its_memory(capsys):
-    code = _run(
+    code = run_compile_check(
         "--config=configs/bert_preln.py:tiny",
         "--config.data.global_batch_size=8",
         "--gpu=h100",
@@ -112,7 +104,7 @@ def test_the_command_compiles_for_a_gpu_and_checks_its_memory(capsys):
     ],
 )
 def test_command_errors_name_the_fix(extra, message, capsys):
-    code = _run("--config=configs/bert_preln.py:tiny", *extra)
+    code = run_compile_check("--config=configs/bert_preln.py:tiny", *extra)
     assert code != 0 and message in capsys.readouterr().err
 
 
@@ -127,14 +119,6 @@ def test_the_target_config_carries_the_gpu_s_figures():
     assert "cuda_compute_capability { major: 8 minor: 0 }" in text
     assert "core_count: 108" in text and "runtime_version { major: 12 minor: 0 }" in text
     assert dataclasses.asdict(kernel_census.SPECS["h200"])["memory_bytes"] > 140 * 2**30
-
-
-def _run(*argv: str) -> int:
-    try:
-        compile_check.run(list(argv))
-    except SystemExit as done:
-        return int(done.code or 0)
-    return 0
 
 
 def test_compiles_for_a_gpu_here_skip_the_persistent_cache():

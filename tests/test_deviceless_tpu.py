@@ -13,19 +13,12 @@ from configs import bert_preln
 from ln_jax import compile_check, deviceless, matmul_census, platforms, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.train import accumulation
+from tests.deviceless_support import needs, run_compile_check
 
 GIB = 1024**3
 
 
-def _libtpu_missing() -> str:
-    try:
-        deviceless.libtpu()
-    except deviceless.DevicelessError as err:
-        return str(err)
-    return ""
-
-
-needs_libtpu = pytest.mark.skipif(bool(_libtpu_missing()), reason=_libtpu_missing())
+needs_libtpu = needs(deviceless.libtpu)
 
 
 def tiny(batch: int = 16, seq: int = 64, accum: int = 1) -> TrainConfig:
@@ -113,7 +106,7 @@ def test_hash_dropout_bits_take_less_tpu_memory_than_rbg(busy):
 def test_the_command_compiles_for_a_tpu_and_checks_its_memory(capsys):
     """The slice's devices make the config's mesh (data=-1: all 8 of a v2-8's cores) and
     its memory per device is the budget (a v2 core's 8 GiB)."""
-    assert _run("--config=configs/bert_preln.py:tiny", "--tpu=v2-8") == 0
+    assert run_compile_check("--config=configs/bert_preln.py:tiny", "--tpu=v2-8") == 0
     out = capsys.readouterr().out
     assert "mesh data=8 fsdp=1 tensor=1 on 8 x TPU v2 (tpu)" in out
     assert "fits: 0.0" in out and "GiB of 8 GiB per device" in out
@@ -129,13 +122,13 @@ def test_the_command_compiles_for_a_tpu_and_checks_its_memory(capsys):
     ],
 )
 def test_command_errors_name_the_fix(extra, message, capsys):
-    code = _run("--config=configs/bert_preln.py:tiny", *extra)
+    code = run_compile_check("--config=configs/bert_preln.py:tiny", *extra)
     assert code != 0 and message in capsys.readouterr().err
 
 
 @needs_libtpu
 def test_a_mesh_the_slice_cannot_hold_is_refused(capsys):
-    code = _run("--config=configs/bert_preln.py:tiny", "--tpu=v5e-4", "--mesh=8,1,1")
+    code = run_compile_check("--config=configs/bert_preln.py:tiny", "--tpu=v5e-4", "--mesh=8,1,1")
     err = capsys.readouterr().err
     assert code != 0 and "8" in err and "4" in err
 
@@ -173,11 +166,3 @@ def test_each_slice_has_its_devices_on_one_host(name):
     assert {d.process_index for d in devices} == {0}  # one host: Colab's, a single TPU VM
     mesh = sharding.make_mesh(-1, 1, 1, devices=devices)
     assert deviceless.is_compile_only(mesh.devices) and mesh.size == chosen.devices
-
-
-def _run(*argv: str) -> int:
-    try:
-        compile_check.run(list(argv))
-    except SystemExit as done:
-        return int(done.code or 0)
-    return 0
