@@ -208,7 +208,7 @@ def compile_report(
         CPU (same memory and FLOP figures, half the compile time), the defaults elsewhere.
       device_memory_gib: the target's memory per device. Only used when
         `cfg.grad_accum_steps` is 0 ("auto"): the accumulation is then chosen as the trainer
-        would choose it on such a device (`ln_jax.train.accumulation.choose_accumulation`);
+        would choose it on such a device (`ln_jax.train.accumulation.fit`);
         without a budget, auto is reported at one micro-batch.
 
     Returns:
@@ -226,40 +226,20 @@ def compile_report(
         compiler_options = _default_compiler_options(mesh)
     if cfg.grad_accum_steps:
         return _compile_report(cfg, mesh, compiler_options)
-    report = _compile_report(dataclasses.replace(cfg, grad_accum_steps=1), mesh, compiler_options)
-    accum: int | None = _auto_accumulation(report, cfg, mesh, device_memory_gib)
-    while accum and accum > 1:  # as the trainer: larger while the compiled step is over
-        report = _compile_report(
-            dataclasses.replace(cfg, grad_accum_steps=accum), mesh, compiler_options
-        )
-        accum = _larger_if_over(report, cfg, mesh, device_memory_gib)
-    report["grad_accum_auto"] = True
-    return report
+    reports = []
 
+    def compile_at(k: int) -> tuple[int, int]:
+        at_k = dataclasses.replace(cfg, grad_accum_steps=k)
+        reports.append(_compile_report(at_k, mesh, compiler_options))
+        return reports[-1]["total_bytes"] - reports[-1]["temp_bytes"], reports[-1]["temp_bytes"]
 
-def _larger_if_over(
-    report: dict[str, Any], cfg: TrainConfig, mesh: jax.sharding.Mesh, gib: float | None
-) -> int | None:
-    """The next accumulation when the step compiled at the report's is over the budget."""
-    if gib is None or "total_bytes" not in report:
-        return None
-    budget = int(accumulation.HEADROOM * gib * GIB)
-    divisor = sharding.batch_divisor(mesh)
-    batch, accum = cfg.data.global_batch_size, report["grad_accum_steps"]
-    return accumulation.larger_if_over(batch, divisor, accum, report["total_bytes"], budget)
-
-
-def _auto_accumulation(
-    report: dict[str, Any], cfg: TrainConfig, mesh: jax.sharding.Mesh, gib: float | None
-) -> int:
-    """The micro-batch count the trainer's auto mode would pick on a device of `gib` GiB."""
-    if gib is None or "temp_bytes" not in report:
-        return 1
-    fixed = report["total_bytes"] - report["temp_bytes"]
-    budget = int(accumulation.HEADROOM * gib * GIB)
-    divisor = sharding.batch_divisor(mesh)
-    batch = cfg.data.global_batch_size
-    return accumulation.choose_accumulation(batch, divisor, fixed, report["temp_bytes"], budget)
+    if device_memory_gib is None:  # no budget: reported at one micro-batch
+        compile_at(1)
+    else:
+        budget = accumulation.budget_bytes(int(device_memory_gib * GIB))
+        batch, divisor = cfg.data.global_batch_size, sharding.batch_divisor(mesh)
+        accumulation.fit(batch, divisor, budget, compile_at)
+    return {**reports[-1], "grad_accum_auto": True}
 
 
 def _compile_report(
@@ -371,7 +351,7 @@ def fits(report: dict[str, Any], device_memory_gib: float) -> tuple[bool, str]:
         return False, (
             f"WILL NOT FIT: the train step needs an estimated {used}. Shard more (--mesh with "
             "fsdp/tensor > 1), lower the per-device batch, use grad_accum_steps, "
-            "model.remat or bfloat16."
+            "model.remat=dots (or full) or bfloat16."
         )
     return True, f"fits: {used} ({100 * total / budget:.0f}%)"
 

@@ -184,7 +184,7 @@ class OutOfMemoryError(Exception):
             f"the device ran out of memory ({first}). The step does not fit: let ln_jax pick "
             "the micro-batches (--config.grad_accum_steps=0, auto), lower "
             "--config.data.global_batch_size, or recompute activations "
-            "(--config.model.remat=full); `python -m ln_jax.compile_check --config=...` "
+            "(--config.model.remat=dots, or =full); `python -m ln_jax.compile_check --config=...` "
             "estimates the memory ahead of time. The last checkpoint is kept."
         )
 

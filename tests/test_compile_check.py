@@ -106,15 +106,29 @@ def test_device_count_comes_from_the_flags():
         compile_check.parse_mesh("4,2")
 
 
-def test_auto_accumulation_picks_what_fits_the_budget():
-    cfg = small_config()
-    mesh = compile_check.resolve_mesh((2, 2, 2), cfg)
+def test_auto_accumulation_picks_what_fits_then_grows_while_the_compile_is_over():
+    """`accumulation.fit`, the procedure of the trainer and of compile_check: the probe's
+    estimate picks 4; a step whose temporaries do not shrink k-fold is compiled again at 8."""
+    from ln_jax.train import accumulation
+
     gib = compile_check.GIB
-    report = {"total_bytes": 9 * gib, "temp_bytes": 8 * gib}  # 1 GiB state + 8 GiB temp
-    # 80% of 4 GiB: 1 + 8/k <= 3.2 -> k = 4 (batch 16 over data x fsdp = 4 devices).
-    assert aot._auto_accumulation(report, cfg, mesh, 4.0) == 4
-    assert aot._auto_accumulation(report, cfg, mesh, 80.0) == 1
-    assert aot._auto_accumulation(report, cfg, mesh, None) == 1
+    budget = int(0.8 * 4 * gib)  # 80% of 4 GiB
+
+    def run(shrinks: float, batch: int = 64) -> tuple[int, list[int]]:
+        tried = []
+
+        def compile_at(k: int) -> tuple[int, int]:  # 1 GiB state + 8 GiB temp at once
+            tried.append(k)
+            return gib, int(8 * gib / k**shrinks)
+
+        return accumulation.fit(batch, 4, budget, compile_at), tried
+
+    assert run(shrinks=1.0) == (4, [1, 4])  # 1 + 8/4 <= 3.2
+    assert run(shrinks=0.8) == (8, [1, 4, 8])  # 1 + 8/4^0.8 = 3.64 over, 1 + 8/8^0.8 = 2.52
+    assert run(shrinks=0.0) == (16, [1, 4, 8, 16])  # 64 rows over 4 devices: at most 16
+    assert run(shrinks=0.0, batch=16) == (4, [1, 4])
+    assert accumulation.fit(16, 4, 80 * gib, lambda k: (gib, 8 * gib)) == 1
+    assert accumulation.fit(16, 4, None, lambda k: (gib, 8 * gib)) == 1
 
 
 def test_accumulated_micro_batches_hold_one_micro_batch_of_activations():

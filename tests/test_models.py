@@ -185,12 +185,15 @@ def _grads(model, ids, seg, mask, pos, key):
 
 
 @pytest.mark.parametrize("scan", [False, True])
-def test_remat_gives_the_same_gradients(scan):
-    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, scan_layers=scan)
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_remat_gives_the_same_gradients(scan, remat):
+    """With dropout on hidden states and attention probabilities: the recomputed forward
+    draws the same masks."""
+    cfg = ln_jax.ModelConfig(**ODD, num_layers=2, scan_layers=scan, attention_dropout=0.3)
     ids, seg, mask, pos = batch(np.random.default_rng(4))
     key = jax.random.key(3)
     plain = _grads(build(cfg, seed=5), ids, seg, mask, pos, key)
-    remat = _grads(build(cfg.replace(remat="full"), seed=5), ids, seg, mask, pos, key)
+    remat = _grads(build(cfg.replace(remat=remat), seed=5), ids, seg, mask, pos, key)
     for x, y in zip(jax.tree.leaves(plain), jax.tree.leaves(remat), strict=True):
         np.testing.assert_allclose(x, y, atol=1e-6)
 

@@ -165,11 +165,14 @@ def test_a_larger_accumulation_when_the_compiled_one_is_over_the_budget():
     assert larger_if_over(256, 4, accum=64, needed=50, budget=40) is None  # no more rows
 
 
-def test_auto_accumulation_grows_while_the_compiled_step_is_over_the_budget(data_dir, monkeypatch):
+@pytest.mark.parametrize("ahead", [True, False])
+def test_auto_accumulation_grows_while_the_compiled_step_is_over_the_budget(
+    data_dir, monkeypatch, ahead
+):
     """The probe (one micro-batch) estimates 2 micro-batches; the step compiled at 2 needs
     more than that estimate, so set-up compiles it at 4, which fits (as the trainer would
     have run out of memory where libtpu's compile for a v5e-1 needed 14.56 GiB against the
-    estimate's 12.8: docs/tpu.md)."""
+    estimate's 12.8: docs/tpu.md). Compiled ahead (a run) and lazily alike."""
     from ln_jax.train import accumulation
 
     needs = iter([(2**20, 40 * 2**20), (2**20, 30 * 2**20), (2**20, 15 * 2**20)])  # 1, 2, 4
@@ -180,7 +183,7 @@ def test_auto_accumulation_grows_while_the_compiled_step_is_over_the_budget(data
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         cfg = tiny_config(data_dir, grad_accum_steps=0, **{"data.global_batch_size": 16})
-        run = trainer.setup(cfg)
+        run = trainer.setup(cfg, compile_ahead=ahead)
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert run.cfg.grad_accum_steps == 4

@@ -1,22 +1,30 @@
 """Automatic gradient accumulation: fit a train step into device memory by XLA's own estimate.
 
 `grad_accum_steps=0` ("auto") compiles the step once at one micro-batch, reads XLA's memory
-analysis, and picks the smallest power-of-two accumulation whose estimate fits the device, so
-that e.g. BERT-base at batch 256 runs on a 24 GiB CPU as it does on an 80 GiB GPU.
+analysis, picks the smallest power-of-two accumulation whose estimate fits the device, and
+compiles the step at it, at a larger one while the compiled step does not fit, so that e.g.
+BERT-base at batch 256 runs on a 24 GiB CPU as it does on an 80 GiB GPU. `fit` is that
+procedure, for the trainer (ahead of time or not) and `python -m ln_jax.compile_check`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from ln_jax import sharding
-
 log = logging.getLogger(__name__)
 GiB = 2**30
 HEADROOM = 0.8  # use at most this fraction of a device's memory
+# When no accumulation fits. On a TPU (libtpu's compile, BERT-base 256 x 128 on a v6e-1,
+# docs/tpu.md) "dots" took the temporaries 14.0 -> 5.8 GiB for 1.2% more FLOPs, "full" to
+# 2.2 GiB for 22% more; XLA:CPU's estimate did not move (docs/usage.md).
+REMAT_HINT = (
+    "try --config.model.remat=dots (the backward recomputes all but the matmuls) or "
+    "remat=full (each layer), or a smaller data.global_batch_size"
+)
 
 
 def device_memory_bytes(device: Any = None) -> int | None:
@@ -74,58 +82,52 @@ def larger_if_over(batch: int, divisor: int, accum: int, needed: int, budget: in
     return next((k for k in candidates(batch, divisor) if k > accum), None)
 
 
-def recheck(compiled: Any, data_cfg: Any, mesh: Any, accum: int) -> int | None:
-    """After the step is compiled at the chosen `accum` (> 1): the next accumulation to try
-    when its real memory is over this device's budget (`larger_if_over`; logged), else None."""
-    memory = device_memory_bytes()
-    if memory is None:
-        return None
-    fixed, temp = step_memory(compiled)
-    budget = int(HEADROOM * memory)
-    divisor = sharding.batch_divisor(mesh)
-    larger = larger_if_over(data_cfg.global_batch_size, divisor, accum, fixed + temp, budget)
-    if fixed + temp > budget:
-        log.warning(
-            "grad_accum_steps=auto: at %d micro-batches the compiled step needs %.1f GiB per "
-            "device, over %.1f GiB (%.0f%% of %.1f GiB): %s",
-            accum,
-            (fixed + temp) / GiB,
-            budget / GiB,
-            100 * HEADROOM,
-            memory / GiB,
-            f"trying {larger}" if larger else "the batch allows no more; try model.remat=full",
-        )
-    return larger
+def budget_bytes(memory: int | None = None) -> int | None:
+    """The bytes a step may use on one device: `HEADROOM` of `memory` (default: this
+    device's, `device_memory_bytes`); None where the memory is unknown."""
+    memory = device_memory_bytes() if memory is None else memory
+    return None if memory is None else int(HEADROOM * memory)
 
 
-def auto_accumulation(jitted_step: Any, args: tuple, data_cfg: Any, mesh: Any) -> int:
-    """Compiles `jitted_step(*args)` (one micro-batch) and returns the accumulation to use."""
-    with sharding.use_mesh(mesh):
-        compiled = jitted_step.lower(*args).compile()
-    return choose(compiled, data_cfg, mesh)
+def fit(batch: int, divisor: int, budget: int | None, compile_at: Callable[[int], Any]) -> int:
+    """The accumulation an "auto" run uses, found by compiling the step.
 
-
-def choose(compiled: Any, data_cfg: Any, mesh: Any) -> int:
-    """The accumulation to use, from `compiled` (the train step at one micro-batch): its memory
-    analysis against this device's memory (`choose_accumulation`); logged as a warning."""
-    fixed, temp = step_memory(compiled)
-    memory = device_memory_bytes()
-    if memory is None:
+    `compile_at(k)` compiles the step at k micro-batches and returns its per-device
+    (bytes that do not scale with the batch, temporary bytes) (`step_memory`). k = 1 is the
+    probe; its estimate fixed + temp / k picks the smallest k that fits `budget`
+    (`choose_accumulation`); the step is then compiled at k, and at the next larger k while
+    it needs more than `budget` (`larger_if_over`). The last `compile_at` call is at the
+    returned k. `budget` None (the device's memory unknown): 1. The choices are logged.
+    """
+    fixed, temp = compile_at(1)
+    if budget is None:
         log.warning("device memory unknown: grad_accum_steps=auto uses 1")
         return 1
-    budget = int(HEADROOM * memory)
-    k = choose_accumulation(
-        data_cfg.global_batch_size, sharding.batch_divisor(mesh), fixed, temp, budget
-    )
-    estimate = fixed + temp / k
+    k = choose_accumulation(batch, divisor, fixed, temp, budget)
     log.warning(
         "grad_accum_steps=auto: the step needs %.1f GiB per device in one micro-batch; using %d "
-        "micro-batch(es), estimated %.1f GiB of the device's %.1f GiB",
+        "micro-batch(es), estimated %.1f GiB of the %.1f GiB it may use (%.0f%% of the device)",
         (fixed + temp) / GiB,
         k,
-        estimate / GiB,
-        memory / GiB,
+        (fixed + temp / k) / GiB,
+        budget / GiB,
+        100 * HEADROOM,
     )
-    if estimate > budget:
-        log.warning("even %d micro-batches may not fit: try --config.model.remat=full", k)
+    while k > 1:
+        needed = sum(compile_at(k))
+        larger = larger_if_over(batch, divisor, k, needed, budget)
+        if needed > budget:
+            log.warning(
+                "grad_accum_steps=auto: at %d micro-batches the compiled step needs %.1f GiB per "
+                "device, over %.1f GiB: %s",
+                k,
+                needed / GiB,
+                budget / GiB,
+                f"trying {larger}" if larger else f"the batch allows no more; {REMAT_HINT}",
+            )
+        if larger is None:
+            return k
+        k = larger
+    if fixed + temp > budget:
+        log.warning("the step may not fit in one micro-batch: %s", REMAT_HINT)
     return k

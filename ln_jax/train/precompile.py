@@ -25,11 +25,11 @@ shapes compile nothing (the state's scalars are typed as the abstract ones: a we
 counter was a different program).
 
 With `grad_accum_steps=0` ("auto") the train step at one micro-batch is the probe whose memory
-analysis picks the accumulation (`accumulation.choose`); when it picks 1, as it does wherever
+analysis picks the accumulation (`accumulation.fit`); when it picks 1, as it does wherever
 the batch fits, the probe is the run's train step and the measured step is compiled at one
 micro-batch too. Otherwise both are built and compiled at the chosen accumulation, or at the
-next larger one while the train step compiled at it is over the device's budget
-(`accumulation.recheck`: the probe's estimate can be short).
+next larger one while the train step compiled at it is over the device's budget (the probe's
+estimate can be short).
 The choice is made in the background thread, as soon as the probe is compiled.
 
   ahead = Ahead(cfg, mesh)             # compiling from here on
@@ -90,38 +90,26 @@ class Ahead:
         return compiled
 
     def _compile_all(self) -> tuple[TrainConfig, dict[str, steps.BoundStep]]:
-        """(cfg, programs), in the background thread: with "auto" accumulation the probe
-        first, then what it chose."""
-        cfg = self.cfg
+        """(cfg, programs), in the background thread: with "auto" accumulation the train
+        step at each accumulation `accumulation.fit` tries, the last one the run's."""
+        cfg, built = self.cfg, {}
         if cfg.grad_accum_steps == 0:
-            one = dataclasses.replace(cfg, grad_accum_steps=1)
-            programs = programs_of(one, self.mesh, self.abstract)
-            probe = self._compile(TRAIN, programs[TRAIN])
-            cfg = dataclasses.replace(
-                cfg, grad_accum_steps=accumulation.choose(probe, cfg.data, self.mesh)
-            )
-            if cfg.grad_accum_steps != 1:
-                self.seconds["probe"] = self.seconds.pop(TRAIN)
-                cfg, programs = self._fitting(cfg)
-        else:
-            programs = programs_of(cfg, self.mesh, self.abstract)
+
+            def compile_at(k: int) -> tuple[int, int]:
+                if TRAIN in self.seconds:  # the probe, or a step that did not fit
+                    self.seconds["probe"] = self.seconds.get("probe", 0.0) + self.seconds.pop(TRAIN)
+                at_k = dataclasses.replace(cfg, grad_accum_steps=k)
+                built[k] = programs_of(at_k, self.mesh, self.abstract)
+                return accumulation.step_memory(self._compile(TRAIN, built[k][TRAIN]))
+
+            divisor, budget = sharding.batch_divisor(self.mesh), accumulation.budget_bytes()
+            k = accumulation.fit(cfg.data.global_batch_size, divisor, budget, compile_at)
+            cfg = dataclasses.replace(cfg, grad_accum_steps=k)
+        programs = built.get(cfg.grad_accum_steps) or programs_of(cfg, self.mesh, self.abstract)
         for name, jitted in programs.items():
             if name not in self.seconds:
                 self._compile(name, jitted)
         return cfg, programs
-
-    def _fitting(self, cfg: TrainConfig) -> tuple[TrainConfig, dict[str, steps.BoundStep]]:
-        """(cfg, programs) at the chosen accumulation, its train step compiled; at the next
-        larger one while the compiled step is over the device's budget
-        (`accumulation.recheck`)."""
-        while True:
-            programs = programs_of(cfg, self.mesh, self.abstract)
-            compiled = self._compile(TRAIN, programs[TRAIN])
-            accum = cfg.grad_accum_steps
-            larger = accumulation.recheck(compiled, cfg.data, self.mesh, accum)
-            if larger is None:
-                return cfg, programs
-            cfg = dataclasses.replace(cfg, grad_accum_steps=larger)
 
     def finish(self) -> tuple[TrainConfig, dict[str, steps.BoundStep]]:
         """(cfg with its accumulation chosen, {"train", "measured"?: jitted steps whose

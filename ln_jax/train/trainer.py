@@ -211,13 +211,20 @@ def _with_programs(run: Run, cfg: TrainConfig, programs: dict) -> Run:
 
 
 def _auto_accumulation(cfg: TrainConfig, mesh, pieces, clock: _PhaseClock) -> TrainConfig:
-    """`cfg` with "auto" accumulation chosen by compiling the step once (else `cfg`)."""
+    """`cfg` with "auto" accumulation chosen by compiling the step (`accumulation.fit`;
+    else `cfg`)."""
     if cfg.grad_accum_steps:
         return cfg
-    probe = steps.jit_train_step(dataclasses.replace(cfg, grad_accum_steps=1), mesh, pieces)
     args = (pieces.state, pieces.rest, steps.abstract_batch(cfg, mesh))
-    accum = accumulation.auto_accumulation(probe, args, cfg.data, mesh)
-    clock.lap("grad_accum_steps=auto (compiles the step once)")
+
+    def compile_at(k: int) -> tuple[int, int]:
+        step = steps.jit_train_step(dataclasses.replace(cfg, grad_accum_steps=k), mesh, pieces)
+        with sharding.use_mesh(mesh):
+            return accumulation.step_memory(step.lower(*args).compile())
+
+    divisor, budget = sharding.batch_divisor(mesh), accumulation.budget_bytes()
+    accum = accumulation.fit(cfg.data.global_batch_size, divisor, budget, compile_at)
+    clock.lap("grad_accum_steps=auto (compiles the step)")
     return dataclasses.replace(cfg, grad_accum_steps=accum)
 
 
