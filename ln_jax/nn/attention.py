@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from ln_jax.nn import flash
 from ln_jax.nn.init import init_scheme
@@ -95,7 +96,7 @@ def masked_attention(
     if ok is not None:
         logits = jnp.where(ok, logits, _NEG)
     probs = dropout(jax.nn.softmax(logits, axis=-1), rate, key).astype(v.dtype)
-    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+    return checkpoint_name(jnp.einsum("bnts,bsnh->btnh", probs, v), flash.RESIDUALS)
 
 
 class Attention(nnx.Module):

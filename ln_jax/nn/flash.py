@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -220,8 +221,15 @@ def _flash(q, k, v, valid, seeds, biases, st):
     return _forward(q, k, v, valid, seeds, biases, st)[0]
 
 
+# The name (`jax.ad_checkpoint.checkpoint_name`) of what an attention's backward reads besides
+# its inputs: this kernel's output and log-sum-exp, XLA's attention output
+# (`ln_jax.nn.attention.masked_attention`). The "dots" remat policy (`ln_jax.nn.stack`) saves
+# it, so the backward does not run the attention's forward again.
+RESIDUALS = "attention_residuals"
+
+
 def _flash_fwd(q, k, v, valid, seeds, biases, st):
-    out, lse = _forward(q, k, v, valid, seeds, biases, st)
+    out, lse = (checkpoint_name(x, RESIDUALS) for x in _forward(q, k, v, valid, seeds, biases, st))
     return out, (q, k, v, valid, seeds, biases, out, lse)
 
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ln_jax.nn import flash
 from ln_jax.nn.attention import Attention
 from ln_jax.nn.blocks import DecoderLayer, EncoderLayer, Layer, Record, StackDepth, make_norm
 from ln_jax.nn.layers import split_key
@@ -27,7 +28,11 @@ Array = jax.Array
 
 _REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    # the projections' outputs and the attention's (`flash.RESIDUALS`); not the probabilities
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+        jax.checkpoint_policies.save_only_these_names(flash.RESIDUALS),
+    ),
 }
 
 

@@ -19,10 +19,10 @@ log = logging.getLogger(__name__)
 GiB = 2**30
 HEADROOM = 0.8  # use at most this fraction of a device's memory
 # When no accumulation fits. On a TPU (libtpu's compile, BERT-base 256 x 128 on a v6e-1,
-# docs/tpu.md) "dots" took the temporaries 14.0 -> 5.8 GiB for 1.2% more FLOPs, "full" to
+# docs/tpu.md) "dots" took the temporaries 14.0 -> 6.3 GiB for 0.6% more FLOPs, "full" to
 # 2.2 GiB for 22% more; XLA:CPU's estimate did not move (docs/usage.md).
 REMAT_HINT = (
-    "try --config.model.remat=dots (the backward recomputes all but the matmuls) or "
+    "try --config.model.remat=dots (the backward recomputes all but the matmuls' outputs) or "
     "remat=full (each layer), or a smaller data.global_batch_size"
 )
 
