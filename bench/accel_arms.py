@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from bench import measure
-from bench.bench_accel import (
+from bench.accel_step import (
     Feeds,
     arm_result,
     compile_step,

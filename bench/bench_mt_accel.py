@@ -22,7 +22,7 @@ cuBLAS calls on a GPU), a multiply-add = 2, training = 3 x forward, over padded 
 N_enc = L_enc (4 d^2 + 2 d f), N_dec = L_dec (6 d^2 + 2 d f) (self-attention, the cross-
 attention's query and output, the FFN); the cross-attention's keys and values (2 L_dec d^2 per
 source token) are the third term; embeddings are lookups, the tied output projection is d V.
-MFU divides by the device kind's dense peak (`bench_accel.PEAKS`), or none on a CPU.
+MFU divides by the device kind's dense peak (`bench.accel_step.PEAKS`), or none on a CPU.
 
 Decode: the same model with random weights (`Translation.build`), beam 5 (`--beam`), the cached
 search of `ln_jax.models.translation.search` on `--sentences` sources of lengths drawn from
@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.bench_accel import table_peak  # noqa: E402
+from bench.accel_step import table_peak  # noqa: E402
 from bench.bench_translate_hf import train_batch  # noqa: E402
 from bench.measure import run_alternating, write_result  # noqa: E402
 

@@ -31,7 +31,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_accel import parse_args, split_xla_options, train_config  # noqa: E402
+from bench.accel_step import split_xla_options, train_config  # noqa: E402
+from bench.bench_accel import parse_args  # noqa: E402
 from ln_jax import compile_check, deviceless, kernel_census  # noqa: E402
 
 DEFAULT_ARMS = ("default",)

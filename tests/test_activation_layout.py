@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from bench import bench_accel
+from bench import accel_step
 from configs import bert_preln
 from ln_jax import sharding
 from ln_jax.config import TrainConfig
@@ -40,7 +40,7 @@ def _lowered(layout: str, scan: bool, mesh) -> tuple[object, tuple]:
     cfg = _config(layout, scan)
     pieces = steps.init_state(cfg, mesh)
     train, _ = steps.jit_steps(cfg, mesh, pieces)
-    args = (pieces.state, pieces.rest, bench_accel.fixed_batch(SHAPE, mesh))
+    args = (pieces.state, pieces.rest, accel_step.fixed_batch(SHAPE, mesh))
     with sharding.use_mesh(mesh):
         return train.lower(*args), args
 

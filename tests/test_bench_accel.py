@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from bench import bench_accel
+from bench import accel_step, bench_accel
 
 pytest_plugins = ("tests.data_fixtures",)
 
@@ -80,7 +80,7 @@ def test_tiny_both_feeds_on_cpu(data_dir, tmp_path):
 
 
 def test_peak_table_and_config_defaults():
-    peak = bench_accel.table_peak
+    peak = accel_step.table_peak
     assert peak("NVIDIA H100 80GB HBM3", "bfloat16") == 989
     assert peak("NVIDIA H100 80GB HBM3", "float32") == 495  # TF32
     assert peak("NVIDIA H100 PCIe", "bfloat16") == 756
@@ -90,7 +90,7 @@ def test_peak_table_and_config_defaults():
     assert peak("TPU v6 lite", "bfloat16") == 918 and peak("TPU v4", "bfloat16") == 275
 
     argv = ["--size=mini", "--batch=32", "--config.dropout_rng=rbg"]
-    cfg = bench_accel.train_config(bench_accel.parse_args(argv), argv)
+    cfg = accel_step.train_config(bench_accel.parse_args(argv), argv)
     assert cfg.model.dtype == "bfloat16" and cfg.model.size == "mini"
     assert cfg.model.vocab_size == 30522  # the fixed feed: BERT's vocabulary
     assert (cfg.data.global_batch_size, cfg.data.max_seq_length) == (32, 128)
@@ -109,10 +109,10 @@ def test_an_arm_s_xla_options_are_split_from_its_config_fields():
     name, overrides = bench_accel.parse_arm(
         "cublas:xla.xla_gpu_enable_triton_gemm=false,model.dtype=bfloat16,xla.xla_gpu_x=3"
     )
-    fields, options = bench_accel.split_xla_options(overrides)
+    fields, options = accel_step.split_xla_options(overrides)
     assert name == "cublas" and fields == {"model.dtype": "bfloat16"}
     assert options == {"xla_gpu_enable_triton_gemm": False, "xla_gpu_x": 3}
-    assert bench_accel.split_xla_options({"xla.o": "fast"})[1] == {"o": "fast"}
+    assert accel_step.split_xla_options({"xla.o": "fast"})[1] == {"o": "fast"}
     assert accel_arms.compile_threads(4) == 4  # the tests' backend is the CPU
 
 
