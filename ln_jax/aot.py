@@ -231,7 +231,8 @@ def compile_report(
     def compile_at(k: int) -> tuple[int, int]:
         at_k = dataclasses.replace(cfg, grad_accum_steps=k)
         reports.append(_compile_report(at_k, mesh, compiler_options))
-        return reports[-1]["total_bytes"] - reports[-1]["temp_bytes"], reports[-1]["temp_bytes"]
+        temp = reports[-1].get("temp_bytes", 0)  # 0, 0: no memory analysis (fits at one)
+        return reports[-1].get("total_bytes", 0) - temp, temp
 
     if device_memory_gib is None:  # no budget: reported at one micro-batch
         compile_at(1)
