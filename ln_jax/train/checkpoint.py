@@ -32,6 +32,7 @@ from etils import epath
 
 from ln_jax import paths
 from ln_jax.config import CheckpointConfig
+from ln_jax.train import flat
 from ln_jax.train.run_identity import fresh_workdir
 from ln_jax.validate import Fix, UserError
 
@@ -168,7 +169,7 @@ class Checkpointer:
         """
         self._finish_pending()
         args = ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
+            state=ocp.args.StandardSave(flat.as_tree(state)),
             data_iter=ocp.args.JsonSave(data_state),
             config=ocp.args.JsonSave(config),
         )
@@ -232,6 +233,7 @@ class Checkpointer:
         steps = sorted(self.manager.all_steps(), reverse=True)
         if not steps:
             return None
+        target = flat.as_tree(target)
         errors, broken = [], []
         for step in steps if self.cfg.fallback else steps[:1]:
             path = self.directory / str(step)
@@ -268,6 +270,7 @@ class Checkpointer:
         """
         saved = sorted(self.manager.all_steps())
         path = self.directory / str(step)
+        target = flat.as_tree(target)
         if step not in saved:
             raise CheckpointError(
                 f"no checkpoint {path}: the saved steps are {saved or 'none'}; name one of them."

@@ -10,7 +10,9 @@ its loss come from the config's task (`ln_jax.task`): nothing here names one.
   train, evaluate = jit_steps(cfg, mesh, pieces)   # jitted with those shardings, state donated
 
 `train(state, rest, batch) -> (state, metrics)` and `evaluate(params, rest, batch) -> output`
-take the global batch of `abstract_batch` (every array split over data x fsdp); call or lower
+take the global batch of `abstract_batch` (every array split over data x fsdp). `train` takes
+the state dict or the `flat.FlatState` it returns (its arrays in one list, read as the dict:
+`state["params"]`), so that a step's call spends no host time on the NNX Variables; call or lower
 them inside `sharding.use_mesh(mesh)` (`in_mesh` wraps a step so), where the model's activation
 sharding constraints apply. The run's seed and schedule numbers (`run_values`) are bound
 inputs of `train`, not constants: a grid over them compiles one program.
@@ -37,7 +39,8 @@ from ln_jax import deviceless, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.nn.random import prng_impl
 from ln_jax.task import Task, make_task
-from ln_jax.train import optim
+from ln_jax.train import flat, optim
+from ln_jax.validate import ConfigError
 
 Batch = dict[str, jax.Array]
 State = dict[str, Any]
@@ -262,8 +265,16 @@ def make_train_step(graphdef, cfg: TrainConfig, measure: bool = False) -> Callab
     With `measure` the same update also returns metrics["monitor"], the per-layer measurements
     of `ln_jax.train.monitor` (a second compiled program that the trainer calls on logging steps
     only; the update itself is the same).
-    """
 
+    Raises:
+      ConfigError: `grad_accum_steps` is 0 ("auto", which set-up resolves by compiling).
+    """
+    if not cfg.grad_accum_steps:
+        raise ConfigError(
+            "grad_accum_steps=0 (auto) is chosen when a run is set up, by compiling the step "
+            "(ln_jax.train.accumulation.fit); a step built directly needs a number of "
+            "micro-batches: dataclasses.replace(cfg, grad_accum_steps=1) or more."
+        )
     task = make_task(cfg)
 
     def step_fn(state: State, rest, batch: Batch, values: dict[str, Any]):
@@ -320,45 +331,56 @@ def jit_train_step(
     """The train step jitted with the shardings of `pieces`, as a function of (state, rest,
     batch): state, rest and batch shardings in; the same state shardings and replicated
     metrics out; the state donated. `measure`: the variant with per-layer measurements.
+    The state goes in and comes out as a `flat.FlatState` (a state dict passed in is packed).
 
     This run's `run_values` are bound as the program's last input (`BoundStep`), so the
     compiled program does not depend on them (on compile-only devices, `ln_jax.deviceless`,
     their shapes: such a step is lowered and compiled, never called).
     """
-    shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
+    layout = flat.Layout.of(pieces.state)
+    shardings = layout.pack(jax.tree.map(lambda x: x.sharding, pieces.state))
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
     replicated = _replicated(mesh)
     jitted = jax.jit(
-        make_train_step(pieces.graphdef, cfg, measure),
+        flat.stepping(make_train_step(pieces.graphdef, cfg, measure), layout),
         in_shardings=(shardings, rest_sh, sharding.batch_sharding(mesh), replicated),
         out_shardings=(shardings, replicated),
         donate_argnums=(0,),
     )
     put = deviceless.abstract if deviceless.is_compile_only(mesh.devices) else jax.device_put
     values = {k: put(v, replicated) for k, v in run_values(cfg).items()}
-    return BoundStep(jitted, values)
+    return BoundStep(jitted, values, layout)
 
 
 class BoundStep:
-    """A jitted function of (*args, bound) used as a function of (*args): called, lowered,
-    and its lowered form compiled and called, with `bound` passed last each time."""
+    """A jitted function of (state, *args, bound) used as a function of (state, *args):
+    called, lowered, and its lowered form compiled and called, with `bound` passed last each
+    time. With a `layout` the function takes the state as a `flat.FlatState` of it: a state
+    dict passed in is packed into one (once; the step returns FlatStates)."""
 
-    def __init__(self, fn: Any, bound: Any):
-        self.fn, self.bound = fn, bound
+    def __init__(self, fn: Any, bound: Any, layout: flat.Layout | None = None):
+        self.fn, self.bound, self.layout = fn, bound, layout
 
-    def __call__(self, *args):
-        return self.fn(*args, self.bound)
+    def _state(self, state: Any) -> Any:
+        if self.layout is None or isinstance(state, flat.FlatState):
+            return state
+        return self.layout.pack(state)
 
-    def lower(self, *args, platforms: tuple[str, ...] | None = None) -> BoundStep:
+    def __call__(self, state, *args):
+        return self.fn(self._state(state), *args, self.bound)
+
+    def lower(self, state, *args, platforms: tuple[str, ...] | None = None) -> BoundStep:
         """Lowered for this backend, or for `platforms` (JAX's names: "cuda", "tpu"; no device
         of theirs needed)."""
+        args = (self._state(state), *args, self.bound)
         if platforms is None:
-            return BoundStep(self.fn.lower(*args, self.bound), self.bound)
-        traced = self.fn.trace(*args, self.bound)
-        return BoundStep(traced.lower(lowering_platforms=tuple(platforms)), self.bound)
+            return BoundStep(self.fn.lower(*args), self.bound, self.layout)
+        traced = self.fn.trace(*args)
+        lowered = traced.lower(lowering_platforms=tuple(platforms))
+        return BoundStep(lowered, self.bound, self.layout)
 
     def compile(self, *args, **kwargs) -> BoundStep:
-        return BoundStep(self.fn.compile(*args, **kwargs), self.bound)
+        return BoundStep(self.fn.compile(*args, **kwargs), self.bound, self.layout)
 
     def __getattr__(self, name: str) -> Any:  # as_text, cost_analysis, memory_analysis, ...
         return getattr(self.fn, name)
