@@ -52,6 +52,22 @@ def test_a_flat_state_reads_as_the_dict_it_packs():
     assert paths[6] == "['params']['layers'][0]['kernel'].value"  # as in the nested dict
 
 
+def test_a_parameter_set_through_a_flat_state_is_what_its_next_step_takes():
+    """A trainer's hook may set a parameter (tests/test_monitor.py's loss spike): JAX's
+    flattening, as a jitted step's call does it, sees the value set."""
+    state = _state()
+    packed = flat.Layout.of(state).pack(state)
+    kernel = packed["params"]["layers"][1]["kernel"]
+    kernel[...] = kernel[...] * 30.0
+    x = jax.jit(lambda s: s["params"]["layers"][1]["kernel"][...].sum())(packed)
+    np.testing.assert_allclose(x, 30.0 * state["params"]["layers"][1]["kernel"][...].sum(), 1e-5)
+    assert jax.tree.leaves(packed)[8] is kernel[...]  # sorted: halted, opt_state x4, params
+    assert flat.as_tree(packed)["params"]["layers"][1]["kernel"] is kernel
+    packed["params"]["layers"][0]["extra"] = nnx.Param(jnp.zeros(2))
+    with pytest.raises(ValueError, match=r"state\['params'\] was changed in structure"):
+        jax.tree.leaves(packed)
+
+
 def test_a_state_of_another_structure_is_refused_with_its_keys():
     state = _state()
     layout = flat.Layout.of(state)

@@ -81,7 +81,10 @@ class Layout:
 
 class FlatState(Mapping):
     """A state dict's arrays in one list, with the `Layout` that rebuilds it; read as the
-    dict (each key's value built on its first read). A pytree whose leaves are `leaves`."""
+    dict (each key's value built on its first read). A pytree whose leaves are `leaves`, with
+    what was read since taken from the values read: a trainer's hook that sets a parameter
+    (`state["params"]["...]["kernel"][...] = x`) changes the next step's input, as it did in
+    the nested dict."""
 
     __slots__ = ("layout", "leaves", "_values")
 
@@ -93,6 +96,27 @@ class FlatState(Mapping):
             start, stop, treedef = self.layout.spans[key]
             self._values[key] = jax.tree.unflatten(treedef, self.leaves[start:stop])
         return self._values[key]
+
+    def current_leaves(self) -> list[Any]:
+        """`leaves`, with each key read so far flattened again from its value (a Variable
+        set through it counts).
+
+        Raises:
+          ValueError: a value read was given another structure (a Variable added or removed).
+        """
+        if not self._values:
+            return self.leaves
+        leaves = list(self.leaves)
+        for key, value in self._values.items():
+            start, stop, treedef = self.layout.spans[key]
+            new, structure = jax.tree.flatten(value)
+            if structure != treedef:
+                raise ValueError(
+                    f"state[{key!r}] was changed in structure after it was read (a Variable "
+                    "added or removed); a train state keeps its structure: set values only."
+                )
+            leaves[start:stop] = new
+        return leaves
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.layout.spans)
@@ -116,21 +140,21 @@ def _keys(state: FlatState) -> tuple[list[tuple[Any, Any]], Layout]:
     """The leaves with their paths in the state dict (error messages, `tree_flatten_with_path`)."""
     paths = jax.tree_util.tree_flatten_with_path(as_tree(state))[0]
     named = [_Path(jax.tree_util.keystr(path)) for path, _ in paths]
-    return list(zip(named, state.leaves, strict=True)), state.layout
+    return list(zip(named, state.current_leaves(), strict=True)), state.layout
 
 
 jax.tree_util.register_pytree_with_keys(
     FlatState,
     _keys,
     lambda layout, leaves: FlatState(layout, list(leaves)),
-    flatten_func=lambda state: (state.leaves, state.layout),
+    flatten_func=lambda state: (state.current_leaves(), state.layout),
 )
 
 
 def as_tree(state: Mapping[str, Any]) -> dict[str, Any]:
-    """The state dict of `state` (a FlatState or already a dict)."""
+    """The state dict of `state` (a FlatState: its values as read; or already a dict)."""
     if isinstance(state, FlatState):
-        return jax.tree.unflatten(state.layout.treedef, state.leaves)
+        return {key: state[key] for key in state}
     return state
 
 
