@@ -239,6 +239,21 @@ def test_set_up_compiles_each_train_program_once_and_auto_accumulation_fits_it(
         jax.monitoring.unregister_event_duration_listener(listen)
 
 
+def test_evaluation_launches_its_batches_ahead_and_gets_the_same_metrics(data_dir, monkeypatch):
+    """On one device (no lockstep) `evaluate` fetches the batches' outputs after launching
+    them all; its metrics equal those of fetching each batch's output at once."""
+    one = sharding.single_device_mesh()
+    monkeypatch.setattr(trainer.sharding, "make_mesh", lambda *args, **kwargs: one)
+    run = trainer.setup(tiny_config(data_dir, eval_batches=3), compile_ahead=False)
+    assert not sharding.lockstep(run.mesh) and run.mesh.size == 1
+    params = run.state["params"]
+    fetched = [jax.device_get(run.eval_step(params, run.rest, b)) for b in run.eval_batches]
+    assert len(fetched) == 3
+    expected = run.task.eval_metrics(fetched)
+    assert trainer.evaluate(run) == expected
+    assert 0 < expected["loss"] < 20
+
+
 def test_shardings_and_fsdp_memory(data_dir):
     cfg = tiny_config(data_dir)
     run = trainer.setup(cfg, compile_ahead=False)
