@@ -420,6 +420,8 @@ def _compile_without_devices(
     with platforms.lowering_for(platform), deviceless.without_persistent_cache():
         cfg = build()
         trainer.check_device(cfg)
+        if platform == "gpu":
+            deviceless.check_cudnn(cfg.model.attention_impl)
         shape = mesh or (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
         on_devices = sharding.make_mesh(*shape, devices=devices)
         return compile_report(cfg, on_devices, options, budget_gib)

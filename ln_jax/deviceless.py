@@ -90,6 +90,25 @@ def plugin() -> str:
     )
 
 
+def check_cudnn(attention_impl: str) -> None:
+    """Raises DevicelessError if `attention_impl` is cuDNN's and the CUDA plugin finds no cuDNN
+    library here: JAX builds cuDNN's attention from the library's version (a GPU machine with
+    `jax[cuda13]` has one; the `gpu-compile` extra installs none, being ~1 GB)."""
+    if attention_impl != "cudnn":
+        return
+    try:
+        from jax._src.lib import cuda_versions
+
+        cuda_versions.cudnn_get_version()
+    except Exception as err:  # no plugin module, or "cuDNN not found."
+        raise DevicelessError(
+            f"model.attention_impl='cudnn' cannot be compiled on this host ({err}): JAX's "
+            "cuDNN attention needs the cuDNN library, which a GPU machine has. Compile "
+            "--config.model.attention_impl=pallas (a GPU's default) or xla here, or install "
+            f"cuDNN's wheel for the plugin: pip install nvidia-cudnn-cu{plugin()[-2:]}."
+        ) from None
+
+
 def target_config(gpu: GpuSpec, cuda_major: int) -> str:
     """XLA's GpuTargetConfigProto, as text, for `gpu` (the fields XLA's GPU compiler reads)."""
     major, minor = gpu.compute_capability

@@ -114,6 +114,29 @@ def test_without_the_plugin_the_error_says_what_to_install(monkeypatch):
         deviceless.gpu_devices("h100")
 
 
+@needs_plugin
+def test_cudnn_attention_without_the_cudnn_library_names_what_to_do(capsys, monkeypatch):
+    """The gpu-compile extra installs no cuDNN; cuDNN's attention then cannot be built (it was
+    JAX's traceback "cuDNN not found.")."""
+    from jax._src.lib import cuda_versions
+
+    def not_found():
+        raise RuntimeError("cuDNN not found.")
+
+    monkeypatch.setattr(cuda_versions, "cudnn_get_version", not_found)
+    code = run_compile_check(
+        "--config=configs/bert_preln.py:tiny",
+        "--gpu=h100",
+        "--mesh=1,1,1",
+        "--config.model.attention_impl=cudnn",
+        "--config.model.attention_dropout=0.0",
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "model.attention_impl='cudnn' cannot be compiled on this host" in err
+    assert "--config.model.attention_impl=pallas" in err and "nvidia-cudnn-cu" in err
+    deviceless.check_cudnn("pallas")  # only cuDNN's attention asks
+
+
 def test_the_target_config_carries_the_gpu_s_figures():
     text = deviceless.target_config(kernel_census.SPECS["a100"], 12)
     assert "cuda_compute_capability { major: 8 minor: 0 }" in text
