@@ -121,3 +121,23 @@ def test_a_step_built_with_auto_accumulation_says_what_to_set(data_dir):
     cfg = tiny_config(data_dir, grad_accum_steps=0)
     with pytest.raises(ConfigError, match=r"grad_accum_steps=0 \(auto\).*grad_accum_steps=1"):
         steps.make_train_step(None, cfg)
+
+
+def test_the_library_page_s_own_loop_runs_as_written(data_dir, monkeypatch, capsys):
+    """docs/library.md's "The train step in your own loop", run as written (the corpus read
+    from the tests' prepared data dir)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "library.md").read_text()
+    section = text.split("### The train step in your own loop", 1)[1]
+    block = re.search(r"^```python\n(.*?)^```$", section, re.S | re.M).group(1)
+    monkeypatch.setenv("TFDS_DATA_DIR", data_dir)
+    monkeypatch.chdir(root)
+    scope: dict = {}
+    exec(compile(block, "docs/library.md", "exec"), scope)
+    step, loss = capsys.readouterr().out.split()
+    assert int(step) == 3 and 0 < float(loss) < 20
+    assert isinstance(scope["state"], flat.FlatState) and isinstance(scope["params"], nnx.State)
+    assert jax.tree.structure(scope["whole"]) == jax.tree.structure(scope["pieces"].state)
