@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--predictions", type=int, default=4)
+    p.add_argument(
+        "--scan", action="store_true", help="layers stacked (model.scan_layers=true, unrolled)"
+    )
     p.add_argument("--pairs", type=int, default=30, help="timed calls of each form")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls of each form")
     p.add_argument("--out", help="write the result as JSON here")
@@ -56,6 +59,9 @@ def train_config(args: argparse.Namespace) -> Any:
     c.data.max_seq_length = args.seq
     c.data.max_predictions_per_seq = args.predictions
     c.grad_accum_steps = 1
+    if args.scan:
+        c.model.scan_layers = True
+        c.model.scan_unroll = 64  # every layer: the GPU arm "stacked" (docs/gpu.md)
     return TrainConfig.from_mapping(c.to_dict())
 
 
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, m in med.items():
         print(f"{name:5s} launch {1e3 * m['launch']:6.2f} ms   step {1e3 * m['step']:8.2f} ms")
     print(
-        f"BERT-{args.size}, {arrays} state arrays: launch nnx/flat per pair, median "
+        f"BERT-{args.size}{' stacked' if args.scan else ''}, {arrays} state arrays: launch nnx/flat per pair, median "
         f"{result['launch_nnx_over_flat_median']:.2f}x"
     )
     write_result(args.out, result)
