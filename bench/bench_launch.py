@@ -131,8 +131,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     for name, m in med.items():
         print(f"{name:5s} launch {1e3 * m['launch']:6.2f} ms   step {1e3 * m['step']:8.2f} ms")
+    model = f"BERT-{args.size}{' stacked' if args.scan else ''}"
     print(
-        f"BERT-{args.size}{' stacked' if args.scan else ''}, {arrays} state arrays: launch nnx/flat per pair, median "
+        f"{model}, {arrays} state arrays: launch nnx/flat per pair, median "
         f"{result['launch_nnx_over_flat_median']:.2f}x"
     )
     write_result(args.out, result)

@@ -163,9 +163,14 @@ _TPU = COMMAND.string(
 
 
 def _main(inv: cli.Invocation) -> int:
-    """The command's body: fake devices asked for, the report, the verdict."""
-    with console.absl_level(logging.WARNING):  # not JAX's "Unable to initialize backend" lines
-        return _report(inv)
+    """The command's body: fake devices asked for, the report, the verdict; log records
+    shown as train.py shows them (`WARNING grad_accum_steps=auto: ...`)."""
+    console.configure_logging()
+    try:
+        with console.absl_level(logging.WARNING):  # not JAX's "Unable to initialize backend"
+            return _report(inv)
+    finally:
+        console.close_logging()
 
 
 def _report(inv: cli.Invocation) -> int:

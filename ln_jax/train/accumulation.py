@@ -91,6 +91,13 @@ def budget_bytes(memory: int | None = None) -> int | None:
     return None if memory is None else int(HEADROOM * memory)
 
 
+def size(num_bytes: float) -> str:
+    """Bytes as GiB with one decimal, or MiB below one GiB (a test's small budgets)."""
+    if num_bytes >= GiB:
+        return f"{num_bytes / GiB:.1f} GiB"
+    return f"{num_bytes / 2**20:.1f} MiB"
+
+
 def fit(batch: int, divisor: int, budget: int | None, compile_at: Callable[[int], Any]) -> int:
     """The accumulation an "auto" run uses, found by compiling the step.
 
@@ -106,13 +113,14 @@ def fit(batch: int, divisor: int, budget: int | None, compile_at: Callable[[int]
         log.warning("device memory unknown: grad_accum_steps=auto uses 1")
         return 1
     k = choose_accumulation(batch, divisor, fixed, temp, budget)
-    log.warning(
-        "grad_accum_steps=auto: the step needs %.1f GiB per device in one micro-batch; using %d "
-        "micro-batch(es), estimated %.1f GiB of the %.1f GiB it may use (%.0f%% of the device)",
-        (fixed + temp) / GiB,
+    log.log(
+        logging.WARNING if k > 1 else logging.INFO,  # the batch split, or as asked
+        "grad_accum_steps=auto: the step needs %s per device in one micro-batch; using %d "
+        "micro-batch(es), estimated %s of the %s it may use (%.0f%% of the device)",
+        size(fixed + temp),
         k,
-        (fixed + temp / k) / GiB,
-        budget / GiB,
+        size(fixed + temp / k),
+        size(budget),
         100 * HEADROOM,
     )
     while k > 1:
@@ -120,11 +128,11 @@ def fit(batch: int, divisor: int, budget: int | None, compile_at: Callable[[int]
         larger = larger_if_over(batch, divisor, k, needed, budget)
         if needed > budget:
             log.warning(
-                "grad_accum_steps=auto: at %d micro-batches the compiled step needs %.1f GiB per "
-                "device, over %.1f GiB: %s",
+                "grad_accum_steps=auto: at %d micro-batches the compiled step needs %s per "
+                "device, over %s: %s",
                 k,
-                needed / GiB,
-                budget / GiB,
+                size(needed),
+                size(budget),
                 f"trying {larger}" if larger else f"the batch allows no more; {REMAT_HINT}",
             )
         if larger is None:
