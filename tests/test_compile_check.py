@@ -131,6 +131,24 @@ def test_auto_accumulation_picks_what_fits_then_grows_while_the_compile_is_over(
     assert accumulation.fit(16, 4, None, lambda k: (gib, 8 * gib)) == 1
 
 
+def test_auto_accumulation_says_its_choice_in_units_that_show_it(caplog):
+    """A split batch is a warning and a choice of one micro-batch a note; sizes under a GiB in
+    MiB (a test's budget of 41 MiB read "0.0 GiB of the 0.0 GiB")."""
+    import logging
+
+    from ln_jax.train import accumulation
+
+    mib = 2**20
+    with caplog.at_level(logging.INFO, logger="ln_jax.train.accumulation"):
+        assert accumulation.fit(16, 1, 41 * mib, lambda k: (17 * mib, 105 * mib // k)) == 8
+        assert accumulation.fit(16, 1, 3 * 2**30, lambda k: (17 * mib, 105 * mib // k)) == 1
+    split, one = caplog.records[0], caplog.records[-1]
+    assert split.levelno == logging.WARNING and one.levelno == logging.INFO
+    assert "needs 122.0 MiB per device" in split.getMessage()
+    assert "using 8 micro-batch(es), estimated 30.1 MiB of the 41.0 MiB" in split.getMessage()
+    assert "of the 3.0 GiB it may use" in one.getMessage()
+
+
 def test_accumulated_micro_batches_hold_one_micro_batch_of_activations():
     """The micro-batches run one after another, so 2 x 8 rows a device need the temporaries
     of 4 x 8, not nearly those of 16 at once. The first micro-batch used to run before a scan
