@@ -4,9 +4,9 @@ A jitted function's call flattens its arguments and builds its outputs again, on
 before and after the device runs. The train state's parameters and Adam moments are NNX
 `Variable`s, each flattened and built again by a Python call, so the host's part of a step grew
 with the number of arrays: on this CPU (BERT-base, 629 state arrays, one device; `python
-bench/bench_launch.py`) the step's call returned after 5.8 ms with the state as nested
-`nnx.State`s and 2.4 ms with the same arrays in one list. Where the device's step is short
-(BERT-tiny to -small on a GPU or TPU) that host time is the step's time.
+bench/bench_launch.py --size=base`) the step's call returned after 6.6 ms with the state as
+nested `nnx.State`s and 3.1 ms with the same arrays in one list. Where the device's step is
+short (BERT-tiny to -small on a GPU or TPU) that host time is the step's time.
 
 A `FlatState` is that list and the `Layout` that rebuilds the state dict from it. The train
 step (`ln_jax.train.steps.jit_train_step`) takes either and returns a `FlatState`; JAX flattens
@@ -83,7 +83,7 @@ class FlatState(Mapping):
     """A state dict's arrays in one list, with the `Layout` that rebuilds it; read as the
     dict (each key's value built on its first read). A pytree whose leaves are `leaves`, with
     what was read since taken from the values read: a trainer's hook that sets a parameter
-    (`state["params"]["...]["kernel"][...] = x`) changes the next step's input, as it did in
+    (`state["params"][...]["kernel"][...] = x`) changes the next step's input, as it did in
     the nested dict."""
 
     __slots__ = ("layout", "leaves", "_values")
@@ -138,9 +138,12 @@ class _Path(str):
 
 def _keys(state: FlatState) -> tuple[list[tuple[Any, Any]], Layout]:
     """The leaves with their paths in the state dict (error messages, `tree_flatten_with_path`)."""
-    paths = jax.tree_util.tree_flatten_with_path(as_tree(state))[0]
-    named = [_Path(jax.tree_util.keystr(path)) for path, _ in paths]
-    return list(zip(named, state.current_leaves(), strict=True)), state.layout
+    leaves = state.current_leaves()
+    tree = jax.tree.unflatten(state.layout.treedef, leaves)  # not cached: nothing "read"
+    paths = [
+        jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
+    return list(zip(map(_Path, paths), leaves, strict=True)), state.layout
 
 
 jax.tree_util.register_pytree_with_keys(
