@@ -155,8 +155,9 @@ class ModelConfig:
         pinned row-major, forward and backward; same values; `sharding.activation_layout`) or
         "auto" (resolved when the config is built: `auto_activation_layout`).
       remat: "none", "full" (recompute each layer in the backward pass from its input) or
-        "dots" (keep the projections' and the attention's outputs, recompute the rest: the
-        attention probabilities, norms, activations, dropout masks). Compiled for a v6e-1
+        "dots" (keep the projections' and the attention's outputs, XLA's, Pallas's or
+        cuDNN's, and recompute the rest: the attention probabilities, norms, activations,
+        dropout masks). Compiled for a v6e-1
         and an H200 without them, BERT-base 256 x 128: "dots" needs less than half the
         temporaries (docs/tpu.md); on a CPU XLA's estimate does not move (docs/usage.md).
       scan_layers: stack layer parameters [num_layers, ...] and lax.scan over them.

@@ -237,6 +237,23 @@ def test_remat_dots_keeps_the_attention_output_not_its_probabilities(impl):
     assert not any("'attention_residuals'" in line for line in saved("full"))
 
 
+def test_remat_dots_saves_what_cudnn_s_attention_forward_computes():
+    """cuDNN's attention (jax.nn) keeps its residuals inside its own VJP, where no checkpoint
+    name reaches; "dots" saves its forward primitive's outputs by name (compiled for an H200
+    with the cuDNN library: 36 -> 24 attention kernels a step, as Pallas). The names are
+    JAX's: this fails if they change."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    from ln_jax.nn import stack
+
+    policy = stack._REMAT_POLICIES["dots"]
+    forward = [cudnn._dot_product_attention_fwd_p, cudnn._dot_product_attention_fwd_p_wrapper]
+    assert [p.name for p in forward] == list(stack.CUDNN_ATTENTION_FORWARD)
+    assert all(policy(p) for p in forward)
+    assert not policy(cudnn._dot_product_attention_bwd_p)
+    assert not policy(jax.lax.exp_p)  # the probabilities' exponentials are recomputed
+
+
 def test_dropout_is_driven_by_the_key():
     cfg = ln_jax.ModelConfig(**ODD, num_layers=2, hidden_dropout=0.3, attention_dropout=0.3)
     model = build(cfg)
