@@ -30,7 +30,7 @@ import jax
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])  # the repository root, for configs/
 
-from bench.measure import make_batch, write_result  # noqa: E402
+from bench.measure import make_batch, synthetic_bert_config, write_result  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,20 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def train_config(args: argparse.Namespace) -> Any:
-    from configs import bert_preln
-    from ln_jax.config import TrainConfig
-
-    c = bert_preln.get_config("mini")
-    c.model.size = args.size
-    c.data.vocab_size = 8000
-    c.data.global_batch_size = args.batch
-    c.data.max_seq_length = args.seq
-    c.data.max_predictions_per_seq = args.predictions
-    c.grad_accum_steps = 1
-    if args.scan:
-        c.model.scan_layers = True
-        c.model.scan_unroll = 64  # every layer: the GPU arm "stacked" (docs/gpu.md)
-    return TrainConfig.from_mapping(c.to_dict())
+    stacked = {"model.scan_layers": True, "model.scan_unroll": 64} if args.scan else {}
+    # --scan unrolls every layer: the GPU arm "stacked" (docs/gpu.md)
+    shape = (args.size, args.batch, args.seq, args.predictions)
+    return synthetic_bert_config(*shape, grad_accum_steps=1, **stacked)
 
 
 def build_forms(args: argparse.Namespace) -> tuple[dict[str, Callable], int]:

@@ -25,7 +25,7 @@ import jax
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])  # the repository root, for configs/
 
-from bench.measure import make_batch, run_alternating, write_result  # noqa: E402
+from bench.measure import make_batch, run_alternating, synthetic_bert_config, write_result  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,18 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def train_config(args: argparse.Namespace) -> Any:
-    from configs import bert_preln
-    from ln_jax.config import TrainConfig
-
-    c = bert_preln.get_config("mini")
-    c.model.size = args.size
-    c.model.max_position_embeddings = max(args.seq, 128)
-    c.data.vocab_size = 8000
-    c.data.global_batch_size = args.batch
-    c.data.max_seq_length = args.seq
-    c.data.max_predictions_per_seq = args.predictions
-    c.log_every = args.every
-    return TrainConfig.from_mapping(c.to_dict())
+    shape = (args.size, args.batch, args.seq, args.predictions)
+    return synthetic_bert_config(*shape, log_every=args.every)
 
 
 def build_steps(args: argparse.Namespace) -> dict[str, Any]:

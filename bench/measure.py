@@ -133,6 +133,26 @@ def timing_summary(times: list[float], s: dict[str, int], flops: float, peak: fl
     }
 
 
+def synthetic_bert_config(size: str, batch: int, seq: int, predictions: int, **fields) -> Any:
+    """The `TrainConfig` of configs/bert_preln.py at BERT-`size` for a synthetic batch
+    (`make_batch`: vocabulary 8000) of `batch` x `seq` with `predictions` masked positions;
+    `fields`: more settings by dotted name ("model.scan_layers": True, "log_every": 10)."""
+    from configs import bert_preln
+    from ln_jax import config_front
+    from ln_jax.config import TrainConfig
+
+    shape = {
+        "model.size": size,
+        "model.max_position_embeddings": max(seq, 128),
+        "data.vocab_size": 8000,
+        "data.global_batch_size": batch,
+        "data.max_seq_length": seq,
+        "data.max_predictions_per_seq": predictions,
+    }
+    values = config_front.override(bert_preln.get_config("mini"), {**shape, **fields})
+    return TrainConfig.from_mapping(values)
+
+
 def write_result(path: str | None, result: dict[str, Any]) -> None:
     """Writes a benchmark's result as JSON to `path` (the scripts' --out; None = nowhere)."""
     if path:
