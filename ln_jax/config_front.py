@@ -16,8 +16,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ln_jax import field_names
 from ln_jax.config import TrainConfig
-from ln_jax.validate import ConfigError, Fix, closest
+from ln_jax.validate import ConfigError, Fix, closest, did_you_mean
 
 __all__ = [
     "CommandLine",
@@ -161,7 +162,7 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
         node, path = out, dotted.split(".")
         for depth, key in enumerate(path):
             if not isinstance(node, dict) or key not in node:
-                raise _unknown_field(path[:depth], key, node, dotted)
+                raise _unknown_field(out, path[:depth], key, node, dotted)
             if depth < len(path) - 1:
                 node = node[key]
         leaf = path[-1]
@@ -175,21 +176,22 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _unknown_field(parents: list[str], key: str, node: Any, dotted: str) -> ConfigError:
-    """The error of an unknown field: the closest declared one, with the command line's fix
+def _unknown_field(tree: dict, parents: list[str], key: str, node: Any, dotted: str) -> ConfigError:
+    """The error of an unknown field: the declared names it likely means
+    (`ln_jax.field_names.suggest`) and, where that is one, the command line's fix
     (`--config.<dotted>` renamed)."""
     where = ".".join(parents)
     if not isinstance(node, dict):
         return ConfigError(f"config.{where} is a field, not a section: it has no field {key!r}.")
-    near = closest(key, node)
-    full = lambda name: ".".join([*parents, name])  # noqa: E731
-    hint = f" Did you mean {full(near)!r}?" if near else ""
+    rest = dotted.split(".")[len(parents) + 1 :]
+    near = field_names.suggest(tree, parents, key, field=not rest)
+    hint = " D" + did_you_mean(near)[1:] if near else ""
     fix = None
-    if near:
-        rest = dotted.split(".")[len(parents) + 1 :]
-        fix = Fix(rename={CONFIG_PREFIX + dotted: CONFIG_PREFIX + ".".join([full(near), *rest])})
+    if len(near) == 1:
+        fix = Fix(rename={CONFIG_PREFIX + dotted: CONFIG_PREFIX + ".".join([near[0], *rest])})
+    name = ".".join([*parents, key])
     return ConfigError(
-        f"unknown config field {full(key)!r}.{hint} The fields of "
+        f"unknown config field {name!r}.{hint} The fields of "
         f"{where or 'the config'} are: {', '.join(node)} (--help lists them, with their values).",
         fix=fix,
     )

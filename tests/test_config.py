@@ -142,6 +142,57 @@ def test_override_names_the_bad_field(overrides, message):
 
 
 @pytest.mark.parametrize(
+    "given, meant",
+    [
+        # declared in another section: spelling distance pointed at total_steps, and the
+        # command line's fix set it
+        ("warmup_steps", ["optim.warmup_steps"]),
+        ("model.max_seq_length", ["data.max_seq_length"]),
+        # another trainer's name: the nearest spelling was data.eval_batch_size, or none
+        ("data.batch_size", ["data.global_batch_size"]),
+        ("lr", ["optim.peak_lr"]),
+        ("optim.learning_rate", ["optim.peak_lr"]),
+        ("num_train_steps", ["total_steps"]),
+        ("model.n_layers", ["model.num_layers"]),
+        ("model.dropout", ["model.hidden_dropout", "model.attention_dropout"]),
+        # spelt nearly the same, in its section or, for a section, beside it
+        ("model.placment", ["model.placement"]),
+        ("model.placements", ["model.placement"]),
+        ("model.hidden_dropuot", ["model.hidden_dropout"]),
+        ("model.warmup_step", ["optim.warmup_steps"]),  # nearly, in another section
+        ("modle.placement", ["model"]),
+        ("zzz", []),
+    ],
+)
+def test_an_unknown_field_names_what_it_likely_means(given, meant):
+    with pytest.raises(ConfigError) as err:
+        override(common.base_config(), {given: "1"})
+    message = str(err.value)
+    if meant:
+        assert f" Did you mean {' or '.join(repr(m) for m in meant)}?" in message
+    else:
+        assert "Did you mean" not in message
+    fix = err.value.fix
+    if len(meant) == 1:  # the command line's fix renames the argument to the one meant
+        fixed = {"modle.placement": "model.placement"}.get(given, meant[0])
+        assert fix.rename == {f"--config.{given}": f"--config.{fixed}"}
+    else:
+        assert fix is None
+
+
+def test_every_alias_names_a_declared_field():
+    """An alias's fields exist in the shipped configs (a renamed field breaks this)."""
+    from ln_jax import field_names
+
+    declared = set()
+    for spec in ("configs/bert_preln.py:tiny", "configs/mt.py:small", "configs/glue.py"):
+        declared |= set(field_names.leaves(config_front.load_config(spec)))
+    missing = {a: f for a, fs in field_names.ALIASES.items() for f in fs if f not in declared}
+    assert not missing
+    assert not set(field_names.ALIASES) & {d.rsplit(".", 1)[-1] for d in declared}
+
+
+@pytest.mark.parametrize(
     "field, typo, closest",
     [
         ("model.size", "tinny", "tiny"),
