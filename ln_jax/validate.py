@@ -12,6 +12,8 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ln_jax import field_names
+
 MAX_LISTED = 20  # more valid names than this are not listed in a message
 
 
@@ -122,10 +124,13 @@ def unknown_choice(
 
 
 def reject_unknown_keys(kind: str, given: Mapping[str, Any], valid: Iterable[str]) -> None:
-    """Raises ValueError naming the closest valid field for each misspelt key."""
+    """Raises ValueError naming, for an unknown key, the valid field it likely means: one
+    another trainer calls so (`ln_jax.field_names.ALIASES`: "lr" -> "peak_lr"), else the
+    closest spelling."""
     valid = list(valid)
     for key in given:
         if key not in valid:
-            near = closest(key, valid)
-            hint = f" Did you mean {near!r}?" if near else ""
+            aliased = [a.rsplit(".", 1)[-1] for a in field_names.ALIASES.get(str(key).lower(), ())]
+            near = [a for a in aliased if a in valid] or close_names(key, valid, 1)
+            hint = " D" + did_you_mean(near)[1:] if near else ""
             raise ValueError(f"unknown {kind} field {key!r}.{hint} Valid: {', '.join(valid)}.")

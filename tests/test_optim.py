@@ -300,6 +300,10 @@ def test_misspelt_key_names_closest():
         OptimConfig.from_mapping({"warmup_step": 10})
     with pytest.raises(ValueError, match="Did you mean 'peak_lr'"):
         OptimConfig.from_mapping({"peak_lrr": 1e-3})
+    with pytest.raises(ValueError, match="Did you mean 'peak_lr'"):  # another trainer's name
+        OptimConfig.from_mapping({"learning_rate": 1e-3})
+    with pytest.raises(ValueError, match="Did you mean 'b2'"):
+        OptimConfig.from_mapping({"adam_beta2": 0.98})
     with pytest.raises(ValueError, match="Valid: optimizer, peak_lr"):
         OptimConfig.from_mapping({"zzzzzz": 1})
     cfg = OptimConfig.from_mapping({"optimizer": "adam", "b2": 0.98, "peak_lr": 5e-4})
