@@ -28,7 +28,8 @@ _SEQ = ("data.max_seq_length", "task_options.max_source_length", "task_options.m
 # Another trainer's name -> the declared fields it names (those a config lacks are skipped).
 ALIASES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(
-        ("lr", "learning_rate", "max_lr", "base_lr", "peak_learning_rate"), ("optim.peak_lr",)
+        ("lr", "learning_rate", "max_lr", "base_lr", "peak_learning_rate"),
+        ("optim.peak_lr", "learning_rates"),
     ),
     **dict.fromkeys(("min_lr", "final_lr", "end_learning_rate"), ("optim.end_lr",)),
     **dict.fromkeys(
@@ -44,8 +45,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
             "max_sentences",
             "batch",
         ),
-        ("data.global_batch_size",),
+        ("data.global_batch_size", "batch_sizes"),
     ),
+    **dict.fromkeys(("num_train_epochs", "num_epochs", "max_epoch", "n_epochs"), ("epochs",)),
+    **dict.fromkeys(("warmup_ratio", "warmup_proportion"), ("warmup_fraction",)),
     **dict.fromkeys(("per_device_eval_batch_size", "valid_batch_size"), ("data.eval_batch_size",)),
     **dict.fromkeys(
         (
@@ -204,13 +207,23 @@ def suggest(tree: Mapping[str, Any], parents: list[str], key: str, field: bool =
     bare = [d.rsplit(".", 1)[-1] for d in declared]
     for found in (
         [d for d, name in zip(declared, bare, strict=True) if name == key],
-        [a for a in ALIASES.get(key.lower(), ()) if a in declared],
+        _aliased(key, declared),
         nearby,
         [d for d, name in zip(declared, bare, strict=True) if name in _closest(key, bare)],
     ):
         if found:
             return found[:3]
     return []
+
+
+def _aliased(key: str, declared: list[str]) -> list[str]:
+    """The declared fields `ALIASES` gives for `key`; "optim.b1" also names a top-level "b1"
+    (finetune.py's config keeps its optimizer's fields at the top)."""
+    out = []
+    for target in ALIASES.get(key.lower(), ()):
+        leaf = target.rsplit(".", 1)[-1]
+        out += [t for t in (target, leaf) if t in declared]
+    return list(dict.fromkeys(out))
 
 
 def _join(section: str, name: str) -> str:

@@ -180,6 +180,22 @@ def test_an_unknown_field_names_what_it_likely_means(given, meant):
         assert fix is None
 
 
+@pytest.mark.parametrize(
+    "given, meant",
+    [
+        ("lr", "learning_rates"),
+        ("batch_size", "batch_sizes"),
+        ("num_train_epochs", "epochs"),
+        ("adam_beta2", "b2"),  # optim.b2 in train.py's config, b2 in finetune.py's
+        ("seq_len", "max_seq_length"),
+    ],
+)
+def test_finetune_config_names_what_an_unknown_field_likely_means(given, meant):
+    with pytest.raises(ConfigError, match=f"Did you mean {meant!r}[?]") as err:
+        override(config_front.load_config("configs/glue.py"), {given: "1"})
+    assert err.value.fix.rename == {f"--config.{given}": f"--config.{meant}"}
+
+
 def test_every_alias_names_a_declared_field():
     """An alias's fields exist in the shipped configs (a renamed field breaks this)."""
     from ln_jax import field_names
