@@ -368,15 +368,27 @@ class Invocation:
         flag.set(following.pop(0))
 
     def _unknown_flag(self, name: str, arg: str) -> ConfigError:
-        near = close_names(name, self.command.flags, 1)
-        hint = f" Did you mean --{near[0]}?" if near else ""
+        """The error of an unknown flag: the closest flag, else the config field it names or
+        likely means (`--total_steps=10`, `--lr=1e-4`: `--config.total_steps`, ...)."""
+        near = [f"--{n}" for n in close_names(name, self.command.flags, 1)]
+        near = near or [f"--config.{f}" for f in self._config_fields_meant(name)]
+        hint = " D" + did_you_mean(near)[1:].replace("'", "") if near else ""
         known = ", ".join(f"--{n}" for n in self.command.flags) or "none"
         return ConfigError(
             f"unknown flag {arg.partition('=')[0]!r}.{hint} The flags of {self.command.prog} "
             f"are: {known}; config fields are set as --config.SECTION.FIELD=VALUE (--help "
             "lists both).",
-            fix=Fix(rename={arg.partition("=")[0]: f"--{near[0]}"}) if near else None,
+            fix=Fix(rename={arg.partition("=")[0]: near[0]}) if len(near) == 1 else None,
         )
+
+    def _config_fields_meant(self, name: str) -> list[str]:
+        """The config fields a flag's `name` likely means (none if the config is unreadable)."""
+        if self.command.config is None or name.startswith("config"):
+            return []
+        try:
+            return config_front.fields_meant(self.config_values(), name)
+        except (ConfigError, ValueError):
+            return []
 
     def _check_words(self) -> None:
         subcommands = self.command.subcommands

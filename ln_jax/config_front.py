@@ -24,6 +24,7 @@ __all__ = [
     "CommandLine",
     "build_config",
     "config_from_command_line",
+    "fields_meant",
     "load_config",
     "override",
     "parse_command_line",
@@ -174,6 +175,22 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
             )
         node[leaf] = parse_value(dotted, value, node[leaf])
     return out
+
+
+def fields_meant(tree: Mapping[str, Any], dotted: str) -> list[str]:
+    """The declared fields that `dotted` ("model.placement", "lr") names or likely means
+    (`ln_jax.field_names.suggest`): itself where declared; empty for a section or nothing."""
+    node: Any = tree
+    path = dotted.split(".")
+    for depth, key in enumerate(path):
+        if not isinstance(node, Mapping):
+            return []
+        if key not in node:
+            rest = path[depth + 1 :]
+            near = field_names.suggest(tree, path[:depth], key, field=not rest)
+            return [".".join([n, *rest]) for n in near]
+        node = node[key]
+    return [] if isinstance(node, Mapping) else [dotted]
 
 
 def _unknown_field(tree: dict, parents: list[str], key: str, node: Any, dotted: str) -> ConfigError:

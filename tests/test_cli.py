@@ -414,3 +414,31 @@ def test_train_py_sigterm_before_the_first_step_exits_143_with_a_line(tmp_path):
         )
     )
     assert not (tmp_path / "w").exists()  # the stub it had created is gone
+
+
+DROPOUTS = "--config.model.hidden_dropout or --config.model.attention_dropout"
+
+
+@pytest.mark.parametrize(
+    "given, meant, fixed",
+    [
+        (["--total_steps=10"], "--config.total_steps", "--config.total_steps=10"),
+        (["--lr", "1e-4"], "--config.optim.peak_lr", "--config.optim.peak_lr"),
+        (["--model.placment=x"], "--config.model.placement", "--config.model.placement=x"),
+        (["--dropout=0"], DROPOUTS, None),
+        (["--workdri=/w"], "--workdir", "--workdir=/w"),  # a flag first
+    ],
+)
+def test_a_config_field_given_as_a_flag_is_pointed_to_its_config_argument(
+    given, meant, fixed, capsys
+):
+    import train
+
+    assert train.COMMAND.run(lambda inv: 0, [TINY, *given]) == 2
+    err = capsys.readouterr().err
+    flag = given[0].partition("=")[0]
+    assert f"unknown flag {flag!r}. Did you mean {meant}? The flags of" in err, err
+    if fixed:
+        assert f"Run: python train.py {TINY} {fixed}" in err, err
+    else:
+        assert "Run:" not in err
