@@ -60,6 +60,27 @@ def test_the_census_finds_every_flop_the_lowered_step_multiplies(two_h100s):
 
 
 @needs_plugin
+def test_a_gpu_s_layer_norms_read_their_input_once(two_h100s, monkeypatch):
+    """On a GPU each LayerNorm's statistics are one reduction (`layers.row_moments`:
+    Welford's), fused into the kernel that writes its input; the two-pass form read that input
+    again for the variance, in a kernel of its own, plus its small follow-ups."""
+    from ln_jax.nn import layers
+
+    monkeypatch.setattr(layers, "row_moments", layers._two_pass_moments)
+    two_pass = compile_check.gpu_report(tiny, "h100", (2, 1, 1), num_devices=2)["kernel_census"]
+    one_pass = two_h100s["kernel_census"]
+    norms = 2 * 2 + 2  # BERT-tiny: two per layer, the embeddings', the MLM head's
+    reductions = {c.by_class()["reduction"]["kernels"] for c in (one_pass, two_pass)}
+    assert (
+        two_pass.by_class()["reduction"]["kernels"] - one_pass.by_class()["reduction"]["kernels"]
+        >= norms
+    ), reductions
+    stream = 4 * 32 * 128 * 2  # one bf16 read of a device's [batch, seq, hidden] input
+    total = lambda c: sum(row["bytes"] for row in c.by_class().values())  # noqa: E731
+    assert total(two_pass) - total(one_pass) >= norms * stream
+
+
+@needs_plugin
 def test_the_row_major_pin_leaves_no_transpose_of_the_residual_stream():
     """At batches like BERT-base's XLA:GPU lays the stream out batch-minor and transposes it
     around every matmul (the H100 profiles' copies; at 64 x 128 as at 256 x 128, not at

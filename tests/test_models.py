@@ -429,6 +429,47 @@ def test_layer_norm_closed_form_gradients_match_autodiff():
     assert "optimization_barrier" in backward
 
 
+@pytest.mark.parametrize("offset", [0.0, 1.5, 300.0])
+def test_one_pass_row_moments_equal_the_two_pass_form(offset, monkeypatch):
+    """`layers.row_moments` on a GPU is Welford's one pass: its mean and variance, their
+    gradients and forward-mode tangents equal the two-pass form's, also on rows whose mean is
+    100 standard deviations from zero; a LayerNorm on it keeps its closed-form gradients. On
+    this CPU row_moments is the two-pass form, bit for bit."""
+    from ln_jax.nn import layers
+
+    kx, kg, kt = jax.random.split(jax.random.key(2), 3)
+    x = offset + 3.0 * jax.random.normal(kx, (4, 5, 768))
+    one, two = layers._one_pass_moments, layers._two_pass_moments
+    x64 = np.asarray(x, np.float64)
+    mean64 = x64.mean(-1, keepdims=True)
+    var64 = np.square(x64 - mean64).mean(-1, keepdims=True)
+    # float32 rounding only: this CPU reduces each row in one sequence (a GPU in a tree), so
+    # the running mean's error grows with the row's magnitude; mean(x^2) - mean(x)^2 would
+    # be 2e-3 off the variance at the 300 offset.
+    mean, var = one(x)
+    assert np.abs(mean - mean64).max() < 2e-6 * (offset + 12.0)
+    assert np.abs(var / var64 - 1.0).max() < 2e-5
+    for a, b in zip(layers.row_moments(x), two(x), strict=True):
+        assert np.array_equal(a, b)
+    cot = tuple(jax.random.normal(k, (4, 5, 1)) for k in jax.random.split(kg))
+    for a, b in zip(jax.vjp(one, x)[1](cot), jax.vjp(two, x)[1](cot), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    t = jax.random.normal(kt, x.shape)
+    for a, b in zip(jax.jvp(one, (x,), (t,))[1], jax.jvp(two, (x,), (t,))[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+    scale, bias = 1.0 + 0.1 * jax.random.normal(kt, (768,)), jnp.linspace(-1.0, 1.0, 768)
+    g = jax.random.normal(kg, x.shape)
+    ln = lambda x, s, b: layers.layer_norm(x, s, b, 1e-12)  # noqa: E731
+    y_two, vjp_two = jax.vjp(ln, x, scale, bias)
+    monkeypatch.setattr(layers, "row_moments", one)  # as a GPU's trace takes it
+    y_one, vjp_one = jax.vjp(ln, x, scale, bias)
+    tol = 1e-4 * (1.0 + offset / 100.0)  # the mean's error over the spread, 3
+    np.testing.assert_allclose(y_one, y_two, rtol=tol, atol=tol)
+    for a, b in zip(vjp_one(g), vjp_two(g), strict=True):
+        np.testing.assert_allclose(a, b, rtol=10 * tol, atol=10 * tol)
+
+
 def test_hessian_through_closed_form_norms_equals_autodiff():
     """jax.hessian (forward over reverse) differentiates the closed-form backward itself; it
     equals the Hessian of the plain formula (`autodiff_normalization`) through a whole model."""
