@@ -1,6 +1,5 @@
-"""The one command-line convention of every ln_jax command: train.py, finetune.py and
-`python -m ln_jax.compile_check | ln_jax.analysis | ln_jax.experiments` (and, through
-`Command`, any new one such as `ln_jax.translate`).
+"""The one command-line convention of every ln_jax command: train.py, finetune.py, `python -m
+ln_jax.compile_check | analysis | experiments | translate`, and any new `Command`.
 
 A command is a `Command`: its docstring (usage and examples), its own flags (`--name=VALUE` or
 `--name VALUE`; booleans also bare `--name`, `--noname`, `--name=false`; lists
@@ -368,8 +367,7 @@ class Invocation:
         flag.set(following.pop(0))
 
     def _unknown_flag(self, name: str, arg: str) -> ConfigError:
-        """The error of an unknown flag: the closest flag, else the config field it names or
-        likely means (`--total_steps=10`, `--lr=1e-4`: `--config.total_steps`, ...)."""
+        """The error of an unknown flag: the closest flag, else the config field it means."""
         near = [f"--{n}" for n in close_names(name, self.command.flags, 1)]
         near = near or [f"--config.{f}" for f in self._config_fields_meant(name)]
         hint = " D" + did_you_mean(near)[1:].replace("'", "") if near else ""
@@ -382,10 +380,8 @@ class Invocation:
         )
 
     def _config_fields_meant(self, name: str) -> list[str]:
-        """The config fields a flag's `name` likely means (none if the config is unreadable)."""
-        if self.command.config is None or name.startswith("config"):
-            return []
-        try:
+        """The config fields a flag's `name` likely means (`--lr`: `optim.peak_lr`)."""
+        try:  # none where the command reads no config, or its config is unreadable
             return config_front.fields_meant(self.config_values(), name)
         except (ConfigError, ValueError):
             return []
