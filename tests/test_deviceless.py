@@ -16,10 +16,12 @@ from tests.deviceless_support import needs, run_compile_check
 needs_plugin = needs(deviceless.plugin)
 
 
-def tiny(batch: int = 8, seq: int = 32, **model) -> TrainConfig:
+def tiny(batch: int = 8, seq: int = 32, vocab: int | None = None, **model) -> TrainConfig:
     """BERT-tiny with the recipe's dropout (so on a GPU: Pallas attention, hash dropout bits)."""
     c = bert_preln.get_config("tiny")
     c.model.update(model)
+    if vocab:
+        c.data.vocab_size = vocab
     c.data.max_seq_length, c.data.global_batch_size = seq, batch
     c.data.max_predictions_per_seq = 4
     c.grad_accum_steps = 1
@@ -78,6 +80,28 @@ def test_a_gpu_s_layer_norms_read_their_input_once(two_h100s, monkeypatch):
     stream = 4 * 32 * 128 * 2  # one bf16 read of a device's [batch, seq, hidden] input
     total = lambda c: sum(row["bytes"] for row in c.by_class().values())  # noqa: E731
     assert total(two_pass) - total(one_pass) >= norms * stream
+
+
+@needs_plugin
+def test_a_gpu_s_mlm_loss_reads_its_logits_once_for_the_logsumexp(monkeypatch):
+    """On a GPU the MLM loss's logsumexp is one reduction (`layers.logsumexp`): a step moves
+    one float32 read of the logits less than with `jax.nn.logsumexp` (maximum, then sum).
+    At BERT's vocabulary: with a small one XLA fuses the two passes itself."""
+    from ln_jax.nn import layers
+
+    build = lambda: tiny(vocab=30522)  # noqa: E731
+
+    def census():
+        return compile_check.gpu_report(build, "h100", (1, 1, 1))["kernel_census"]
+
+    one_pass = census()
+    monkeypatch.setattr(layers, "_one_pass_logsumexp", layers._two_pass_logsumexp)
+    two_pass = census()
+    total = lambda c: sum(row["bytes"] for row in c.by_class().values())  # noqa: E731
+    logits = 8 * 4 * build().model.padded_vocab_size * 4  # [batch, predictions, V] float32
+    assert total(two_pass) - total(one_pass) >= 0.9 * logits
+    reductions = [c.by_class()["reduction"]["kernels"] for c in (one_pass, two_pass)]
+    assert reductions[0] < reductions[1], reductions
 
 
 @needs_plugin

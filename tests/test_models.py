@@ -470,6 +470,29 @@ def test_one_pass_row_moments_equal_the_two_pass_form(offset, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=10 * tol, atol=10 * tol)
 
 
+def test_one_pass_logsumexp_equals_jax_s():
+    """`layers.logsumexp` on a GPU is one pass (a running maximum and a rescaled sum): its
+    values, gradients and forward-mode tangents equal `jax.nn.logsumexp`'s, with the MLM
+    head's masked padding rows (-1e9) and a row half -inf; on this CPU it is jax's, bit for
+    bit."""
+    from ln_jax.nn import layers
+
+    kx, kg, kt = jax.random.split(jax.random.key(3), 3)
+    x = 4.0 * jax.random.normal(kx, (3, 5, 1000)) + 20.0
+    x = x.at[..., 900:].set(-1e9).at[0, 0, :500].set(-jnp.inf)
+    one = layers._one_pass_logsumexp
+    ref = lambda v: jax.nn.logsumexp(v, axis=-1)  # noqa: E731
+    np.testing.assert_allclose(one(x), ref(x), rtol=1e-6)
+    assert np.array_equal(layers.logsumexp(x), ref(x))
+    g = jax.random.normal(kg, x.shape[:-1])
+    np.testing.assert_allclose(
+        jax.vjp(one, x)[1](g)[0], jax.vjp(ref, x)[1](g)[0], rtol=1e-5, atol=1e-6
+    )
+    t = jax.random.normal(kt, x.shape)
+    np.testing.assert_allclose(jax.jvp(one, (x,), (t,))[1], jax.jvp(ref, (x,), (t,))[1], rtol=1e-5)
+    assert float(jnp.abs(jax.vjp(ref, x)[1](g)[0]).max()) > 0.1  # the comparison is not 0 = 0
+
+
 def test_hessian_through_closed_form_norms_equals_autodiff():
     """jax.hessian (forward over reverse) differentiates the closed-form backward itself; it
     equals the Hessian of the plain formula (`autodiff_normalization`) through a whole model."""

@@ -200,6 +200,46 @@ def _one_pass_moments_jvp(primals, tangents):
     return (mean, var), (d_mean, d_var)
 
 
+def logsumexp(x: Array) -> Array:
+    """log(sum(exp(x))) over the last axis of float32 logits `x` [..., V] -> [...].
+
+    On a GPU in one pass over x (the running maximum and the sum of exponentials rescaled to
+    it, merged pairwise as the reduction goes): `jax.nn.logsumexp` reads x twice, for the
+    maximum and then the sum. Compiled for an H200, BERT-base's MLM loss then reads its
+    float32 logits [256, 20, 30592] three times a step, not four (0.6 GB; docs/gpu.md,
+    session 33). Elsewhere `jax.nn.logsumexp` (on a CPU, values unchanged bit for bit).
+    """
+    return jax.lax.platform_dependent(
+        x, cuda=_one_pass_logsumexp, rocm=_one_pass_logsumexp, default=_two_pass_logsumexp
+    )
+
+
+def _two_pass_logsumexp(x: Array) -> Array:
+    return jax.nn.logsumexp(x, axis=-1)
+
+
+@jax.custom_jvp
+def _one_pass_logsumexp(x: Array) -> Array:
+    def merge(a, b):
+        (ma, sa), (mb, sb) = a, b
+        m = jnp.maximum(ma, mb)
+        # a side at the maximum keeps its sum (also -inf against -inf: the identity)
+        rescale = lambda mi, si: jnp.where(mi == m, si, si * jnp.exp(mi - m))  # noqa: E731
+        return m, rescale(ma, sa) + rescale(mb, sb)
+
+    init = (jnp.array(-jnp.inf, x.dtype), jnp.zeros((), x.dtype))
+    m, total = jax.lax.reduce((x, jnp.ones_like(x)), init, merge, (x.ndim - 1,))
+    return m + jnp.log(total)
+
+
+@_one_pass_logsumexp.defjvp
+def _one_pass_logsumexp_jvp(primals, tangents):
+    """d lse = sum(softmax(x) dx): linear in dx (reverse mode: g softmax(x))."""
+    (x,), (dx,) = primals, tangents
+    out = _one_pass_logsumexp(x)
+    return out, jnp.sum(jnp.exp(x - out[..., None]) * dx, axis=-1)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def _standardize(x: Array, eps: float, center: bool) -> Array:
     """xhat = (x - [mean if center]) * rstd over the last axis of float32 `x` [..., d], with

@@ -10,7 +10,15 @@ from flax import nnx
 from ln_jax.config import ModelConfig
 from ln_jax.nn.blocks import ACT, EncoderLayer, Record, StackDepth
 from ln_jax.nn.init import init_scheme
-from ln_jax.nn.layers import Dense, LayerNorm, activation, dropout, float32_einsum, split_key
+from ln_jax.nn.layers import (
+    Dense,
+    LayerNorm,
+    activation,
+    dropout,
+    float32_einsum,
+    logsumexp,
+    split_key,
+)
 from ln_jax.nn.stack import Encoder
 from ln_jax.sharding import constrain
 from ln_jax.train import monitor
@@ -236,7 +244,7 @@ def mlm_nll(logits: Array, ids: Array) -> Array:
     """
     vocab = jnp.arange(logits.shape[-1], dtype=ids.dtype)
     target = jnp.sum(jnp.where(vocab == ids[..., None], logits, 0.0), axis=-1)
-    return jax.nn.logsumexp(logits, axis=-1) - target
+    return logsumexp(logits) - target
 
 
 def pretraining_loss(

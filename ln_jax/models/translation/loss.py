@@ -18,6 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ln_jax.nn.layers import logsumexp
+
 Array = jax.Array
 
 
@@ -30,7 +32,7 @@ def token_losses(
     targets [...] int -> (smoothed loss [...], nll [...]).
     """
     real = logits[..., :vocab_size] if logits.shape[-1] != vocab_size else logits
-    lse = jax.nn.logsumexp(real, axis=-1)
+    lse = logsumexp(real)  # one pass over the logits on a GPU
     nll = lse - jnp.take_along_axis(real, targets[..., None], axis=-1)[..., 0]
     smooth = vocab_size * lse - real.sum(axis=-1)
     eps_i = epsilon / (vocab_size - 1)
