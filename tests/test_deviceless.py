@@ -47,6 +47,15 @@ def test_the_step_compiles_for_two_h100s_with_the_gpu_s_settings(two_h100s):
 
 
 @needs_plugin
+def test_a_gpu_s_gradient_norm_is_not_one_kernel_a_parameter(two_h100s):
+    """On a GPU the norm sums the parameters of one shape and logical axes as one stacked
+    array (`optim.grouped_norm`): BERT-tiny's 48 gradients, 54 norm reductions leaf by leaf,
+    compile to one (XLA fuses the stacking and the groups' sums)."""
+    norm = [k for k in two_h100s["kernel_census"].kernels if k.op_name == "jit(step_fn)/reduce_sum"]
+    assert 1 <= len(norm) <= 3, [(k.name, k.shape) for k in norm]
+
+
+@needs_plugin
 def test_the_census_finds_every_flop_the_lowered_step_multiplies(two_h100s):
     """Per device, the compiled program's matmul FLOPs are the lowered program's (global
     shapes, `ln_jax.matmul_census`) over the two data shards: no GEMM is missed or doubled."""

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from ln_jax.validate import ConfigError, Fix, check_choice, reject_unknown_keys
 
@@ -285,7 +286,7 @@ def make_optimizer(
     decay_mask(params)  # fail here, not inside jit, if leaves are not arrays
     parts = []
     if cfg.clip_norm:
-        parts.append(optax.clip_by_global_norm(cfg.clip_norm))
+        parts.append(clip_by_global_norm(cfg.clip_norm))
     parts.append(_scaling(cfg))
     if cfg.optimizer == "adamw" and cfg.weight_decay > 0:
         # Decoupled (Loshchilov & Hutter): added after the adaptive scaling, so it
@@ -302,5 +303,53 @@ def applied_updates(opt_state: Any) -> jax.Array:
 
 
 def global_norm(grads: Any) -> jax.Array:
-    """Returns the global L2 norm of a gradient pytree (as clipping measures it)."""
-    return optax.tree.norm(grads)
+    """The global L2 norm of a gradient pytree, as `clip_by_global_norm` measures it.
+
+    On a GPU the squares are summed one group at a time (`grouped_norm`: one reduction for the
+    12 layers' copies of a parameter, not one each); elsewhere leaf by leaf in optax's order
+    (`optax.tree.norm`), so CPU and TPU runs keep their values bit for bit."""
+    return jax.lax.platform_dependent(
+        grads, cuda=grouped_norm, rocm=grouped_norm, default=optax.tree.norm
+    )
+
+
+def grouped_norm(tree: Any) -> jax.Array:
+    """The L2 norm of `tree` with its leaves summed by group: parameters (`nnx.Variable`s) of
+    one shape, dtype and logical axes (so one sharding on any mesh) are stacked and reduced
+    together; other leaves (plain arrays) one by one.
+
+    Compiled for an H200, BERT-base's step (208 parameters) does 26 norm reductions instead of
+    286 (`bench/gpu_compile_arms.py`); XLA fuses the stacking into the reduction, so no copy is
+    made and the bytes read are those of the per-leaf norm. Values equal optax's up to the
+    order of float32 additions."""
+    groups: dict[Any, list[jax.Array]] = {}
+    for i, leaf in enumerate(jax.tree.leaves(tree, is_leaf=_is_variable)):
+        if isinstance(leaf, nnx.Variable):
+            value = leaf.get_value()
+            key = (value.shape, value.dtype, leaf.get_metadata().get("out_sharding"))
+        else:
+            value, key = leaf, i
+        groups.setdefault(key, []).append(value)
+    total = 0  # optax's initial value and dtype promotion, so both branches return one type
+    for values in groups.values():
+        stacked = values[0] if len(values) == 1 else jnp.stack(values)
+        total = total + jnp.sum(jnp.square(stacked.real) + jnp.square(stacked.imag))
+    return jnp.sqrt(jnp.asarray(total))
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """`optax.clip_by_global_norm` (the same state and arithmetic) measuring with
+    `global_norm`, so the train step's reported norm and the clip's are one computation."""
+
+    def update(updates, state, params=None):
+        del params
+        norm = global_norm(updates)
+        small = norm < max_norm
+        clip = lambda t: jax.lax.select(small, t, (t / norm.astype(t.dtype)) * max_norm)
+        return jax.tree.map(clip, updates), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
