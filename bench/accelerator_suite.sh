@@ -160,8 +160,8 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 # compile has 76: 36 q/k/v bias adds ran as kernels of their own) and no merged GEMMs
 [ "$MODE" = gpu ] && ARMS+=(--arm=cublas_no_merge:xla.xla_gpu_enable_triton_gemm=false,xla.xla_gpu_dot_merger_threshold_mb=0)
 # The layers' parameters stacked and the scan unrolled (straight-line code): compiled for an
-# H200 without one, 1,279 -> 795 kernels a step at the same bytes (each stacked parameter's
-# AdamW update, cast and norm one kernel for all 12 layers; docs/gpu.md, session 29)
+# H200 without one, 1,016 -> 780 kernels a step at the same bytes (each stacked parameter's
+# AdamW update and cast one kernel for all 12 layers; docs/gpu.md, sessions 29 and 34)
 [ "$MODE" = gpu ] && ARMS+=(--arm=stacked:model.scan_layers=true,model.scan_unroll=12)
 ARMS+=(--arm=main:data.vocab_size=8000)  # default at the main job's vocabulary
 PROFILE_ARM=${PROFILE_ARM:-default}
