@@ -71,12 +71,13 @@ def _finetune(inv: cli.Invocation) -> int:
     from ln_jax.models.bert.finetune.run import Preempted
     from ln_jax.train import run_identity
     from ln_jax.train.preemption import SetupSignals
+    from ln_jax.train.workdir_stub import no_stub_workdir
 
     with SetupSignals("setting up the fine-tuning") as signals:
         cfg = inv.config()
         workdir = _WORKDIR.value or default_workdir(cfg)
         signals.what = f"setting up the fine-tuning in {workdir}"
-        with cli.no_stub_workdir(workdir):
+        with no_stub_workdir(workdir):
             run_identity.prepare_workdir(workdir)
             console.configure_logging(os.path.join(workdir, "finetune.log"))
             print(

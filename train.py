@@ -78,6 +78,7 @@ def _distributed() -> bool:
 
 def _train(inv: cli.Invocation) -> int:
     from ln_jax.train.preemption import SetupSignals
+    from ln_jax.train.workdir_stub import no_stub_workdir
 
     # A multi-process job leaves SIGTERM to JAX's preemption service.
     with SetupSignals("setting up", enabled=not _distributed()) as signals:
@@ -86,7 +87,7 @@ def _train(inv: cli.Invocation) -> int:
         workdir = _WORKDIR.value or paths.default_workdir(cfg.name)
         signals.what = f"setting up the run in {workdir}"
         _preflight(cfg)  # user errors before anything is created
-        with cli.no_stub_workdir(workdir):
+        with no_stub_workdir(workdir):
             result = _train_in(cfg, workdir)
     _report(inv, cfg, workdir, result)
     return 0

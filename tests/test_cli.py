@@ -17,6 +17,7 @@ from ln_jax.config_front import build_config, config_from_command_line, load_con
 from ln_jax.data import parallel, sources
 from ln_jax.data.config import DataConfig
 from ln_jax.train.preemption import EXIT_SIGTERM, SetupSignals
+from ln_jax.train.workdir_stub import no_stub_workdir
 from ln_jax.validate import ConfigError, Fix, UserError, check_choice
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -343,20 +344,20 @@ def test_no_stub_workdir_removes_only_what_this_command_created(tmp_path):
         (workdir / "train.log").write_text("set-up logs\n")
         raise ConfigError("bad mesh")
 
-    with pytest.raises(ConfigError), cli.no_stub_workdir(str(workdir)):
+    with pytest.raises(ConfigError), no_stub_workdir(str(workdir)):
         stub()
     assert not (tmp_path / "workdirs").exists()  # the empty parent it created went too
     workdir.mkdir(parents=True)
-    with pytest.raises(ConfigError), cli.no_stub_workdir(str(workdir)):
+    with pytest.raises(ConfigError), no_stub_workdir(str(workdir)):
         stub()
     assert (workdir / "train.log").exists()  # it existed: left alone
     other = tmp_path / "other"
-    with pytest.raises(RuntimeError), cli.no_stub_workdir(str(other)):
+    with pytest.raises(RuntimeError), no_stub_workdir(str(other)):
         (other / "checkpoints").mkdir(parents=True)
         raise RuntimeError("a bug: its log is kept for the report")
     assert other.exists()
     kept = tmp_path / "kept"
-    with pytest.raises(UserError), cli.no_stub_workdir(str(kept)):
+    with pytest.raises(UserError), no_stub_workdir(str(kept)):
         kept.mkdir()
         (kept / "metrics.jsonl").write_text("{}\n")
         raise UserError("late")
