@@ -5,6 +5,7 @@ Needs JAX's CUDA plugin (`pip install -e ".[gpu-compile]"`; CI installs it); ski
 """
 
 import dataclasses
+import re
 
 import pytest
 
@@ -49,10 +50,11 @@ def test_the_step_compiles_for_two_h100s_with_the_gpu_s_settings(two_h100s):
 @needs_plugin
 def test_a_gpu_s_gradient_norm_is_not_one_kernel_a_parameter(two_h100s):
     """On a GPU the norm sums the parameters of one shape and logical axes as one stacked
-    array (`optim.grouped_norm`): BERT-tiny's 48 gradients, 54 norm reductions leaf by leaf,
-    compile to one (XLA fuses the stacking and the groups' sums)."""
-    norm = [k for k in two_h100s["kernel_census"].kernels if k.op_name == "jit(step_fn)/reduce_sum"]
-    assert 1 <= len(norm) <= 3, [(k.name, k.shape) for k in norm]
+    array (`optim.grouped_norm`): BERT-tiny's 48 gradients in 15 groups. Leaf by leaf its
+    reductions were 54 kernels (one or two a parameter); grouped, 21."""
+    top_level_sum = re.compile(r"jit\(step_fn\)/(cond/branch_\d+_fun/)?reduce_sum$")
+    norm = [k for k in two_h100s["kernel_census"].kernels if top_level_sum.match(k.op_name)]
+    assert 15 <= len(norm) <= 2 * 15, [(k.op_name, k.shape) for k in norm]
 
 
 @needs_plugin
