@@ -326,7 +326,8 @@ def grouped_norm(tree: Any) -> jax.Array:
     for i, leaf in enumerate(jax.tree.leaves(tree, is_leaf=_is_variable)):
         if isinstance(leaf, nnx.Variable):
             value = leaf.get_value()
-            key = (value.shape, value.dtype, leaf.get_metadata().get("out_sharding"))
+            names = leaf.get_metadata().get("out_sharding")
+            key = (value.shape, value.dtype, None if names is None else tuple(names))
         else:
             value, key = leaf, i
         groups.setdefault(key, []).append(value)
