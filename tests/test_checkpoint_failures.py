@@ -237,3 +237,28 @@ def test_an_orphaned_read_report_leaves_a_bare_root_handler_and_goes_to_the_log(
         ("tensorstore", "INFO", "ignored after a failed checkpoint read: "),
         ("asyncio", "ERROR", "Task exception was never retrieved: some"),
     ]
+
+
+@pytest.mark.parametrize("at_exit", [True, False])
+def test_the_stray_read_hook_survives_its_module_torn_down(monkeypatch, at_exit):
+    """At interpreter exit Python clears module globals while a failed restore's leftover reads
+    are still collected; the hook then reported its own TypeError once a read (406 lines on a
+    resumed run's terminal). Now a report it cannot classify is dropped at exit and passed on
+    before it."""
+    import types
+
+    from ln_jax.train import checkpoint
+
+    passed_on = []
+    monkeypatch.setattr(sys, "is_finalizing", lambda: at_exit)
+    hook = checkpoint._stray_reads_to_log(passed_on.append)
+    monkeypatch.setattr(checkpoint, "_is_stray_read_report", None)  # as at exit
+    monkeypatch.setattr(checkpoint, "inspect", None)
+    report = types.SimpleNamespace(  # not "Event loop is closed": the check needs `inspect`
+        exc_value=ValueError("a read's error"),
+        object=None,
+        err_msg=None,
+        exc_traceback=None,
+    )
+    hook(report)
+    assert passed_on == ([] if at_exit else [report])

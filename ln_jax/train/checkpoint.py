@@ -393,11 +393,19 @@ def _stray_reads_to_log(previous: Callable[[Any], None]) -> Callable[[Any], None
     the traceback in the file; dropped at interpreter exit, when logging is gone) and passes
     on the rest."""
 
+    # Bound here: at interpreter exit this module's globals may already be cleared (None)
+    # while the leftover reads are still being collected.
+    is_stray, finalizing = _is_stray_read_report, sys.is_finalizing
+
     def hook(unraisable: Any) -> None:
-        if not _is_stray_read_report(unraisable):
+        try:
+            stray = is_stray(unraisable)
+        except Exception:  # the check's own modules torn down: only at exit
+            stray = finalizing()
+        if not stray:
             previous(unraisable)
             return
-        if sys.is_finalizing():  # at exit: the log file is closed, logging half torn down
+        if finalizing():  # at exit: the log file is closed, logging half torn down
             return
         err = unraisable.exc_value
         # A report of a discarded read is not worth a failure of its own.
