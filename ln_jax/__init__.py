@@ -7,8 +7,6 @@ worker process does not load JAX and Flax.
 from __future__ import annotations
 
 import importlib
-import logging
-import os
 from typing import Any
 
 _EXPORTS = {
@@ -50,28 +48,8 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS, *_MODULES])
 
 
-# Files an NVIDIA driver creates; without them no process on this host can run on a GPU.
-NVIDIA_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
-_CUDA_PLUGIN_ERROR = "Jax plugin configuration error: Exception when calling jax_plugins.xla_cuda"
+# JAX's CUDA plugin and libtpu, installed on a host that cannot run them (the deviceless
+# compiles' extras), start quietly: `ln_jax.host`.
+from ln_jax import host as _host  # noqa: E402  (no JAX import: data workers stay light)
 
-
-def _quiet_cuda_plugin_without_a_driver() -> bool:
-    """Drops the CUDA plugin's start-up traceback on a host with no NVIDIA driver.
-
-    JAX's CUDA plugin installed on a CPU host (the `gpu-compile` extra, for compiling the step
-    for a GPU without one: `ln_jax.deviceless`) fails its cuDNN check when a JAX process starts
-    its backends and logs a 20-line traceback, in every process, for a GPU the host cannot
-    have. There JAX runs on the CPU as it would without the plugin, and compiling for a GPU
-    does not need the check; so the record is dropped. With a driver present it is kept: there
-    it names a real installation problem. Returns whether the filter was installed."""
-    if any(os.path.exists(f) for f in NVIDIA_DRIVER_FILES):
-        return False
-    logging.getLogger("jax._src.xla_bridge").addFilter(_not_the_cuda_plugin_error)
-    return True
-
-
-def _not_the_cuda_plugin_error(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith(_CUDA_PLUGIN_ERROR)
-
-
-_quiet_cuda_plugin_without_a_driver()
+_host.quiet_plugins()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import importlib
 import importlib.metadata
 import importlib.util
@@ -41,6 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ln_jax import host
 from ln_jax.kernel_census import SPECS, GpuSpec
 
 # The plugin packages jax can load, newest CUDA first.
@@ -318,7 +318,7 @@ def tpu_devices(name: str) -> list[Any]:
     """
     chosen = tpu_slice(name)
     libtpu()
-    if not _has_tpu_chips():
+    if not host.has_tpu_chips():
         _quiet_libtpu(chosen)
     from jax.experimental import topologies
 
@@ -328,16 +328,6 @@ def tpu_devices(name: str) -> list[Any]:
         chips_per_host_bounds=list(chosen.chips_per_host),
     )
     return list(topology.devices)
-
-
-def _has_tpu_chips() -> bool:
-    """Whether this host has TPU chips (then libtpu's settings are the host's own)."""
-    try:
-        from jax._src import hardware_utils
-
-        return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
-    except (ImportError, AttributeError):  # JAX's internals moved: look for the chips' nodes
-        return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def _quiet_libtpu(chosen: TpuSlice) -> None:

@@ -211,34 +211,6 @@ def test_compiles_for_a_gpu_here_skip_the_persistent_cache():
     assert jax.config.jax_enable_compilation_cache == before
 
 
-def test_the_cuda_plugin_s_start_up_error_is_dropped_only_without_a_driver(monkeypatch, tmp_path):
-    """Without an NVIDIA driver the CUDA plugin's failed check is noise in every process and
-    is dropped; with one it names a real problem and is kept."""
-    import logging
-
-    import ln_jax
-
-    def record(message: str) -> logging.LogRecord:
-        return logging.LogRecord("jax._src.xla_bridge", logging.ERROR, "", 0, message, (), None)
-
-    dropped = "Jax plugin configuration error: Exception when calling %s.initialize()"
-    assert not ln_jax._not_the_cuda_plugin_error(record(dropped % "jax_plugins.xla_cuda13"))
-    assert ln_jax._not_the_cuda_plugin_error(record(dropped % "jax_plugins.xla_tpu"))
-    assert ln_jax._not_the_cuda_plugin_error(record("Unable to initialize backend 'cuda'"))
-    driver = tmp_path / "version"
-    driver.write_text("NVRM version: 580")
-    monkeypatch.setattr(ln_jax, "NVIDIA_DRIVER_FILES", (str(driver),))
-    assert ln_jax._quiet_cuda_plugin_without_a_driver() is False
-    monkeypatch.setattr(ln_jax, "NVIDIA_DRIVER_FILES", (str(tmp_path / "absent"),))
-    logger = logging.getLogger("jax._src.xla_bridge")
-    try:
-        assert ln_jax._quiet_cuda_plugin_without_a_driver() is True
-        assert ln_jax._not_the_cuda_plugin_error in logger.filters
-    finally:
-        logger.removeFilter(ln_jax._not_the_cuda_plugin_error)
-        ln_jax._quiet_cuda_plugin_without_a_driver()  # as the import left it on this host
-
-
 @needs_plugin
 def test_a_process_on_a_host_without_a_driver_prints_no_cuda_traceback():
     """With the plugin installed and no driver, a JAX process that lets JAX pick its platforms

@@ -166,3 +166,30 @@ def test_each_slice_has_its_devices_on_one_host(name):
     assert {d.process_index for d in devices} == {0}  # one host: Colab's, a single TPU VM
     mesh = sharding.make_mesh(-1, 1, 1, devices=devices)
     assert deviceless.is_compile_only(mesh.devices) and mesh.size == chosen.devices
+
+
+@needs_libtpu
+def test_a_process_on_a_host_without_a_tpu_prints_no_libtpu_errors():
+    """With libtpu installed and no TPU chip, a JAX process that lets JAX pick its platforms
+    starts on the CPU without libtpu's five lines about TPU VM settings (`ln_jax.host`); the
+    same process without ln_jax prints them."""
+    import os
+    import subprocess
+    import sys
+
+    from ln_jax import host
+
+    if host.has_tpu_chips():
+        pytest.skip("this host has TPU chips")
+    drop = ("JAX_PLATFORMS", "JAX_FORCE_TPU_INIT", *host.TPU_TOPOLOGY_VARS, *host.LIBTPU_QUIET)
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    noise = ("TPU_WORKER_HOSTNAMES", "host bounds", "InitGoogle")
+
+    def run(imports: str) -> subprocess.CompletedProcess:
+        code = f"import {imports}; print(jax.devices()[0].platform)"
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+    quiet, plain = run("ln_jax, jax"), run("jax")
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "cpu", quiet.stderr
+    assert not [n for n in noise if n in quiet.stderr], quiet.stderr
+    assert plain.stdout.strip() == "cpu" and [n for n in noise if n in plain.stderr], plain.stderr
