@@ -21,7 +21,8 @@
 #        layout of the residual stream, the GPU default before 2026-11-27; "auto" pins it
 #        row-major), cublas (XLA's Triton GEMMs off for its compile), no_dot_merge (XLA's
 #        merging of GEMMs that share an operand off), cublas_no_merge (both), stacked (the
-#        layers' parameters stacked, the scan unrolled), main (default at the main job's
+#        layers' parameters stacked, the scan unrolled), graphs_off (XLA's CUDA graphs off
+#        for its compile), main (default at the main job's
 #        vocabulary, 8000: the step the main job is compared with); each also with
 #        --pipeline=5 (5 steps in flight, one wait); a profile of $PROFILE_ARM (default:
 #        default) summarised by kernel class (profile_summary.py) and the optimised HLO (hlo/)
@@ -163,6 +164,11 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 # H200 without one, 1,016 -> 780 kernels a step at the same bytes (each stacked parameter's
 # AdamW update and cast one kernel for all 12 layers; docs/gpu.md, sessions 29 and 34)
 [ "$MODE" = gpu ] && ARMS+=(--arm=stacked:model.scan_layers=true,model.scan_unroll=12)
+# XLA's CUDA graphs off for this arm's compile (`xla_gpu_enable_command_buffer` empty): each
+# kernel launched by the host. Between two blocked steps the H200 of 2026-11-27 idled 7-8 ms;
+# this arm's blocked time and launch_ms against the default's say how much of that is the
+# graphs' own update and launch
+[ "$MODE" = gpu ] && ARMS+=(--arm=graphs_off:xla.xla_gpu_enable_command_buffer=)
 ARMS+=(--arm=main:data.vocab_size=8000)  # default at the main job's vocabulary
 PROFILE_ARM=${PROFILE_ARM:-default}
 if [ -n "$ONLY" ]; then  # --arms: keep the named ones, in the order above
@@ -191,7 +197,9 @@ BENCH_ENV=()
 # GPU: each arm's autotuning results (autotune/ARM.textproto), for compiles without a GPU
 DUMP=()
 [ "$MODE" = gpu ] && DUMP=(--autotune_dump="$OUT/autotune")
-step bench 300 "${BENCH_ENV[@]}" "$PY" bench/bench_accel.py "${SHAPE[@]}" "${ARMS[@]}" "${DUMP[@]}" \
+# 360 s: seven arms compile one at a time on a GPU (autotuning each: ~30 s on the H200 of
+# 2026-11-28, where four arms took 130 s in all); a bench cut off by its limit writes nothing
+step bench 360 "${BENCH_ENV[@]}" "$PY" bench/bench_accel.py "${SHAPE[@]}" "${ARMS[@]}" "${DUMP[@]}" \
   --profile_arm="$PROFILE_ARM" --profile_dir="$OUT/trace" --profile_steps=3 --out="$OUT/arms.json"
 HLO_ARGS=()
 [ "$MODE" = gpu ] && HLO_ARGS=(--hlo_dir="$OUT/hlo")  # classes and achieved rates from the HLO
