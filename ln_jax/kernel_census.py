@@ -498,9 +498,22 @@ def _fused(comps: dict[str, dict[str, _Instr]], instr: _Instr) -> dict[str, _Ins
     return comps.get(called[0], {}) if called else {}
 
 
+# What a fusion named for a join or a cut ("loop_concatenate_fusion", "loop_slice_fusion") may
+# hold and still only move data; any other op (a multiply, a select, a convert) computes.
+_MOVE_OPS = frozenset({"parameter", "constant", "bitcast", "broadcast", "reshape", "copy", "pad"})
+_MOVE_OPS |= {"transpose", "tuple", "get-tuple-element", "concatenate", "slice", "iota"}
+_MOVE_OPS |= {"dynamic-slice", "dynamic-update-slice"}
+# Fusions named for joining or cutting arrays; a transpose that also converts stays a copy (a
+# layout change: what the copy class is read for).
+_JOINS = re.compile(r"concatenate|slice")
+
+
 def _class_of(comps: dict[str, dict[str, _Instr]], instr: _Instr) -> str:
     """By the name XLA gave the kernel; a custom call by its target and JAX's op name; a
-    fusion with a generic name ("fusion.12") by the ops it holds."""
+    fusion with a generic name ("fusion.12") by the ops it holds; a fusion named for a
+    concatenation or a slice that computes is elementwise (XLA names a fusion by its root: an
+    AdamW update of stacked layers that concatenates their 12 gradients is a
+    "loop_concatenate_fusion")."""
     if instr.opcode == "custom-call":
         target = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
         return kernel_class(f"{target.group(1) if target else ''} {_op_name(instr.attrs)}")
@@ -510,7 +523,11 @@ def _class_of(comps: dict[str, dict[str, _Instr]], instr: _Instr) -> str:
             if opcode in ops:
                 return cls
         return "elementwise"
-    return kernel_class(instr.name if instr.opcode == "fusion" else instr.opcode)
+    cls = kernel_class(instr.name if instr.opcode == "fusion" else instr.opcode)
+    joins = cls == "copy" and instr.opcode == "fusion" and _JOINS.search(instr.name)
+    if joins and {i.opcode for i in _fused(comps, instr).values()} - _MOVE_OPS:
+        return "elementwise"
+    return cls
 
 
 def _flops(comps: dict[str, dict[str, _Instr]], instr: _Instr, scope: dict[str, _Instr]) -> float:

@@ -278,3 +278,55 @@ def test_a_triton_gemm_that_computes_on_its_operand_is_listed():
         {"name": "gemm_fusion_dot.1", "shape": "bf16[64,16]", "ops": ["multiply"]}
     ]
     assert kernel_census.gemm_prologues(HLO) == []
+
+
+# XLA names a fusion by its root. An AdamW update of stacked layers concatenates the layers'
+# gradients inside its kernel ("loop_concatenate_fusion"), and the bf16 cast of a stacked
+# parameter slices it per layer ("loop_slice_fusion"): both compute; a plain concatenation
+# only moves data.
+NAMED_BY_ROOT = """HloModule jit_s, entry_computation_layout={(f32[2,4]{1,0}, f32[2,4]{1,0})->f32[4,4]{1,0}}
+
+%fused_concatenate (p.0: f32[2,4], p.1: f32[2,4]) -> f32[4,4] {
+  %p.0 = f32[2,4]{1,0} parameter(0)
+  %p.1 = f32[2,4]{1,0} parameter(1)
+  ROOT %cat = f32[4,4]{1,0} concatenate(%p.0, %p.1), dimensions={0}
+}
+
+%fused_concatenate.1 (p.2: f32[2,4], p.3: f32[2,4], p.4: f32[4,4]) -> f32[4,4] {
+  %p.2 = f32[2,4]{1,0} parameter(0)
+  %p.3 = f32[2,4]{1,0} parameter(1)
+  %p.4 = f32[4,4]{1,0} parameter(2)
+  %grads = f32[4,4]{1,0} concatenate(%p.2, %p.3), dimensions={0}
+  %lr = f32[] constant(0.1)
+  %lrs = f32[4,4]{1,0} broadcast(%lr), dimensions={}
+  %step = f32[4,4]{1,0} multiply(%grads, %lrs)
+  ROOT %new = f32[4,4]{1,0} subtract(%p.4, %step)
+}
+
+%fused_slice (p.5: f32[4,4]) -> (bf16[2,4], bf16[2,4]) {
+  %p.5 = f32[4,4]{1,0} parameter(0)
+  %half = bf16[4,4]{1,0} convert(%p.5)
+  %s.0 = bf16[2,4]{1,0} slice(%half), slice={[0:2], [0:4]}
+  %s.1 = bf16[2,4]{1,0} slice(%half), slice={[2:4], [0:4]}
+  ROOT %both = (bf16[2,4]{1,0}, bf16[2,4]{1,0}) tuple(%s.0, %s.1)
+}
+
+ENTRY %main.2 (a.2: f32[2,4], b.2: f32[2,4]) -> f32[4,4] {
+  %a.2 = f32[2,4]{1,0} parameter(0)
+  %b.2 = f32[2,4]{1,0} parameter(1)
+  %input_concatenate_fusion = f32[4,4]{1,0} fusion(%a.2, %b.2), kind=kLoop, calls=%fused_concatenate
+  %loop_concatenate_fusion = f32[4,4]{1,0} fusion(%a.2, %b.2, %input_concatenate_fusion), kind=kLoop, calls=%fused_concatenate.1
+  %loop_slice_fusion = (bf16[2,4]{1,0}, bf16[2,4]{1,0}) fusion(%loop_concatenate_fusion), kind=kLoop, calls=%fused_slice
+  ROOT %r = f32[4,4]{1,0} copy(%loop_concatenate_fusion)
+}
+"""
+
+
+def test_a_fusion_named_for_a_copy_that_computes_is_elementwise():
+    kernels = {k.name: k.cls for k in kernel_census.read(NAMED_BY_ROOT).kernels}
+    assert kernels == {
+        "input_concatenate_fusion": "copy",
+        "loop_concatenate_fusion": "elementwise",  # an update reading concatenated gradients
+        "loop_slice_fusion": "elementwise",  # a cast, sliced per layer
+        "r": "copy",
+    }
