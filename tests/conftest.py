@@ -21,6 +21,7 @@ import tempfile
 import pytest
 
 from tests import hermetic, ordering
+from tests.xdist_scheduling import pytest_xdist_make_scheduler  # noqa: F401 (a hook)
 from tests.xla_env import check_fast_compile, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

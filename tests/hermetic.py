@@ -1,12 +1,13 @@
 """What the test suite may and may not write: the environment that keeps it out of the checkout
 and out of the user's folders, and the check that it did.
 
-`point_defaults_at(home)` sets the variables ln_jax and TFDS read for their default folders
-(the workdirs of runs given no `--workdir`, the TFDS data dir, ln_jax's local cache) to folders
-of `home`; subprocesses inherit them. `tree_state(root)` records what programs write in a
-checkout (every file under `workdirs/`, with its size and modification time, and the paths git
-ignores); `tree_changes(before, after)` lists what a test session changed there. Python's
-bytecode and the caches of pytest and ruff are left out: they are not output of the tests.
+`point_defaults_at(home)` sets the variables ln_jax, TFDS and libtpu read for their default
+folders (the workdirs of runs given no `--workdir`, the TFDS data dir, ln_jax's local cache,
+libtpu's logs) to folders of `home`; subprocesses inherit them. `tree_state(root)` records
+what programs write in a checkout (every file under `workdirs/`, with its size and
+modification time, and the paths git ignores); `tree_changes(before, after)` lists what a
+test session changed there. Python's bytecode and the caches of pytest and ruff are left out:
+they are not output of the tests.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ DEFAULTS = {
     "LN_JAX_WORKDIRS": "workdirs",  # ln_jax.paths.default_workdir
     "TFDS_DATA_DIR": "tensorflow_datasets",  # tfds.core.constants.get_default_data_dir
     "LN_JAX_CACHE_DIR": "cache",  # ln_jax.data.sources.local_cache_root
+    "TPU_LOG_DIR": "tpu_logs",  # libtpu's logs (/tmp/tpu_logs), in the deviceless TPU tests
 }
 WATCHED = "workdirs"  # the checkout's folder of default workdirs, watched file by file
 _NOT_OUTPUT = ("__pycache__", ".pytest_cache", ".ruff_cache", ".egg-info")
@@ -32,6 +34,7 @@ def point_defaults_at(home: str) -> None:
     os.environ[HOME_ENV] = home
     for variable, folder in DEFAULTS.items():
         os.environ[variable] = os.path.join(home, folder)
+    os.makedirs(os.environ["TPU_LOG_DIR"], exist_ok=True)  # else libtpu says so, logs nowhere
 
 
 def _is_output(relative: str) -> bool:

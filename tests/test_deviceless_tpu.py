@@ -6,6 +6,10 @@ Needs libtpu (`pip install -e ".[tpu-compile]"`; CI installs it); skipped withou
 """
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -173,10 +177,6 @@ def test_a_process_on_a_host_without_a_tpu_prints_no_libtpu_errors():
     """With libtpu installed and no TPU chip, a JAX process that lets JAX pick its platforms
     starts on the CPU without libtpu's five lines about TPU VM settings (`ln_jax.host`); the
     same process without ln_jax prints them."""
-    import os
-    import subprocess
-    import sys
-
     from ln_jax import host
 
     if host.has_tpu_chips():
@@ -193,3 +193,16 @@ def test_a_process_on_a_host_without_a_tpu_prints_no_libtpu_errors():
     assert quiet.returncode == 0 and quiet.stdout.strip() == "cpu", quiet.stderr
     assert not [n for n in noise if n in quiet.stderr], quiet.stderr
     assert plain.stdout.strip() == "cpu" and [n for n in noise if n in plain.stderr], plain.stderr
+
+
+@needs_libtpu
+def test_libtpu_logs_into_the_sessions_home():
+    """The tests' libtpu writes its log files in the session's home (tests/hermetic.py), not
+    in the host's /tmp/tpu_logs (which had 388 files of earlier sessions on 2026-11-29)."""
+    logs = Path(os.environ["TPU_LOG_DIR"])
+    before = set(logs.iterdir())
+    code = "from ln_jax import deviceless; print(len(deviceless.tpu_devices('v5e-4')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["4"], done.stderr[-2000:]
+    assert [p for p in set(logs.iterdir()) - before if p.name.startswith("tpu_driver.")]
+    assert logs.is_relative_to(os.environ["LN_JAX_TESTS_HOME"])
