@@ -22,16 +22,15 @@ import pytest
 
 from tests import hermetic, ordering
 from tests.xdist_scheduling import pytest_xdist_make_scheduler  # noqa: F401 (a hook)
-from tests.xla_env import check_fast_compile, xla_flags
+from tests.xla_env import check_flags, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Must be set before JAX initialises its backends (first jax import anywhere in the session).
 # 8 devices unless XLA_FLAGS names a count; fast-compile flags added (see tests/xla_env.py).
 _flags = os.environ.get("XLA_FLAGS", "")
-if os.environ.get("LN_JAX_TEST_OPTIMIZED_COMPILE") != "1":
-    for _refused in check_fast_compile():
-        print(f"tests/xla_env.py: this XLA does not know {_refused}; compiling without it")
+for _refused in check_flags():
+    print(f"tests/xla_env.py: this XLA does not know {_refused}; running without it")
 os.environ["XLA_FLAGS"] = xla_flags(None if "device_count" in _flags else 8, _flags)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -101,17 +101,21 @@ def test_the_tree_check_works_in_a_copy_without_git(tmp_path):
     assert changes == ["new workdirs/run/metrics.jsonl"]
 
 
-def test_fast_compile_flags_an_xla_refuses_are_left_out(monkeypatch):
+def test_test_flags_an_xla_refuses_are_left_out(monkeypatch):
     """tests/xla_env.py: a flag this XLA does not know is dropped (not every test aborting)."""
     from tests import xla_env
 
-    assert os.environ[xla_env.CHECKED_ENV].split() == list(xla_env.FAST_COMPILE)  # this XLA
+    wanted = [*xla_env.FAST_COMPILE, *xla_env.PATIENT]
+    assert os.environ[xla_env.CHECKED_ENV].split() == wanted  # this XLA knows them all
+    assert all(f in os.environ["XLA_FLAGS"].split() for f in wanted)
     bogus, starts = "--xla_no_such_flag=true", xla_env._starts
     assert starts(("--xla_backend_optimization_level=0",)) and not starts((bogus,))
     monkeypatch.setattr(xla_env, "FAST_COMPILE", (*xla_env.FAST_COMPILE[:2], bogus))
     monkeypatch.setattr(xla_env, "_starts", lambda flags: bogus not in flags)
     monkeypatch.delenv(xla_env.CHECKED_ENV)
-    assert xla_env.check_fast_compile() == [bogus]
+    assert xla_env.check_flags() == [bogus]
     assert xla_env.fast_compile() == xla_env.FAST_COMPILE[:2]
-    assert bogus not in xla_env.xla_flags(8, "")
-    assert xla_env.check_fast_compile() == []  # checked once a session
+    assert bogus not in xla_env.xla_flags(8, "") and xla_env.PATIENT[0] in xla_env.xla_flags(8, "")
+    monkeypatch.setenv("LN_JAX_TEST_OPTIMIZED_COMPILE", "1")
+    assert xla_env.xla_flags(8, "").split()[1:] == list(xla_env.PATIENT)
+    assert xla_env.check_flags() == []  # checked once a session

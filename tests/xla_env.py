@@ -12,9 +12,17 @@ truncated-normal initialisers), so a test comparing with what users get at XLA's
 asks for them in `compiler_options` (tests/test_sharding.py);
 LN_JAX_TEST_OPTIMIZED_COMPILE=1 keeps XLA's defaults everywhere.
 
+XLA:CPU ends the process (a fatal log line, then SIGABRT) when one thread per device has not
+joined a collective within a minute (`rendezvous.cc`, measured: a callback that holds one of 8
+devices 70 s aborts the process at 60 s). The tests' 8 fake devices share 2 cores with the
+other worker and the runs it starts; a worker of the CI run of 2026-11-29 died of a SIGABRT in
+a non-Python thread while its test summed an 8-device mesh's parameters eagerly (what XLA
+printed went into pytest's capture of that test's stderr, lost with the process). Tests give
+the threads ten minutes (PATIENT, at every optimisation level): a slow host is not a deadlock.
+
 An XLA that does not know a flag aborts at start-up, so the session checks them once
-(`check_fast_compile`: one process that starts XLA:CPU with them) and keeps those it accepts
-in LN_JAX_TEST_FAST_COMPILE, which the tests' processes inherit.
+(`check_flags`: one process that starts XLA:CPU with them) and keeps those it accepts in
+LN_JAX_TEST_XLA_FLAGS, which the tests' processes inherit.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ FAST_COMPILE = (
     "--xla_llvm_disable_expensive_passes=true",
     "--xla_cpu_use_fusion_emitters=false",
 )
-CHECKED_ENV = "LN_JAX_TEST_FAST_COMPILE"  # the flags of FAST_COMPILE this XLA accepts
+PATIENT = ("--xla_cpu_collective_call_terminate_timeout_seconds=600",)
+CHECKED_ENV = "LN_JAX_TEST_XLA_FLAGS"  # the flags of FAST_COMPILE and PATIENT this XLA accepts
 _DEVICES = re.compile(r"--xla_force_host_platform_device_count=\S+")
 
 
@@ -40,30 +49,37 @@ def _starts(flags: tuple[str, ...]) -> bool:
     return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
 
 
-def check_fast_compile() -> list[str]:
-    """Puts the FAST_COMPILE flags this XLA accepts in $LN_JAX_TEST_FAST_COMPILE (once: a set
-    value is kept); returns those it refused."""
+def check_flags() -> list[str]:
+    """Puts the flags of FAST_COMPILE and PATIENT this XLA accepts in $LN_JAX_TEST_XLA_FLAGS
+    (once: a set value is kept); returns those it refused."""
     if CHECKED_ENV in os.environ:
         return []
-    kept = FAST_COMPILE
-    if not _starts(kept):
-        kept = tuple(f for f in FAST_COMPILE if _starts((f,)))
+    wanted = FAST_COMPILE + PATIENT
+    kept = wanted if _starts(wanted) else tuple(f for f in wanted if _starts((f,)))
     os.environ[CHECKED_ENV] = " ".join(kept)
-    return [f for f in FAST_COMPILE if f not in kept]
+    return [f for f in wanted if f not in kept]
+
+
+def _accepted(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of `flags` checked for this XLA (all of them before the check)."""
+    checked = os.environ.get(CHECKED_ENV)
+    return flags if checked is None else tuple(f for f in flags if f in checked.split())
 
 
 def fast_compile() -> tuple[str, ...]:
-    """The fast-compile flags: those checked for this XLA, else all of FAST_COMPILE."""
-    checked = os.environ.get(CHECKED_ENV)
-    return FAST_COMPILE if checked is None else tuple(checked.split())
+    """The fast-compile flags this XLA accepts."""
+    return _accepted(FAST_COMPILE)
 
 
 def xla_flags(devices: int | None = None, base: str | None = None) -> str:
-    """`base` (default: $XLA_FLAGS) with the fast-compile flags and, if given, `devices` fake
-    CPU devices in place of any device count already there."""
+    """`base` (default: $XLA_FLAGS) with the fast-compile flags (unless
+    LN_JAX_TEST_OPTIMIZED_COMPILE=1), the patient collectives and, if given, `devices` fake CPU
+    devices in place of any device count already there."""
     flags = os.environ.get("XLA_FLAGS", "") if base is None else base
     if devices is not None:
         flags = f"{_DEVICES.sub('', flags)} --xla_force_host_platform_device_count={devices}"
+    wanted = _accepted(PATIENT)
     if os.environ.get("LN_JAX_TEST_OPTIMIZED_COMPILE") != "1":
-        flags += "".join(f" {f}" for f in fast_compile() if f.split("=")[0] not in flags)
+        wanted = fast_compile() + wanted
+    flags += "".join(f" {f}" for f in wanted if f.split("=")[0] not in flags)
     return " ".join(flags.split())
