@@ -84,9 +84,10 @@ def busy():
 def test_auto_accumulation_is_chosen_for_the_tpu_s_memory(busy):
     """With grad_accum_steps=0 the check picks the micro-batches the trainer would pick on a
     device of the given memory, from the TPU's own buffer assignment, and the micro-batches
-    then hold a micro-batch's activations. (libtpu counts HBM: at 4 micro-batches of BERT-tiny
-    its temporaries read 0 bytes, on-chip memory holding them; a 2048^2 float32 matmul's
-    gradient reads 0 too, an 8192^2 one 256 MiB: measured 2026-11-29.)"""
+    then hold a micro-batch's activations. (At 4 micro-batches of BERT-tiny libtpu's
+    temporaries read 0 bytes, as a 2048^2 float32 matmul's gradient does, where an 8192^2
+    one reads 256 MiB: small temporaries are not in its figures, presumably kept on chip;
+    measured 2026-11-29.)"""
     fixed = busy["total_bytes"] - busy["temp_bytes"]
     # A budget the one-micro-batch step overflows and a third of its temporaries fits.
     gib = (fixed + busy["temp_bytes"] / 3) / accumulation.HEADROOM / GIB
