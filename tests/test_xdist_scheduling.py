@@ -28,18 +28,22 @@ FILES = {
         """,
     "test_c_alone.py": "def test_c1():\n    pass\n",
     "test_d_last.py": "def test_d1():\n    pass\n\ndef test_d2():\n    pass\n",
+    "test_e_hangs.py": "import time\n\ndef test_e1_hangs():\n    time.sleep(600)\n",
 }
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_crashed_worker_fails_its_test_once_and_the_rest_still_run(tmp_path, workers):
     """Without the scheduler xdist 3.8 hangs here: it hands the new worker the finished
-    file again (an empty batch) and the one-test file alone (held back, never run)."""
+    file again (an empty batch) and the one-test file alone (held back, never run). A test
+    that hangs past the time limit ends its worker (pytest-timeout, as pyproject.toml sets
+    it with 15 minutes) and fails the same way."""
     for name, text in FILES.items():
         (tmp_path / name).write_text(textwrap.dedent(text))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     argv = ["-p", "tests.xdist_scheduling", "-n", str(workers), "--dist", "loadfile"]
     argv += ["--no-loadscope-reorder", "-p", "no:cacheprovider", "-rA", "-q", str(tmp_path)]
+    argv += ["--timeout=5", "--timeout-method=thread"]
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONFAULTHANDLER="")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", *argv],
@@ -53,9 +57,10 @@ def test_a_crashed_worker_fails_its_test_once_and_the_rest_still_run(tmp_path, w
     failed = sorted(line.split()[1] for line in lines if line.startswith("FAILED "))
     passed = sorted(line.split()[1].split("::")[1] for line in lines if line.startswith("PASSED "))
     assert done.returncode == 1, done.stdout[-3000:]
-    assert failed == ["test_b_aborts.py::test_b2_aborts"], done.stdout[-3000:]
+    assert failed == ["test_b_aborts.py::test_b2_aborts", "test_e_hangs.py::test_e1_hangs"]
     assert passed == ["test_a1", "test_a2", "test_b1", "test_b3", "test_c1", "test_d1", "test_d2"]
     assert "crashed while running 'test_b_aborts.py::test_b2_aborts'" in done.stdout
+    assert "crashed while running 'test_e_hangs.py::test_e1_hangs'" in done.stdout
 
 
 def test_this_suite_schedules_with_it(request):
