@@ -237,8 +237,13 @@ def test_workers_exit_when_the_trainer_is_killed(data_dir, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = os.environ | {"PYTHONPATH": root}
     cmd = [sys.executable, "-c", _KILLED_TRAINER, data_dir, str(out)]
-    done = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, timeout=300)
-    assert done.returncode == -9
+    # Its stderr in a file: the killed process's children (its multiprocessing resource
+    # tracker: "leaked semaphore objects") write to it after it died.
+    with open(tmp_path / "stderr.txt", "w") as err:
+        done = subprocess.run(
+            cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=err, timeout=300
+        )
+    assert done.returncode == -9, (tmp_path / "stderr.txt").read_text()[-3000:]
     pids = json.loads(out.read_text())
     assert len(pids) == 2
     deadline = time.monotonic() + 20  # each polls its parent once a second

@@ -1,8 +1,11 @@
 """A worker that crashes mid-suite fails its test and the session still ends
 (tests/xdist_scheduling.py): a small suite in a temporary folder, run by pytest-xdist with
-this suite's scheduling, where one test aborts its worker after another file has finished."""
+this suite's options and scheduling, where one test aborts its worker after another file has
+finished, and what native code wrote before the abort is in the session's output."""
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -21,6 +24,7 @@ FILES = {
             pass
 
         def test_b2_aborts():
+            os.write(2, b"native code's last words\\n")  # as XLA's fatal log line is written
             os.abort()
 
         def test_b3():
@@ -41,9 +45,11 @@ def test_a_crashed_worker_fails_its_test_once_and_the_rest_still_run(tmp_path, w
     for name, text in FILES.items():
         (tmp_path / name).write_text(textwrap.dedent(text))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    argv = ["-p", "tests.xdist_scheduling", "-n", str(workers), "--dist", "loadfile"]
-    argv += ["--no-loadscope-reorder", "-p", "no:cacheprovider", "-rA", "-q", str(tmp_path)]
-    argv += ["--timeout=5", "--timeout-method=thread"]
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        options = dict(re.findall(r'^(addopts|timeout_method) = "(.*)"$', f.read(), re.M))
+    argv = [*shlex.split(options["addopts"]), "-p", "tests.xdist_scheduling", "-n", str(workers)]
+    argv += ["-p", "no:cacheprovider", "-rA", "-q", str(tmp_path)]
+    argv += ["--timeout=5", f"--timeout-method={options['timeout_method']}"]
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONFAULTHANDLER="")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", *argv],
@@ -61,6 +67,7 @@ def test_a_crashed_worker_fails_its_test_once_and_the_rest_still_run(tmp_path, w
     assert passed == ["test_a1", "test_a2", "test_b1", "test_b3", "test_c1", "test_d1", "test_d2"]
     assert "crashed while running 'test_b_aborts.py::test_b2_aborts'" in done.stdout
     assert "crashed while running 'test_e_hangs.py::test_e1_hangs'" in done.stdout
+    assert "native code's last words" in done.stderr  # lost with a test's capture of fd 2
 
 
 def test_this_suite_schedules_with_it(request):

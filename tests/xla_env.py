@@ -12,13 +12,16 @@ truncated-normal initialisers), so a test comparing with what users get at XLA's
 asks for them in `compiler_options` (tests/test_sharding.py);
 LN_JAX_TEST_OPTIMIZED_COMPILE=1 keeps XLA's defaults everywhere.
 
-XLA:CPU ends the process (a fatal log line, then SIGABRT) when one thread per device has not
-joined a collective within a minute (`rendezvous.cc`, measured: a callback that holds one of 8
-devices 70 s aborts the process at 60 s). The tests' 8 fake devices share 2 cores with the
-other worker and the runs it starts; a worker of the CI run of 2026-11-29 died of a SIGABRT in
-a non-Python thread while its test summed an 8-device mesh's parameters eagerly (what XLA
-printed went into pytest's capture of that test's stderr, lost with the process). Tests give
-the threads ten minutes (PATIENT, at every optimisation level): a slow host is not a deadlock.
+XLA:CPU ends the process (a fatal log line, then SIGABRT) when the threads of a collective,
+one per device, have not all joined it within a minute (20 s to a warning, 40 more to the
+abort; measured: a callback that holds one of 8 devices 70 s aborts the process at 60 s).
+The tests' 8 fake devices share 2 cores with the other worker and the runs it starts; a worker
+of the CI run of 2026-11-29 died of a SIGABRT in a non-Python thread while its test summed an
+8-device mesh's parameters eagerly, its only message Python's "Fatal Python error: Aborted"
+(the symptom of this abort under pytest's default capture, which kept XLA's lines in the
+test's capture file: measured; pyproject.toml now captures at the sys level). Tests give the
+threads ten more minutes (PATIENT, at every optimisation level): a slow host is not a
+deadlock.
 
 An XLA that does not know a flag aborts at start-up, so the session checks them once
 (`check_flags`: one process that starts XLA:CPU with them) and keeps those it accepts in
