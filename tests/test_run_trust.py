@@ -7,6 +7,7 @@ shared through the session's compilation cache.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ from tensorboardX.proto import event_pb2
 from ln_jax import console
 from ln_jax.train import optim, run_identity, trainer
 from ln_jax.train.metrics import Progress
+from ln_jax.train.preemption import Preemption
 from tests.test_checkpoint_failures import _no_space
 from tests.test_trainer import read_metrics, tiny_config
 from tests.xla_env import xla_flags
@@ -195,6 +197,31 @@ def test_9_ctrl_c_saves_like_sigterm_and_a_second_one_aborts(data_dir, tmp_path)
         trainer.train_and_evaluate(cfg, str(tmp_path / "twice"), hooks=[ctrl_c_at_2(2)])
     assert not list((tmp_path / "twice" / "checkpoints").iterdir())
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+def test_a_second_ctrl_c_that_python_dropped_still_aborts(monkeypatch):
+    """A signal handler runs wherever the main thread is, a garbage-collector callback (JAX
+    registers one) included, and an exception raised there is printed as "ignored" and
+    dropped (the CI run of 2026-11-29 printed one, `_xla_gc_callback`): the second Ctrl-C's
+    KeyboardInterrupt then aborts at the step's end, not a save and exit 0."""
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", dropped.append)
+    with Preemption(shared=False) as preemption:
+        preemption._handle(signal.SIGINT, None)  # the first: save after this step
+        assert preemption.stop_after(3) == "SIGINT"
+
+        def second_ctrl_c(phase, info):
+            if phase == "start":
+                preemption._handle(signal.SIGINT, None)
+
+        gc.callbacks.append(second_ctrl_c)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(second_ctrl_c)
+        assert [d.exc_type for d in dropped] == [KeyboardInterrupt]
+        with pytest.raises(KeyboardInterrupt):
+            preemption.stop_after(4)
 
 
 # --------------------------------------------------------------------------- 7: NaN stop

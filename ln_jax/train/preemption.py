@@ -86,6 +86,7 @@ class Preemption:
         self.shared = shared
         self.requested: str | None = None  # the signal's name, once the run is to stop
         self._received: str | None = None  # a signal this process received
+        self._aborted = False  # a second Ctrl-C
         self._previous: dict[int, Any] = {}
 
     def __enter__(self):
@@ -100,6 +101,7 @@ class Preemption:
     def _handle(self, signum, frame):
         del frame
         if self._received and signum == signal.SIGINT:
+            self._aborted = True
             raise KeyboardInterrupt  # the second Ctrl-C: abort without saving
         self._received = signal.Signals(signum).name
         if signum == signal.SIGINT:
@@ -108,7 +110,15 @@ class Preemption:
                 os.kill(os.getpid(), signal.SIGTERM)  # to JAX's preemption notifier
 
     def stop_after(self, step: int) -> str | None:
-        """The signal's name if the run stops after `step` (alike on every process)."""
+        """The signal's name if the run stops after `step` (alike on every process).
+
+        Raises:
+          KeyboardInterrupt: a second Ctrl-C whose own exception Python dropped: a handler
+            that runs inside a garbage-collector callback (JAX's) or a finalizer has its
+            exception printed as "ignored", and the run would save and exit 0.
+        """
+        if self._aborted:
+            raise KeyboardInterrupt
         if not self.shared:
             self.requested = self._received
         elif multihost_utils.reached_preemption_sync_point(step):
