@@ -12,7 +12,10 @@ unfinished tests go back into the queue, a worker is topped up to two tests and 
 once the queue is empty: the session ends, with that failure in its summary (pytest-xdist
 issues #784, #1323 and #1327).
 
-Loaded by tests/conftest.py; `-p tests.xdist_scheduling` loads it into any pytest run.
+Loaded by tests/conftest.py; `-p tests.xdist_scheduling` loads it into any pytest run. It
+subclasses xdist's LoadFileScheduling and uses its internals (`assigned_work`, `workqueue`,
+`_pending_of`, `_assign_work_unit`): pyproject.toml keeps pytest-xdist below 4, and
+tests/test_xdist_scheduling.py runs it through a crash.
 """
 
 from __future__ import annotations
