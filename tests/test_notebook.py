@@ -30,6 +30,7 @@ import pytest
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("ipykernel")
+KernelManager = pytest.importorskip("jupyter_client").KernelManager
 
 pytest_plugins = ("tests.data_fixtures",)
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,16 +97,23 @@ def executed(tmp_path_factory, data_dir):
     """(the executed notebook, its WORKDIR)."""
     workdir = tmp_path_factory.mktemp("notebook") / "runs"
     nb = with_parameters(nbformat.read(NOTEBOOK, as_version=4), tiny_parameters(workdir, data_dir))
-    client = nbclient.NotebookClient(
-        nb,
+    # The kernel on local sockets, not TCP (which made ipykernel warn of eavesdropping).
+    kernel = KernelManager(
         kernel_name="python3",  # jupyter_client starts it with this interpreter
-        timeout=300,
-        resources={"metadata": {"path": str(workdir.parent)}},
+        transport="ipc",
+        ip=str(workdir.parent / "kernel"),
+    )
+    client = nbclient.NotebookClient(
+        nb, km=kernel, timeout=300, resources={"metadata": {"path": str(workdir.parent)}}
     )
     # ln_jax importable in the kernel even where it is not installed (pytest finds it from the
     # checkout's root): the install cell must skip, never clone.
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    client.execute(env={**os.environ, "PYTHONPATH": path})
+    try:
+        client.execute(env={**os.environ, "PYTHONPATH": path})
+    finally:
+        if kernel.has_kernel:  # the client shuts down only a kernel it started itself
+            kernel.shutdown_kernel()
     return nb, workdir
 
 
