@@ -237,16 +237,18 @@ def _flash_bwd(st, res, d_out):
     q, k, v, valid, seeds, biases, out, lse = res
     one_block = q.shape[1] == st.block_q and k.shape[1] == st.block_k
     if one_block and st.tuning.fused_backward:  # delta from `out` inside the kernel
-        dq, dk, dv = _backward_fused(q, k, v, valid, seeds, biases, d_out, lse, out, st)
+        dq, dk, dv, *sums = _backward_fused(q, k, v, valid, seeds, biases, d_out, lse, out, st)
     else:
         args = (q, k, v, valid, seeds, biases, d_out, lse, _delta(d_out, out), st)
-        dq = _backward_dq(*args)
-        dk, dv = _backward_dkdv(*args)
-    # A bias is added to every row of its head: its gradient is the sum over batch and length.
-    d_biases = tuple(
-        g.astype(jnp.float32).sum((0, 1)).astype(b.dtype)
-        for g, b in zip((dq, dk, dv), biases, strict=True)
-    )
+        dq, dq_sum = _backward_dq(*args)
+        dk, dv, dk_sum, dv_sum = _backward_dkdv(*args)
+        sums = (dq_sum, dk_sum, dv_sum)
+    # A bias is added to every row of its head: its gradient is the sum over batch and length
+    # of its input's gradient. Each program wrote its block's column sums (float32, before
+    # rounding): 3 x [B, N, blocks, H] -> [N, H] each, in one reduction, without reading dq,
+    # dk, dv again.
+    totals = jnp.stack(sums).sum((1, 3))
+    d_biases = tuple(x.astype(b.dtype) for x, b in zip(totals, biases, strict=True))
     return dq, dk, dv, None, None, d_biases
 
 
@@ -373,13 +375,22 @@ def _d_logits(p, keep, do_blk, v_blk, delta, st):
     return p * (dp - delta[:, None])
 
 
+def _column_sums(b: int, n: int, blocks: int, h: int, index) -> tuple:
+    """The out spec and shape of a backward's bias partials: each program's column sums of the
+    [rows, H] gradient block it writes, float32 [B, N, blocks, H]; `index` maps the grid's
+    indices to (batch, head, block)."""
+    spec = pl.BlockSpec((None, None, None, h), lambda *ids: (*index(*ids), 0))
+    return spec, jax.ShapeDtypeStruct((b, n, blocks, h), jnp.float32)
+
+
 def _backward_dq(q, k, v, valid, seeds, biases, d_out, lse, delta, st):
+    """dq [B, T, N, H] and its column sums per query block, float32 [B, N, T/bq, H]."""
     b, t, n, h = q.shape
     s = k.shape[1]
     bq, bk = st.block_q, st.block_k
 
     def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, qb_ref, kb_ref, vb_ref, do_ref, lse_ref,
-               delta_ref, dq_ref):  # fmt: skip
+               delta_ref, dq_ref, dq_sum_ref):  # fmt: skip
         iq = pl.program_id(2)
         q_blk, do_blk = q_ref[...] + _row(qb_ref, q_ref.dtype), do_ref[...]
         k_bias, v_bias = _row(kb_ref, k_ref.dtype), _row(vb_ref, v_ref.dtype)
@@ -396,11 +407,14 @@ def _backward_dq(q, k, v, valid, seeds, biases, d_out, lse, delta, st):
             return dq + plgpu.dot(ds.astype(k_blk.dtype), k_blk)
 
         dq = jax.lax.fori_loop(0, _k_blocks(iq, st, s), body, jnp.zeros((bq, h), jnp.float32))
-        dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
+        dq = dq * st.scale
+        dq_ref[...] = dq.astype(dq_ref.dtype)
+        dq_sum_ref[...] = dq.sum(0)
 
     row = pl.BlockSpec((None, None, bq), lambda i, j, r: (i, j, r))
     q_spec = pl.BlockSpec((None, bq, None, h), lambda i, j, r: (i, r, j, 0))
     kv_spec = pl.BlockSpec((None, s, None, h), lambda i, j, r: (i, 0, j, 0))
+    sum_spec, sum_shape = _column_sums(b, n, t // bq, h, lambda i, j, r: (i, j, r))
     return pl.pallas_call(
         kernel,
         grid=(b, n, t // bq),
@@ -415,8 +429,8 @@ def _backward_dq(q, k, v, valid, seeds, biases, d_out, lse, delta, st):
             row,
             row,
         ],
-        out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_specs=[q_spec, sum_spec],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), sum_shape],
         interpret=st.interpret,
         compiler_params=_compiler_params(st, st.tuning.warps_bwd),
         name="ln_jax_flash_dq",
@@ -424,12 +438,13 @@ def _backward_dq(q, k, v, valid, seeds, biases, d_out, lse, delta, st):
 
 
 def _backward_dkdv(q, k, v, valid, seeds, biases, d_out, lse, delta, st):
+    """dk, dv [B, S, N, H] and their column sums per key block, float32 [B, N, S/bk, H]."""
     b, t, n, h = q.shape
     s = k.shape[1]
     bq, bk = st.block_q, st.block_k
 
     def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, qb_ref, kb_ref, vb_ref, do_ref, lse_ref,
-               delta_ref, dk_ref, dv_ref):  # fmt: skip
+               delta_ref, dk_ref, dv_ref, dk_sum_ref, dv_sum_ref):  # fmt: skip
         ik = pl.program_id(2)
         k_blk, v_blk = (
             k_ref[...] + _row(kb_ref, k_ref.dtype),
@@ -452,12 +467,14 @@ def _backward_dkdv(q, k, v, valid, seeds, biases, d_out, lse, delta, st):
         first = (ik * bk) // bq if st.causal else 0
         zeros = jnp.zeros((bk, h), jnp.float32)
         dk, dv = jax.lax.fori_loop(first, t // bq, body, (zeros, zeros))
-        dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
-        dv_ref[...] = dv.astype(dv_ref.dtype)
+        dk = dk * st.scale
+        dk_ref[...], dv_ref[...] = dk.astype(dk_ref.dtype), dv.astype(dv_ref.dtype)
+        dk_sum_ref[...], dv_sum_ref[...] = dk.sum(0), dv.sum(0)
 
     full_row = pl.BlockSpec((None, None, t), lambda i, j, c: (i, j, 0))
     q_spec = pl.BlockSpec((None, t, None, h), lambda i, j, c: (i, 0, j, 0))
     kv_spec = pl.BlockSpec((None, bk, None, h), lambda i, j, c: (i, c, j, 0))
+    sum_spec, sum_shape = _column_sums(b, n, s // bk, h, lambda i, j, c: (i, j, c))
     return pl.pallas_call(
         kernel,
         grid=(b, n, s // bk),
@@ -472,10 +489,12 @@ def _backward_dkdv(q, k, v, valid, seeds, biases, d_out, lse, delta, st):
             full_row,
             full_row,
         ],
-        out_specs=[kv_spec, kv_spec],
+        out_specs=[kv_spec, kv_spec, sum_spec, sum_spec],
         out_shape=[
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
+            sum_shape,
+            sum_shape,
         ],
         interpret=st.interpret,
         compiler_params=_compiler_params(st, st.tuning.warps_bwd),
@@ -486,12 +505,13 @@ def _backward_dkdv(q, k, v, valid, seeds, biases, d_out, lse, delta, st):
 def _backward_fused(q, k, v, valid, seeds, biases, d_out, lse, out, st):
     """dq, dk, dv of a single query block against a single key block: one program per
     (batch, head) recomputes the probabilities once for all three, and the softmax
-    correction (`_delta`) from its blocks of dO and O (no separate pass over both)."""
+    correction (`_delta`) from its blocks of dO and O (no separate pass over both); with each
+    gradient's column sums, float32 [B, N, 1, H] (the biases' gradients before the batch sum)."""
     b, t, n, h = q.shape
     s = k.shape[1]
 
     def kernel(q_ref, k_ref, v_ref, valid_ref, seeds_ref, qb_ref, kb_ref, vb_ref, do_ref, lse_ref,
-               out_ref, dq_ref, dk_ref, dv_ref):  # fmt: skip
+               out_ref, dq_ref, dk_ref, dv_ref, dq_sum_ref, dk_sum_ref, dv_sum_ref):  # fmt: skip
         q_blk = q_ref[...] + _row(qb_ref, q_ref.dtype)
         k_blk = k_ref[...] + _row(kb_ref, k_ref.dtype)
         v_blk, do_blk = v_ref[...] + _row(vb_ref, v_ref.dtype), do_ref[...]
@@ -500,14 +520,18 @@ def _backward_fused(q, k, v, valid, seeds, biases, d_out, lse, out, st):
         k_pos = jnp.arange(s, dtype=jnp.int32)
         p = _probs(q_blk, k_blk, valid_ref[...], lse_ref[...], q_pos, k_pos, st)
         p_d, keep = _dropped(p, seeds_ref[...], k_pos, st)
-        dv_ref[...] = plgpu.dot(p_d.astype(do_blk.dtype), do_blk, trans_a=True).astype(dv_ref.dtype)
+        dv = plgpu.dot(p_d.astype(do_blk.dtype), do_blk, trans_a=True)
         ds = _d_logits(p, keep, do_blk, v_blk, delta, st).astype(q_blk.dtype)
-        dq_ref[...] = (plgpu.dot(ds, k_blk) * st.scale).astype(dq_ref.dtype)
-        dk_ref[...] = (plgpu.dot(ds, q_blk, trans_a=True) * st.scale).astype(dk_ref.dtype)
+        dq = plgpu.dot(ds, k_blk) * st.scale
+        dk = plgpu.dot(ds, q_blk, trans_a=True) * st.scale
+        for ref, x in ((dq_ref, dq), (dk_ref, dk), (dv_ref, dv)):
+            ref[...] = x.astype(ref.dtype)
+        dq_sum_ref[...], dk_sum_ref[...], dv_sum_ref[...] = dq.sum(0), dk.sum(0), dv.sum(0)
 
     row = pl.BlockSpec((None, None, t), lambda i, j: (i, j, 0))
     q_spec = pl.BlockSpec((None, t, None, h), lambda i, j: (i, 0, j, 0))
     kv_spec = pl.BlockSpec((None, s, None, h), lambda i, j: (i, 0, j, 0))
+    sum_spec, sum_shape = _column_sums(b, n, 1, h, lambda i, j: (i, j, 0))
     return pl.pallas_call(
         kernel,
         grid=(b, n),
@@ -522,11 +546,12 @@ def _backward_fused(q, k, v, valid, seeds, biases, d_out, lse, out, st):
             row,
             q_spec,
         ],
-        out_specs=[q_spec, kv_spec, kv_spec],
+        out_specs=[q_spec, kv_spec, kv_spec, *[sum_spec] * 3],
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
+            *[sum_shape] * 3,
         ],
         interpret=st.interpret,
         compiler_params=_compiler_params(st, st.tuning.warps_bwd),
