@@ -226,3 +226,42 @@ def test_a_process_on_a_host_without_a_driver_prints_no_cuda_traceback():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "cpu", out.stderr
     assert "cuDNN" not in out.stderr and "xla_cuda" not in out.stderr, out.stderr
+
+
+@needs_plugin
+@pytest.mark.parametrize("t, fused", [(128, True), (256, False)])
+def test_the_attention_kernels_compile_for_a_gpu_with_the_biases_gradients(t, fused):
+    """Triton lowers every form of `ln_jax.nn.flash` (the fused backward of one block; dq and
+    dk/dv for two query blocks, causal), and the q/k/v biases' gradients come from the
+    kernels' column sums: no kernel outside them reads a [B, T, N, H] gradient again."""
+    import jax
+    import jax.numpy as jnp
+
+    from ln_jax.nn import flash
+
+    (device,) = deviceless.gpu_devices("h100", 1)
+    spec = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(  # noqa: E731
+        shape, dtype, sharding=jax.sharding.SingleDeviceSharding(device)
+    )
+    tuning = flash.Tuning(fused_backward=fused)
+    opts = dict(causal=not fused, dropout_rate=0.1, tuning=tuning, interpret=False)
+
+    def grads(q, k, v, g, bq, bk, bv, key):
+        attend = (
+            lambda *a: flash.flash_attention(  # noqa: E731
+                *a[:3], biases=a[3:], dropout_key=key, **opts
+            )
+        )
+        return jax.vjp(attend, q, k, v, bq, bk, bv)[1](g)
+
+    qkv = spec((4, t, 2, 64))
+    args = (qkv,) * 4 + (spec((2, 64), jnp.float32),) * 3 + (spec((), jax.random.key(0).dtype),)
+    with platforms.lowering_for("gpu"), deviceless.without_persistent_cache():
+        lowered = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",))
+        census = kernel_census.read(lowered.compile(deviceless.COMPILER_OPTIONS).as_text())
+    kernels = {k.op_name.rsplit("/", 2)[-2] for k in census.kernels_of("attention")}
+    wanted = {"ln_jax_flash_bwd"} if fused else {"ln_jax_flash_dq", "ln_jax_flash_dkdv"}
+    assert {f"transpose(jvp({name}))" for name in wanted} <= kernels, kernels
+    sums = [k for k in census.kernels_of("reduction") if k.op_name.endswith("reduce_sum")]
+    reread = [k for k in sums if k.bytes >= 4 * t * 2 * 64 * 2]  # (the split's delta: a dot)
+    assert not reread, [(k.name, k.shape) for k in reread]
