@@ -164,24 +164,40 @@ def test_cudnn_off_a_gpu_is_an_error_before_any_compile(data_dir, tmp_path):
 @pytest.mark.skipif(not HAS_GPU, reason="the Triton kernel needs an NVIDIA GPU")
 @pytest.mark.parametrize("causal, t", [(False, 128), (False, 256), (True, 256)])
 def test_the_pallas_kernel_on_gpu_computes_the_reference_under_dropout(causal, t):
-    """Compiled by Triton, bf16, BERT-base head shapes, dropout 0.1, padding: the same output
-    and gradients as `reference_attention` (same masks, XLA ops, float32 softmax)."""
+    """Compiled by Triton, bf16, BERT-base head shapes, dropout 0.1, padding, the q/k/v
+    projections' biases added in the kernel: the same output and gradients as
+    `reference_attention` on the biased inputs (same masks, XLA ops, float32 softmax), and the
+    biases' gradients (the kernels' column sums) the sums of those gradients."""
     from ln_jax.nn import flash
 
     q, k, v = _qkv(3, jnp.bfloat16, b=2, t=t, n=4, h=64)  # t=128: the fused backward
     g = _qkv(4, jnp.bfloat16, b=2, t=t, n=4, h=64)[0]
+    biases = [0.5 * x[0, 0] for x in _qkv(5, jnp.float32, b=1, t=1, n=4, h=64)]  # [N, H]
     valid = jnp.asarray(_right_padded([t, 57], t=t)) > 0
     opts = dict(causal=causal, dropout_rate=0.1, dropout_key=jax.random.key(11))
 
+    def kernel(q, k, v, bq, bk, bv):
+        return flash.flash_attention(q, k, v, valid, biases=(bq, bk, bv), **opts)
+
+    def reference(q, k, v, bq, bk, bv):
+        biased = [(x + b.astype(x.dtype)) for x, b in ((q, bq), (k, bk), (v, bv))]
+        return flash.reference_attention(*biased, valid, **opts)
+
     def run(fn):
-        out, vjp = jax.vjp(lambda *a: fn(*a, valid, **opts), q, k, v)
+        out, vjp = jax.vjp(fn, q, k, v, *biases)
         return [np.asarray(x, np.float32) for x in (out, *vjp(g))]
 
-    got = run(flash.flash_attention)
-    ref = run(flash.reference_attention)
+    got, ref = run(kernel), run(reference)
     for name, x, y in zip(("out", "dq", "dk", "dv"), got, ref, strict=False):
         scale = np.abs(y).max()
         assert np.abs(x - y).max() <= 3e-2 * scale, (name, np.abs(x - y).max(), scale)
+    # Each bias's gradient is its input's summed over batch and length (dbk's true value is 0:
+    # a shift of every key changes no softmax), so the kernel's float32 column sums equal the
+    # sums of its own bf16 dq, dk, dv to their rounding (2^-8 relative, each term).
+    for name, d_input, d_bias in zip(("dbq", "dbk", "dbv"), got[1:4], got[4:], strict=True):
+        bound = 2.0**-7 * np.abs(d_input).sum((0, 1)) + 1e-3
+        err = np.abs(d_input.sum((0, 1)) - d_bias)
+        assert (err <= bound).all(), (name, err.max(), bound.min())
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="cuDNN attention needs an NVIDIA GPU")
