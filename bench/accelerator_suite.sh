@@ -6,6 +6,7 @@
 #                              [--skip STEP,...]   (steps: gpu_tests flash bench profile
 #                                                   torch mt main_job cudnn_facts)
 #                              [--arms NAME,...]   (the step arms to time; default all)
+#                              [--tests EXPR]      (pytest -k EXPR for gpu_tests; default all)
 #
 #   GPU (default): BERT-base, batch 256 x 128, bf16, dropout 0.1 everywhere:
 #     1. the GPU tests (tests/test_accelerator.py: cuDNN dropout read off the kernel, ...)
@@ -52,6 +53,7 @@ WHEELS=""
 BUDGET=480
 SKIP=""
 ONLY=""
+TESTS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) MODE=cpu ;;
@@ -65,7 +67,9 @@ while [ $# -gt 0 ]; do
     --skip=*) SKIP=${1#--skip=} ;;
     --arms) ONLY=$2; shift ;;
     --arms=*) ONLY=${1#--arms=} ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    --tests) TESTS=$2; shift ;;
+    --tests=*) TESTS=${1#--tests=} ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "accelerator_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -126,9 +130,11 @@ if [ "$MODE" = gpu ]; then
   TORCH=(--size=base --batch=256 --steps=10 --warmup=2 --pipeline=5)
   MAIN=(--config=configs/bert_preln.py --config.total_steps=300 --config.eval_batches=10)
   MT=(--batches=128x32,512x64 --steps=10 --warmup=2 --sentences=256 --rounds=2)
-  # tests/conftest.py defaults JAX to the CPU and XLA to fast (unoptimised) compiles: not here
+  # tests/conftest.py defaults JAX to the CPU and XLA to fast (unoptimised) compiles: not here.
+  # pyproject's addopts ask for pytest-xdist's workers, which the GPU image may lack: dropped
   step gpu_tests 150 env JAX_PLATFORMS=cuda,cpu LN_JAX_TEST_OPTIMIZED_COMPILE=1 \
-    "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_accelerator.py
+    "$PY" -m pytest -q -o addopts= -p no:cacheprovider -rs tests/test_accelerator.py \
+    ${TESTS:+-k "$TESTS"}
 else
   SHAPE=(--size=tiny --batch=8 --steps=2 --warmup=1 --dtype=f32 --matmul=256 --pipeline=2)
   TORCH=(--size=tiny --batch=8 --steps=2 --warmup=1 --vocab=8000 --modes=eager_all,eager_masked
