@@ -18,14 +18,15 @@ def auto_activation_layout(on: str) -> str:
     """model.activation_layout="auto": "row_major" on a GPU, where XLA otherwise laid the
     residual stream out batch-minor and transposed it around every residual add and LayerNorm
     backward (one H200, BERT-base bf16, same call: 67.8 -> 65.4 ms a step, the profile's
-    copies 11.3 -> 0.1 ms; docs/gpu.md, 2026-11-27); XLA's choice elsewhere (TPU: unmeasured)."""
+    copies 11.3 -> 0.1 ms; docs/gpu/journal.md, 2026-11-27); XLA's choice elsewhere (TPU:
+    unmeasured)."""
     return "row_major" if on == "gpu" else "xla"
 
 
 def auto_dropout_rng(on: str) -> str:
     """dropout_rng="auto": the fused counter hash "hash" on every platform (`on` is kept for
     the other "auto" fields' form). On an H100 BERT-base 77.0 -> 74.6 ms a step with the
-    Pallas attention (docs/gpu.md); on a CPU the translation step against Marian 1.10x ->
+    Pallas attention (docs/gpu/journal.md); on a CPU the translation step against Marian 1.10x ->
     1.21x (docs/translation.md). On a TPU (rbg there until 2026-11-28, the usual advice,
     never measured) libtpu's own compile, read here without a TPU, keeps rbg's uint32 bits
     of every dropout site for the backward: BERT-base at 2 x 128 sequences on a v5e-1 needs
@@ -42,7 +43,8 @@ def auto_attention(cfg: Any, on: str) -> str:
     (`ModelConfig.cudnn_problem`: bf16/fp16, head_dim, no attention dropout); with the
     recipe's attention dropout, bf16/fp16, the Pallas kernel (`ln_jax.nn.flash`: one H100,
     BERT-base, one layer forward + backward 1.08 ms against XLA's 2.00, the step 90.6 -> 77.0
-    ms; docs/gpu.md) while this JAX has Pallas's Triton backend; else XLA's. XLA's elsewhere."""
+    ms; docs/gpu/journal.md) while this JAX has Pallas's Triton backend; else XLA's. XLA's
+    elsewhere."""
     if on != "gpu":
         return "xla"
     if cfg.cudnn_problem() is None:

@@ -165,7 +165,7 @@ class ModelConfig:
         `unroll`); num_layers or more runs them as straight-line code that keeps the stacked
         parameters, so the optimizer updates, casts and norms each one in a kernel for all
         layers (BERT-base compiled for an H200 without one: 1,334 kernels a step as a list
-        of layers, 850 stacked and unrolled, the same bytes; docs/gpu.md), and the host
+        of layers, 850 stacked and unrolled, the same bytes; docs/gpu/journal.md), and the host
         launches a step faster (on a 2-core CPU 15.5 -> 1.9 ms); on a CPU in float32 the
         step itself is slower (no cast for the weights' slices to fuse into). 1: a loop (one
         compiled layer body: the fastest compile).
@@ -250,7 +250,7 @@ class ModelConfig:
             # masks at every step of a jitted program, and aborts XLA inside CUDA graphs.
             return (
                 "its attention dropout is not usable (cuDNN repeats the same masks at every "
-                "step; docs/gpu.md); set --config.model.attention_dropout=0"
+                "step; docs/gpu/journal.md); set --config.model.attention_dropout=0"
             )
         return None
 

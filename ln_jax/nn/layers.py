@@ -34,7 +34,7 @@ def dropout(x: Array, rate: float, key: Array | None) -> Array:
     bf16(0.9) = 0.8984: kept entries came out 1.1131 x, not 1.1111 x (0.18% high), and XLA:GPU
     turned the backward's division into a bf16 multiply by 1.109, so the gradient was not the
     forward's derivative; and that bf16 multiply, the last op before the two gradient GEMMs,
-    became a separate pass per GEMM on an H200 (docs/gpu.md, session 28). In float32 the two
+    became a separate pass per GEMM on an H200 (docs/gpu/journal.md, session 28). In float32 the two
     forms differ only in the last bit.
     """
     if key is None or rate == 0.0:
@@ -66,7 +66,8 @@ def gelu_erf(x: Array) -> Array:
     `jax.nn.gelu(approximate=False)` evaluates 0.5 x erfc(-x / sqrt 2) instead: XLA expands
     erfc into two polynomials, an exp and two divisions per element, and computed its argument
     in a separate bf16 pass. On an H200 that forward took 3.7 + 1.5 ms of a 53 ms BERT-base
-    step (docs/gpu.md, 2026-11-27), against about 0.1 ms per layer for a pass over its bytes.
+    step (docs/gpu/journal.md, 2026-11-27), against about 0.1 ms per layer for a pass over its
+    bytes.
     In float32 over [-10, 10] it is within 1.1e-6 of a float64 reference (the erfc form:
     4e-7); below x = -3, where GELU is under 0.005, 1 + erf cancels and the error is relative
     to 1, not to the value, as in PyTorch's kernel.
@@ -153,7 +154,7 @@ def row_moments(x: Array) -> tuple[Array, Array]:
     XLA fuses it into the kernel that writes x (the residual add with its dropout). The
     two-pass form (the mean, then the mean of squared deviations) read x again in a kernel of
     its own for the variance: compiled for an H200, BERT-base's step had 53 more kernels and
-    moved 0.8 GB more (docs/gpu.md, session 33). Elsewhere the two passes, as before: on a
+    moved 0.8 GB more (docs/gpu/journal.md, session 33). Elsewhere the two passes, as before: on a
     CPU its values are unchanged bit for bit; on a TPU Welford's reduction does not fuse
     with x's producer (compiled for a v5e: a pass of its own either way), and the one pass
     that does, mean(x^2) - mean(x)^2, loses the variance's digits where the mean is large
@@ -206,7 +207,7 @@ def logsumexp(x: Array) -> Array:
     On a GPU in one pass over x (the running maximum and the sum of exponentials rescaled to
     it, merged pairwise as the reduction goes): `jax.nn.logsumexp` reads x twice, for the
     maximum and then the sum. Compiled for an H200, BERT-base's MLM loss then reads its
-    float32 logits [256, 20, 30592] three times a step, not four (0.6 GB; docs/gpu.md,
+    float32 logits [256, 20, 30592] three times a step, not four (0.6 GB; docs/gpu/journal.md,
     session 33). Elsewhere `jax.nn.logsumexp` (on a CPU, values unchanged bit for bit).
     """
     return jax.lax.platform_dependent(
@@ -396,7 +397,7 @@ def layer_norm(x: Array, scale: Array, bias: Array, eps: float) -> Array:
     sums of the scale and bias gradients can read g and x directly. Without it XLA:GPU
     recomputed the mean inside the producer of g · x̂ and wrote that product in float32
     ([B, S, d], 27 times a BERT-base step, 6.1 GB) for a separate column reduction
-    (docs/gpu.md, 2026-11-27).
+    (docs/gpu/journal.md, 2026-11-27).
     """
     if not custom_backwards():
         return _plain_standardize(x, eps, True) * scale + bias
