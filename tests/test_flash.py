@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import ln_jax
-from ln_jax import sharding
+from ln_jax import platforms, sharding
 from ln_jax.config import TrainConfig
-from ln_jax.nn import flash
+from ln_jax.nn import flash, layers
 from ln_jax.nn import random as lnr
 from ln_jax.train import steps
 
@@ -195,6 +195,38 @@ def test_hash_bits_are_uniform_fused_and_keyed():
     # No random-bits op: integer arithmetic on iotas, which XLA fuses into the user.
     text = jax.jit(lambda k: jax.random.bernoulli(k, 0.9, (8, 16))).lower(key).as_text()
     assert "rng_bit_generator" not in text and "threefry" not in text.lower()
+
+
+def _draws(jaxpr) -> int:
+    """How many random_bits ops `jaxpr` and the programs it calls hold."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "random_bits"
+        count += sum(_draws(sub) for sub in jex_core.jaxprs_in_params(eqn.params))
+    return count
+
+
+def test_on_a_gpu_the_dropout_backward_draws_its_hash_mask_again(monkeypatch):
+    """On a GPU, with hash keys, `layers.dropout`'s backward draws its mask from the key again
+    instead of keeping it (XLA:GPU stored every hidden mask of a step otherwise): two draws
+    where autodiff has one, and the same output and gradient, bit for bit."""
+    key = steps.dropout_key(dataclasses.replace(TrainConfig(), dropout_rng="hash"), 3)
+    x, g = (jax.random.normal(jax.random.key(i), (4, 16, 32), jnp.bfloat16) for i in (0, 1))
+
+    runs = {}
+    for platform in ("cpu", "gpu"):
+        monkeypatch.setattr(platforms, "current", lambda platform=platform: platform)
+
+        def value_and_grad(x, g):  # a function of its own per platform: JAX caches traces
+            out, vjp = jax.vjp(lambda x: layers.dropout(x, 0.1, key), x)
+            return out, vjp(g)[0]
+
+        draws = _draws(jax.make_jaxpr(value_and_grad)(x, g).jaxpr)
+        runs[platform] = (draws, value_and_grad(x, g))
+    assert (runs["cpu"][0], runs["gpu"][0]) == (1, 2)
+    for kept, drawn in zip(runs["cpu"][1], runs["gpu"][1], strict=True):
+        np.testing.assert_array_equal(np.asarray(kept, np.float32), np.asarray(drawn, np.float32))
+    assert float(jnp.mean(runs["gpu"][1][1] == 0)) > 0.05  # the mask did act on the gradient
 
 
 def test_pallas_attention_on_a_tpu_is_an_error(monkeypatch, data_dir):
