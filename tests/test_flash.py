@@ -209,7 +209,7 @@ def _draws(jaxpr) -> int:
 def test_on_a_gpu_the_dropout_backward_draws_its_hash_mask_again(monkeypatch):
     """On a GPU, with hash keys, `layers.dropout`'s backward draws its mask from the key again
     instead of keeping it (XLA:GPU stored every hidden mask of a step otherwise): two draws
-    where autodiff has one, and the same output and gradient, bit for bit."""
+    where autodiff has one, and the same output, gradient and Hessian, bit for bit."""
     key = steps.dropout_key(dataclasses.replace(TrainConfig(), dropout_rng="hash"), 3)
     x, g = (jax.random.normal(jax.random.key(i), (4, 16, 32), jnp.bfloat16) for i in (0, 1))
 
@@ -221,8 +221,12 @@ def test_on_a_gpu_the_dropout_backward_draws_its_hash_mask_again(monkeypatch):
             out, vjp = jax.vjp(lambda x: layers.dropout(x, 0.1, key), x)
             return out, vjp(g)[0]
 
+        def curvature(x):  # forward-over-reverse through the custom VJP
+            return jax.hessian(lambda x: jnp.sin(layers.dropout(x, 0.3, key)).sum())(x)
+
         draws = _draws(jax.make_jaxpr(value_and_grad)(x, g).jaxpr)
-        runs[platform] = (draws, value_and_grad(x, g))
+        small = x[0, :2, :3].astype(jnp.float32)
+        runs[platform] = (draws, (*value_and_grad(x, g), curvature(small)))
     assert (runs["cpu"][0], runs["gpu"][0]) == (1, 2)
     for kept, drawn in zip(runs["cpu"][1], runs["gpu"][1], strict=True):
         np.testing.assert_array_equal(np.asarray(kept, np.float32), np.asarray(drawn, np.float32))

@@ -82,7 +82,9 @@ def _recomputed_dropout(x: Array, key: Array, rate: float) -> Array:
 
 
 def _recomputed_dropout_fwd(x: Array, key: Array, rate: float) -> tuple[Array, Array]:
-    return _recomputed_dropout(x, key, rate), key
+    # Plain ops, not the custom_vjp itself: forward-over-reverse (jax.hessian) differentiates
+    # this.
+    return _dropped(x, _keep(key, rate, x.shape), rate), key
 
 
 def _recomputed_dropout_bwd(rate: float, key: Array, g: Array) -> tuple[Array, None]:
