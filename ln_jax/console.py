@@ -109,6 +109,22 @@ def configure_logging(log_file: str | None = None) -> None:
         root.addHandler(to_file)
 
 
+@contextlib.contextmanager
+def logging_to(log_file: str) -> Iterator[None]:
+    """Every log record the process passes (INFO and above under `configure_logging`) also
+    appended to `log_file` (it may be a URL) while the block runs: one run of a study, whose
+    library logs go to its own `train.log` as `train.py`'s do."""
+    handler = _log_file_handler(log_file)
+    handler.setFormatter(logging.Formatter(_FILE_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
 def close_logging() -> None:
     """Removes and closes the root's handlers (a log file on a URL gets its last upload) and
     leaves a `NullHandler`: a library thread still running after the command (orbax's, after

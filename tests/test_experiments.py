@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -351,6 +352,28 @@ def test_a_failed_worker_does_not_stop_the_others(data_dir, tmp_path, monkeypatc
     assert list(info.value.failed) == [bad]
     assert "exit status 3" in info.value.failed[bad]
     assert f"runs/{bad}/log.txt" in info.value.failed[bad]
+
+
+def test_each_worker_pins_itself_to_its_share_and_this_process_does_not_fork(tmp_path, monkeypatch):
+    """`--jobs` workers get their CPUs in $LN_JAX_CPUS and pin themselves (`pin_to_share`):
+    with a `preexec_fn` the parent forked while JAX's threads ran, and JAX warned of a
+    deadlock on the user's terminal."""
+    import jax
+
+    specs = grids.depth_grid([1], ["pre", "post"], [0], [1e-3])
+    code = "import os; from ln_jax.experiments import runner; p = runner.pin_to_share(); "
+    code += "print(p, sorted(os.sched_getaffinity(0)))"
+    monkeypatch.setattr(runner, "_child_command", lambda argv, name: [sys.executable, "-c", code])
+    jax.devices()  # JAX's threads run in this process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert runner.run_parallel(specs, [], 2, str(tmp_path)) == {}
+    assert not [w for w in caught if "fork" in str(w.message)], [str(w.message) for w in caught]
+    for slot, spec in enumerate(specs):
+        share = runner.cpu_share(slot, 2)
+        cpus = share or sorted(os.sched_getaffinity(0))
+        printed = (tmp_path / "runs" / spec.name / "log.txt").read_text().strip()
+        assert printed == f"{share} {cpus}"
 
 
 def test_a_study_whose_runs_all_failed_says_so(data_dir, tmp_path, monkeypatch):

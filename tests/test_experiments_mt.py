@@ -273,6 +273,10 @@ def test_tiny_translation_study_writes_bleu_and_resumes(tmp_path, capsys):
     assert saved["complete"] and saved["plateau"] is None
     assert (out / "curves.png").stat().st_size > 0
     assert "pre-lr3e-3" in (out / "table.md").read_text()
+    # Each run's library logs (orbax's) in its train.log, as train.py's; not on the terminal.
+    for name in names:
+        assert "CheckpointManager" in (out / "runs" / name / "train.log").read_text()
+    assert "CheckpointManager" not in capsys.readouterr().err
     # Rerun: nothing is retrained; a lost result.json is rebuilt from the run's own files.
     before = {n: _train_lines(out, n) for n in names}
     (out / "runs" / names[1] / "result.json").unlink()

@@ -65,7 +65,6 @@ rate each.)
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 
@@ -331,9 +330,19 @@ def _plateau(out: str, base: dict) -> dict:
 
 
 def main(inv: cli.Invocation) -> int:
-    """The command's body: the study's runs (or the report), errors in one line (exit 2)."""
-    with console.absl_level(logging.WARNING):
+    """The command's body: the study's runs (or the report), errors in one line (exit 2).
+
+    A worker of `--jobs` pins itself to its CPUs first (`runner.pin_to_share`). The terminal
+    shows what `train.py`'s does (ln_jax's lines, other libraries' warnings in one line);
+    each run's library logs go to OUT/runs/NAME/train.log (`runner.run_one`)."""
+    from ln_jax.experiments import runner
+
+    runner.pin_to_share()
+    console.configure_logging()
+    try:
         return _main(inv)
+    finally:
+        console.close_logging()
 
 
 def _main(inv: cli.Invocation) -> int:

@@ -8,6 +8,7 @@ subprocesses, and `collect` gathers the per-run results into `OUT/results.json`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import json
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ln_jax import console
 from ln_jax.results import read_metrics, write_json
 from ln_jax.train.workdir_lock import LOCK_FILE, RunLockedError, run_lock  # noqa: F401
 from ln_jax.validate import UserError
@@ -30,6 +32,7 @@ from ln_jax.validate import UserError
 log = logging.getLogger(__name__)
 
 RESULT = "result.json"
+LOG_FILE = "train.log"  # a run's library logs, as train.py's (`console.logging_to`)
 # A run whose last train losses sit above its first one has diverged (Xiong et al.'s "fails").
 TAIL = 5
 # The monitor's rank-collapse measure of the encoder output (ln_jax/train/monitor.py).
@@ -322,7 +325,7 @@ def run_one(
     error = None
     start = time.time()
     try:
-        with run_lock(workdir):
+        with run_lock(workdir), console.logging_to(os.path.join(workdir, LOG_FILE)):
             outcome = train_and_evaluate(cfg, workdir, accept_changes=extend)
     except NonFiniteError as err:
         error, outcome = f"non-finite loss or gradient: {err}", {"preempted": False}
@@ -358,15 +361,42 @@ def _child_command(argv: Sequence[str], name: str) -> list[str]:
     return [sys.executable, "-m", "ln_jax.experiments", *kept, f"--only={name}", "--jobs=1"]
 
 
-def _pin(slot: int, jobs: int) -> Any:
-    """A preexec_fn pinning a child to its share of this process's CPUs (Linux), or None."""
+CPUS_ENV = "LN_JAX_CPUS"  # a worker's share of the CPUs, e.g. "0,2", set by `run_parallel`
+
+
+def cpu_share(slot: int, jobs: int) -> list[int] | None:
+    """The CPUs of worker `slot` of `jobs`: every jobs-th of this process's, from the slot-th
+    (Linux); None where there are fewer CPUs than workers or no affinity to read."""
     if not hasattr(os, "sched_getaffinity"):
         return None
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < jobs:
+    return cpus[slot::jobs] if len(cpus) >= jobs else None
+
+
+def pin_to_share() -> list[int] | None:
+    """In a worker: every thread of this process onto the CPUs named by $LN_JAX_CPUS (its
+    share, `cpu_share`); returns them, or None when unset or unsupported.
+
+    The worker pins itself, first thing in its command: a `preexec_fn` would do it between the
+    parent's fork and exec, which is unsafe in a process that runs threads (JAX's: it warns
+    "os.fork() was called ... will likely lead to a deadlock"), and pinning the worker's pid
+    from the parent after it started would race with the threads it starts.
+    """
+    value = os.environ.get(CPUS_ENV)
+    if not value or not hasattr(os, "sched_setaffinity"):
         return None
-    share = cpus[slot::jobs]
-    return lambda: os.sched_setaffinity(0, share)
+    cpus = sorted(int(c) for c in value.split(","))
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+    return cpus
+
+
+def _worker_env(slot: int, jobs: int) -> dict[str, str]:
+    """This process's environment, with the share of worker `slot` in $LN_JAX_CPUS."""
+    share = cpu_share(slot, jobs)
+    env = {k: v for k, v in os.environ.items() if k != CPUS_ENV}
+    return env if share is None else {**env, CPUS_ENV: ",".join(map(str, share))}
 
 
 def run_parallel(
@@ -374,8 +404,9 @@ def run_parallel(
 ) -> dict[str, str]:
     """Runs each pending spec as `python -m ln_jax.experiments ... --only=NAME`, `jobs` at once.
 
-    Each child is pinned to its share of the CPUs; its log is OUT/runs/NAME/log.txt. A child
-    that fails does not stop the others. Returns {name: why} of the failed children.
+    Each child pins itself to its share of the CPUs (`pin_to_share`); its output is
+    OUT/runs/NAME/log.txt, its library logs OUT/runs/NAME/train.log. A child that fails does
+    not stop the others. Returns {name: why} of the failed children.
     """
     queue, running, failed = list(pending), {}, {}
     while queue or running:
@@ -385,9 +416,8 @@ def run_parallel(
             os.makedirs(os.path.join(out, "runs", spec.name), exist_ok=True)
             logfile = open(os.path.join(out, "runs", spec.name, "log.txt"), "a")  # noqa: SIM115
             cmd = _child_command(argv, spec.name)
-            proc = subprocess.Popen(
-                cmd, stdout=logfile, stderr=subprocess.STDOUT, preexec_fn=_pin(slot, jobs)
-            )
+            env = _worker_env(slot, jobs)
+            proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env)
             running[slot] = (spec, proc, logfile)
             print(f"started {spec.name} (slot {slot}): {' '.join(cmd)}", flush=True)
         time.sleep(1.0)
