@@ -120,12 +120,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command: translations (or the score) on stdout, a user error in one line (exit 2);
+    the terminal shows what `train.py`'s does (`console.configure_logging`: ln_jax's lines and
+    other libraries' warnings, not orbax's or TFDS's INFO lines)."""
+    from ln_jax import console
+
     args = _parser().parse_args(argv)
+    console.configure_logging()
     try:
         return _run(args)
     except (UserError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    finally:
+        console.close_logging()
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -68,9 +70,17 @@ def test_a_copy_task_learns_to_translate(copy_run):
 
 def test_the_translate_command_scores_and_reads_stdin(copy_run, capsys, monkeypatch):
     workdir, _ = copy_run
+    # A library of the stack may have put a handler on the root at INFO (TFDS's lines then
+    # reached the terminal as "INFO:absl:..."): the command's terminal is train.py's.
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # the test's own handlers come back after it
+    monkeypatch.setattr(root, "level", root.level)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
     args = [f"--workdir={workdir}", "--beam=3", "--average_last=2", "--max_sentences=48"]
     assert translate_cli.main(args) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
+    out, err = capsys.readouterr()
+    assert "INFO:" not in err  # orbax's restore lines: not on the terminal
+    line = out.strip().splitlines()[-1]
     assert line.startswith("BLEU ") and "on 48 sentences" in line
     assert "checkpoints [130, 260]" in line and "tok:13a" in line
     assert float(line.split()[1]) > 90.0, line
