@@ -23,6 +23,13 @@ test's capture file: measured; pyproject.toml now captures at the sys level). Te
 threads ten more minutes (PATIENT, at every optimisation level): a slow host is not a
 deadlock.
 
+Tried for the suite's time and not kept (2026-11-29, 2 cores; the suite 953 s, 1,859 s of
+test time, compiling most of it): one JAX compilation cache shared by every test process
+(JAX_COMPILATION_CACHE_DIR) saved 3% of the test time (925 s), as few programs repeat, and the
+tests would share state; Eigen single-threaded (`--xla_cpu_multi_thread_eigen=false
+intra_op_parallelism_threads=1`) took tests/test_trainer.py from 149 s to 174 s; the trainer
+tests' 2x2x2 mesh as 8x1x1 took three of them from 35 s to 42 s.
+
 An XLA that does not know a flag aborts at start-up, so the session checks them once
 (`check_flags`: one process that starts XLA:CPU with them) and keeps those it accepts in
 LN_JAX_TEST_XLA_FLAGS, which the tests' processes inherit.
