@@ -269,6 +269,39 @@ def _records(workdir) -> list[dict]:
 # --------------------------------------------------------------------------- errors
 
 
+def test_the_downstream_study_fine_tunes_from_each_kept_checkpoint(
+    pretrained_workdir, data_dir, tmp_path, capsys
+):
+    """`python -m ln_jax.experiments downstream`: every kept checkpoint of a pretraining run
+    (steps 4 and 8) is fine-tuned from, one point a step with its seeds' scores and spread,
+    beside the run's validation curve."""
+    from ln_jax.experiments import downstream
+
+    small = {"seeds": (0, 1), "epochs": (1,), "max_seq_length": 64}
+    small |= {"data.max_train_examples": 64, "data.max_eval_examples": 32}
+    base = run_identity.as_dict(finetune_config(data_dir, pretrained_workdir, **small))
+    assert downstream.checkpoint_steps(pretrained_workdir) == [4, 8]
+    results = downstream.run(base, {"pre": pretrained_workdir}, str(tmp_path))
+    saved = json.loads((tmp_path / downstream.RESULTS_FILE).read_text())
+    assert saved == json.loads(json.dumps(results))
+    assert (tmp_path / downstream.PLOT_FILE).stat().st_size > 0
+    points = results["runs"]["pre"]["points"]
+    assert [p["step"] for p in points] == [4, 8]
+    printed = capsys.readouterr().out
+    for p in points:
+        assert len(p["best"]) == 2 and all(0.0 <= v <= 1.0 for v in p["best"])
+        assert p["best_spread"]["median"] == pytest.approx(float(np.median(p["best"])))
+        spread = p["best_spread"]
+        assert (spread["min"], spread["max"]) == (min(p["best"]), max(p["best"]))
+        assert f"pre step {p['step']}: dev {p['metric']} (best epoch) median" in printed
+        started = json.loads((tmp_path / "pre" / f"step{p['step']}" / "config.json").read_text())
+        assert started["init"] == {"source": pretrained_workdir, "step": p["step"]}
+    lines = Path(pretrained_workdir, "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    evals = [[r["step"], r["mlm_loss"]] for r in records if r["split"] == "eval"]
+    assert saved["runs"]["pre"]["validation_mlm_loss"] == evals and evals
+
+
 def test_user_errors_name_the_problem_and_the_fix(pretrained_workdir, data_dir, tmp_path):
     mesh = sharding.make_mesh(2, 2, 2)
     load = lambda **f: pretrained_lib.load_pretrained(finetune_config(data_dir, **f), mesh)

@@ -70,6 +70,15 @@ def _point(step: int, summary: Mapping[str, Any], metric: str) -> dict[str, Any]
             "best_spread": spread(best), "last_spread": spread(last)}  # fmt: skip
 
 
+def point_line(name: str, point: Mapping[str, Any]) -> str:
+    """'pre step 500: dev accuracy (best epoch) median 0.8125 [0.79, 0.83], 3 seeds'."""
+    best = point["best_spread"]
+    return (
+        f"{name} step {point['step']}: dev {point['metric']} (best epoch) median "
+        f"{best['median']:.4f} [{best['min']:.4f}, {best['max']:.4f}], {len(point['best'])} seeds"
+    )
+
+
 def validation_curve(workdir: str) -> list[tuple[int, float]]:
     """(step, validation MLM loss) of a pretraining run's eval records."""
     path = paths.as_path(workdir) / METRICS_FILE
@@ -89,7 +98,7 @@ def run(
             cfg = build_finetune_config(override(base, fields))
             summary = finetune(cfg, os.path.join(out, name, f"step{step}"))
             points.append(_point(step, summary, summary["metrics"][0]))
-            print(f"{name} step {step}: {points[-1]['best_spread']}", flush=True)
+            print(point_line(name, points[-1]), flush=True)
         results["runs"][name] = {
             "workdir": workdir,
             "points": points,
