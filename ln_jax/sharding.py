@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import math
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ln_jax.validate import ConfigError
 
+_log = logging.getLogger(__name__)
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
 # The residual stream [batch, length, embed]: the activation every sub-layer reads and adds to.
 ACT: tuple[str, ...] = ("act_batch", "act_length", "act_embed")
@@ -227,19 +229,34 @@ def param_spec(
     """The PartitionSpec of a parameter from its logical names, for this mesh.
 
     1. Each dimension takes the mesh axes its logical name maps to, unless an earlier dimension
-       already uses them or their size does not divide the dimension (then it is replicated).
+       already uses them or their size does not divide the dimension (then it is replicated:
+       `unsplit_dims` names those).
     2. ZeRO-3 style: a parameter that still does not use `fsdp` (biases, LayerNorm vectors,
        heads whose rule is `tensor`) is split over `fsdp` along its largest dimension that
        divides, so that `fsdp=N` leaves each device ~1/N of every parameter.
     """
+    axes, _ = _split_axes(names, shape, mesh, rules)
+    return PartitionSpec(*(a[0] if len(a) == 1 else (a or None) for a in axes))
+
+
+def _split_axes(
+    names: Sequence[str | None], shape: Sequence[int], mesh: jax.sharding.Mesh, rules: Rules
+) -> tuple[list[tuple[str, ...]], list[tuple[str, int, tuple[str, ...]]]]:
+    """`param_spec`'s mesh axes of each dimension, and the dimensions its rules would split
+    that the mesh cannot: (logical name, size, mesh axes) for each size the axes' product
+    (> 1) does not divide."""
     table = dict(rules)
     used: set[str] = set()
     axes: list[tuple[str, ...]] = []
+    refused: list[tuple[str, int, tuple[str, ...]]] = []
     for name, size in zip(names, shape, strict=True):
         target = table.get(name) if name is not None else None
         target = (target,) if isinstance(target, str) else tuple(target or ())
         n = math.prod(mesh.shape[a] for a in target)
-        ok = target and not used & set(target) and size % n == 0
+        free = target and not used & set(target)
+        ok = free and size % n == 0
+        if free and size % n:
+            refused.append((name, size, target))
         axes.append(target if ok else ())
         used |= set(target) if ok else set()
     fsdp = mesh.shape.get("fsdp", 1)
@@ -252,7 +269,54 @@ def param_spec(
         if fits:
             i = max(fits, key=lambda j: shape[j])
             axes[i] = (*axes[i], "fsdp")
-    return PartitionSpec(*(a[0] if len(a) == 1 else (a or None) for a in axes))
+    return axes, refused
+
+
+def unsplit_dims(state: Any, mesh: jax.sharding.Mesh, rules: Rules = DEFAULT_RULES) -> dict:
+    """The parameter dimensions of `state` (annotated nnx Variables, values or
+    ShapeDtypeStructs) that the rules map to mesh axes whose size does not divide them:
+    {(logical name, size, mesh axes): number of parameters}. Each such dimension stays whole
+    on those axes' devices (e.g. 12 heads on `tensor=8`: every tensor device computes all
+    the heads), which runs, but not as split as the mesh asks."""
+    found: dict[tuple[str, int, tuple[str, ...]], int] = {}
+    for var in jax.tree.leaves(state, is_leaf=_is_var):
+        names = var.get_metadata().get("out_sharding") if _is_var(var) else None
+        if names is None:
+            continue
+        value = var.get_value() if hasattr(var, "get_value") else var[...]
+        for key in _split_axes(names, value.shape, mesh, rules)[1]:
+            found[key] = found.get(key, 0) + 1
+    return found
+
+
+def unsplit_notice(found: dict, mesh: jax.sharding.Mesh) -> str | None:
+    """One line for `unsplit_dims`'s findings (None if there are none), with the axis sizes
+    that divide both the dimension and the mesh's device count."""
+    if not found:
+        return None
+    parts = []
+    for (name, size, axes), count in sorted(found.items()):
+        where = " x ".join(f"mesh.{a}={mesh.shape[a]}" for a in axes)
+        devices = mesh.devices.size
+        fits = [d for d in range(2, devices + 1) if size % d == devices % d == 0]
+        hint = " or ".join(map(str, fits))
+        hint = f"{'x'.join(axes)} {hint} would split it" if fits else "no larger axis splits it"
+        parts.append(
+            f"{where} does not divide '{name}' ({size}) of {count} parameters: that dimension "
+            f"stays whole (replicated) on those devices; {hint}"
+        )
+    return "; ".join(parts) + "."
+
+
+_NOTICED: set[str] = set()
+
+
+def _notice_unsplit(state: Any, mesh: jax.sharding.Mesh, rules: Rules) -> None:
+    """Logs `unsplit_notice` once per process and message."""
+    notice = unsplit_notice(unsplit_dims(state, mesh, rules), mesh)
+    if notice is not None and notice not in _NOTICED:
+        _NOTICED.add(notice)
+        _log.warning("%s", notice)
 
 
 def _is_var(x: Any) -> bool:
@@ -272,6 +336,7 @@ def state_shardings(state: Any, mesh: jax.sharding.Mesh, rules: Rules = DEFAULT_
             return NamedSharding(mesh, PartitionSpec())
         return NamedSharding(mesh, param_spec(names, value.shape, mesh, rules))
 
+    _notice_unsplit(state, mesh, rules)
     return nnx.to_pure_dict(jax.tree.map(sharding_of, state, is_leaf=_is_var))
 
 

@@ -266,3 +266,37 @@ def test_initialisers_equal_the_default_compilation_bit_for_bit():
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_mesh_axis_that_does_not_divide_a_dimension_is_named_once(caplog, monkeypatch):
+    """tensor=8 on a width of 12, 2 heads and an MLP of 20: each stays whole on the tensor
+    devices (the run works, not as split as asked), and the warning names each, with the
+    sizes that would split it, once per process; on a 2x2x2 mesh every dimension splits and
+    nothing is said."""
+    monkeypatch.setattr(sharding, "_NOTICED", set())
+    build = lambda: ln_jax.BertForPreTraining(CFG, rngs=nnx.Rngs(params=0))  # noqa: E731
+    with caplog.at_level("WARNING", logger="ln_jax.sharding"):
+        _, abstract = sharding.abstract_sharded(build, sharding.make_mesh(2, 2, 2))
+        assert not caplog.records
+        mesh = sharding.make_mesh(1, 1, 8)
+        _, abstract = sharding.abstract_sharded(build, mesh)
+        sharding.abstract_sharded(build, mesh)
+    with nnx.use_eager_sharding(False):
+        found = sharding.unsplit_dims(nnx.eval_shape(build), mesh)
+    tensor = ("tensor",)
+    assert found == {
+        ("embed_proj", 12, tensor): 7,
+        ("heads", 2, tensor): 14,
+        ("mlp", 20, tensor): 6,
+    }
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "mesh.tensor=8 does not divide 'embed_proj' (12) of 7 parameters: that dimension stays "
+        "whole (replicated) on those devices; tensor 2 or 4 would split it; "
+        "mesh.tensor=8 does not divide 'heads' (2) of 14 parameters: that dimension stays "
+        "whole (replicated) on those devices; tensor 2 would split it; mesh.tensor=8 does not "
+        "divide 'mlp' (20) of 6 parameters: that dimension stays whole (replicated) on those "
+        "devices; tensor 2 or 4 would split it."
+    )
+    query = abstract["bert"]["encoder"]["layers"][0]["attention"]["branch"]["query"]["kernel"]
+    assert "tensor" not in jax.tree.leaves(tuple(query.get_value().sharding.spec))
