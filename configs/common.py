@@ -103,7 +103,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim = ml_collections.ConfigDict()
     c.optim.optimizer = "adamw"  # adam | adamw | radam | sgd
     c.optim.peak_lr = 1e-4  # the schedule's maximum
-    c.optim.schedule = "warmup_linear_decay"  # see ln_jax.train.optim.make_schedule
+    c.optim.schedule = "warmup_linear_decay"  # or warmup_cosine, ...: optim.make_schedule
     c.optim.warmup_steps = 10_000  # linear warm-up length (0 = none)
     c.optim.total_steps = placeholder(int)  # None = total_steps
     c.optim.end_lr = 0.0  # learning rate at the end of a linear decay

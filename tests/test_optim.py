@@ -62,6 +62,20 @@ def test_warmup_linear_decay(w):
         assert float(sched(0)) == 0.0
 
 
+@pytest.mark.parametrize("w", [0, 1, 100, 900])
+def test_warmup_cosine_is_optax_s_from_zero(w):
+    """The warm-up of the other schedules, then a half cosine from P down to E at T: optax's
+    warmup_cosine_decay_schedule (an independent implementation), and E after T."""
+    cfg = OptimConfig(schedule="warmup_cosine", peak_lr=P, end_lr=E, warmup_steps=w, total_steps=T)
+    ref = optax.warmup_cosine_decay_schedule(0.0, P, w, T, end_value=E)
+    steps = np.array([0, 1, w // 2, w, w + 1, (w + T) // 2, T - 1, T, T + 1, 10 * T])
+    got = np.asarray(make_schedule(cfg)(steps))
+    want = np.asarray([P if (w == 0 and t == 0) else ref(t) for t in steps])
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-10)  # float32 ramps round apart
+    assert got[steps.tolist().index((w + T) // 2)] == pytest.approx((P + E) / 2, rel=0.02)
+    assert got[-1] == pytest.approx(E) and got[3] == pytest.approx(P)
+
+
 @pytest.mark.parametrize("w", [0, 1, 100, 4000])
 def test_warmup_rsqrt(w):
     cfg = OptimConfig(schedule="warmup_rsqrt", peak_lr=P, warmup_steps=w, total_steps=10_000)

@@ -39,8 +39,9 @@ DEPTH_LR = 5e-4
 DEPTH_WARMUP = 200  # absolute steps: 4 x 1/(1 - beta2) at beta2 = 0.98 (rule of thumb: >= 2x)
 SCHEDULE = "constant"  # linear warm-up, then constant: independent of the run's length
 # Schedules a study may use: "constant" and "warmup_rsqrt" do not depend on total_steps;
-# "warmup_linear_decay" reproduces the old protocol (decay to 0 at the end of the run).
-STUDY_SCHEDULES = ("constant", "warmup_rsqrt", "warmup_linear_decay")
+# "warmup_linear_decay" reproduces the old protocol (decay to 0 at the end of the run);
+# "warmup_cosine" decays to end_lr by the end of the run too (neither can be --extend-ed).
+STUDY_SCHEDULES = ("constant", "warmup_rsqrt", "warmup_linear_decay", "warmup_cosine")
 POST_LRS = (1e-4, 2e-4, 3e-4, 5e-4)
 PRE_LRS = (3e-4, 5e-4, 1e-3)
 WARMUPS = (0, 100, 500, 1000)

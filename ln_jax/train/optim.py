@@ -27,9 +27,16 @@ from flax import nnx
 from ln_jax.validate import ConfigError, Fix, check_choice, reject_unknown_keys
 
 OPTIMIZERS = ("adam", "adamw", "radam", "sgd")
-SCHEDULES = ("linear_decay", "warmup_linear_decay", "warmup_rsqrt", "decay_rsqrt", "constant")
+SCHEDULES = (
+    "linear_decay",
+    "warmup_linear_decay",
+    "warmup_cosine",
+    "warmup_rsqrt",
+    "decay_rsqrt",
+    "constant",
+)
 # Schedules that accept warmup_steps > 0 (linear_decay is by definition without warm-up).
-WARMUP_SCHEDULES = ("warmup_linear_decay", "warmup_rsqrt", "decay_rsqrt", "constant")
+WARMUP_SCHEDULES = SCHEDULES[1:]
 # The schedule's numbers: inputs of the compiled train step, not constants (`schedule_values`).
 SCHEDULE_FIELDS = ("peak_lr", "end_lr", "warmup_steps", "total_steps", "decay_step", "decay_factor")
 # A run's optim.total_steps is its total_steps unless set (`TrainConfig.from_mapping`).
@@ -47,8 +54,8 @@ class OptimConfig:
         peak_lr: Maximum learning rate (> 0).
         schedule: One of ``SCHEDULES``; formulas in ``make_schedule``.
         warmup_steps: Linear warm-up length W (>= 0, <= total_steps).
-        total_steps: Training length T for the linear-decay schedules (> 0).
-        end_lr: Final learning rate of the linear-decay schedules.
+        total_steps: Training length T for the linear-decay and cosine schedules (> 0).
+        end_lr: Final learning rate of the linear-decay and cosine schedules.
         decay_step: Step D at which ``decay_rsqrt`` decays (>= 0).
         decay_factor: Multiplier applied at ``decay_step`` by ``decay_rsqrt`` (> 0).
         b1: Adam/RAdam first-moment decay.
@@ -171,13 +178,16 @@ def make_schedule(cfg: OptimConfig, values: Mapping[str, Any] | None = None) -> 
     * ``warmup_linear_decay``: ``P * t / W`` for t < W, then
       ``P + (E - P) * min((t - W) / max(T - W, 1), 1)``; so E for t >= T (from
       t = T + 1 if W = T).
+    * ``warmup_cosine``: ``P * t / W`` for t < W, then
+      ``E + (P - E) * (1 + cos(pi * min((t - W) / max(T - W, 1), 1))) / 2`` (optax's
+      ``warmup_cosine_decay_schedule`` from 0 with ``decay_steps=T``); W = 0: a cosine from P.
     * ``warmup_rsqrt`` (Vaswani): ``P * t / W`` for t < W, then ``P * sqrt(W' / t)``
       with W' = max(W, 1); so W = 0 gives P at t in {0, 1} and P/sqrt(t) after.
     * ``decay_rsqrt`` (Xiong's MT recipe): ``P * ramp(t)`` for t < D, then
       ``P * f * sqrt(D' / t)`` with D' = max(D, 1) for t >= D.
     * ``constant``: ``P * ramp(t)``.
 
-    ``end_lr`` and ``total_steps`` only affect the two linear-decay schedules.
+    ``end_lr`` and ``total_steps`` only affect the two linear-decay schedules and the cosine.
 
     Args:
         cfg: The optimizer config (its ``schedule`` picks the formula).
@@ -190,15 +200,21 @@ def make_schedule(cfg: OptimConfig, values: Mapping[str, Any] | None = None) -> 
     v = schedule_values(cfg) if values is None else values
     p, e, w, t_end = v["peak_lr"], v["end_lr"], v["warmup_steps"], v["total_steps"]
 
-    def linear_decay(t: jax.Array) -> jax.Array:
-        frac = jnp.clip((t - w) / jnp.maximum(t_end - w, 1), 0.0, 1.0)
+    def decayed(t: jax.Array) -> jax.Array:
+        """The fraction of the decay done at t: 0 at W, 1 from T on."""
+        return jnp.clip((t - w) / jnp.maximum(t_end - w, 1), 0.0, 1.0)
+
+    def between(frac: jax.Array) -> jax.Array:
         # Convex combination (not p + (e - p) * frac): exact at both ends in float32.
         return p * (1.0 - frac) + e * frac
 
     def schedule(step: jax.Array | int) -> jax.Array:
         t = jnp.asarray(step, jnp.float32)
         if cfg.schedule in ("linear_decay", "warmup_linear_decay"):
-            lr = jnp.where(t < w, p * _warmup_ramp(t, w), linear_decay(t))
+            lr = jnp.where(t < w, p * _warmup_ramp(t, w), between(decayed(t)))
+        elif cfg.schedule == "warmup_cosine":
+            cosine = (1.0 - jnp.cos(jnp.pi * decayed(t))) / 2  # 0 at W, 1 from T on
+            lr = jnp.where(t < w, p * _warmup_ramp(t, w), between(cosine))
         elif cfg.schedule == "warmup_rsqrt":
             lr = jnp.where(t < w, p * _warmup_ramp(t, w), p * _rsqrt_from(t, w))
         elif cfg.schedule == "decay_rsqrt":
