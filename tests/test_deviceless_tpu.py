@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from configs import bert_preln
-from ln_jax import compile_check, deviceless, matmul_census, platforms, sharding
+from ln_jax import aot, compile_check, deviceless, matmul_census, platforms, sharding
 from ln_jax.config import TrainConfig
 from ln_jax.train import accumulation
 from tests.deviceless_support import needs, run_compile_check
@@ -81,19 +81,31 @@ def busy():
 
 
 @needs_libtpu
-def test_auto_accumulation_is_chosen_for_the_tpu_s_memory(busy):
+def test_auto_accumulation_is_chosen_for_the_tpu_s_memory(busy, monkeypatch):
     """With grad_accum_steps=0 the check picks the micro-batches the trainer would pick on a
     device of the given memory, from the TPU's own buffer assignment, and the micro-batches
     then hold a micro-batch's activations. (At 4 micro-batches of BERT-tiny libtpu's
     temporaries read 0 bytes, as a 2048^2 float32 matmul's gradient does, where an 8192^2
     one reads 256 MiB: small temporaries are not in its figures, presumably kept on chip;
-    measured 2026-11-29.)"""
+    measured 2026-11-29.) Its probe at one micro-batch is `busy`'s program, whose report is
+    reused (libtpu's compiles are not cached; this one took 25-40 s in CI)."""
+    with platforms.lowering_for("tpu"):
+        one = tiny(batch=256, seq=128)
+    compiled, real = [], aot._compile_report
+
+    def reusing_busy(cfg, mesh, options):
+        compiled.append((cfg.grad_accum_steps, cfg == one))
+        return busy if cfg == one else real(cfg, mesh, options)
+
+    monkeypatch.setattr(aot, "_compile_report", reusing_busy)
     fixed = busy["total_bytes"] - busy["temp_bytes"]
     # A budget the one-micro-batch step overflows and a third of its temporaries fits.
     gib = (fixed + busy["temp_bytes"] / 3) / accumulation.HEADROOM / GIB
     build = lambda: tiny(batch=256, seq=128, accum=0)  # noqa: E731
     r = compile_check.tpu_report(build, "v5e-4", (4, 1, 1), gib)
-    assert r["grad_accum_auto"] and r["grad_accum_steps"] == 4  # the fewest dividing 64, >= 3
+    # the probe (the plain step at one micro-batch), then the fewest dividing 64 that fit (>= 3)
+    assert compiled == [(1, True), (4, False)]
+    assert r["grad_accum_auto"] and r["grad_accum_steps"] == 4
     assert r["temp_bytes"] < 0.6 * busy["temp_bytes"]
     assert r["total_bytes"] < gib * GIB
 
