@@ -449,6 +449,7 @@ def test_sigterm_saves_and_exits_zero(data_dir, tmp_path):
     assert "checkpoint_manager.py" not in out and "I1" not in out, out[-3000:]
     assert "checkpoint_manager.py" in (tmp_path / "train.log").read_text()
     assert f"SIGTERM: saved step {steps[0]}" in out
+    assert out.index("SIGTERM: saving after this step") < out.index("SIGTERM: saved step")
 
 
 def test_a_workdir_trained_by_a_live_process_is_refused_and_kept(data_dir, tmp_path):

@@ -108,6 +108,8 @@ class Preemption:
             print("\nCtrl-C: saving after this step (Ctrl-C again aborts)", flush=True)
             if self.shared:
                 os.kill(os.getpid(), signal.SIGTERM)  # to JAX's preemption notifier
+        else:  # a step (or the evaluation in it) may take a while: say why the run goes on
+            print("\nSIGTERM: saving after this step", flush=True)
 
     def stop_after(self, step: int) -> str | None:
         """The signal's name if the run stops after `step` (alike on every process).
