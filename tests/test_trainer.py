@@ -331,6 +331,47 @@ def test_interrupted_and_resumed_equals_uninterrupted(data_dir, tmp_path):
     )
 
 
+def test_a_stop_saves_before_its_evaluation_and_a_rerun_makes_up_a_cut_one(
+    data_dir, tmp_path, monkeypatch
+):
+    """A preemption's grace period may end during the evaluation of the step it stops at: the
+    checkpoint is written first, and the rerun evaluates that step before going on; a cut
+    final evaluation is made up by a rerun that trains nothing. The records are then those of
+    an uninterrupted run (fails if the save follows the evaluation, or if a rerun skips it)."""
+    cfg = tiny_config(data_dir, total_steps=6, checkpoint_every=0, eval_every=3)
+    trainer.train_and_evaluate(cfg, str(tmp_path / "straight"))
+    cut, real_evaluate = [], trainer.evaluate
+
+    def evaluate_unless_cut(run):
+        if cut:
+            raise TimeoutError(f"the grace period ended in the evaluation of step {cut.pop()}")
+        return real_evaluate(run)
+
+    def preempt_at(at):
+        def hook(step, run):
+            if step == at:
+                cut.append(step)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        return hook
+
+    monkeypatch.setattr(trainer, "evaluate", evaluate_unless_cut)
+    workdir, steps = tmp_path / "split", []
+    for at in (3, 6):
+        with pytest.raises(TimeoutError, match=f"step {at}"):
+            trainer.train_and_evaluate(cfg, str(workdir), hooks=[preempt_at(at)])
+        steps.append(sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()))
+    assert steps == [[3], [3, 6]]
+    trained = train_losses(workdir)
+    last = trainer.train_and_evaluate(cfg, str(workdir))
+    assert last["step"] == 6 and trainer.eval_line(last).startswith("final eval at step 6:")
+    assert train_losses(workdir) == trained  # nothing trained again
+    evals = lambda w: [(r["step"], r["loss"]) for r in read_metrics(w) if r["split"] == "eval"]  # noqa: E731
+    got, want = evals(workdir), evals(tmp_path / "straight")
+    assert [s for s, _ in got] == [3, 6] == [s for s, _ in want]
+    np.testing.assert_allclose([x for _, x in got], [x for _, x in want], rtol=1e-6)
+
+
 def test_nan_policy_skip_drops_the_update_and_goes_on(data_dir, tmp_path, caplog):
     # The "stop" policy is tested in test_run_trust.py (exact step, checkpoint kept).
     skip = tiny_config(

@@ -100,6 +100,23 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
+def eval_records(workdir: str) -> list[dict[str, Any]]:
+    """The "eval" records of the run in `workdir` (none without a metrics.jsonl)."""
+    path = paths.as_path(workdir) / METRICS_FILE
+    return [r for r in read_records(path) if r["split"] == "eval"] if path.exists() else []
+
+
+def evaluated_at(workdir: str, step: int) -> bool:
+    """Whether the run in `workdir` has an eval record of `step`: process 0's answer on every
+    process (they must agree: an evaluation runs collectives; only process 0 writes)."""
+    seen = any(r["step"] == step for r in eval_records(workdir))
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        seen = bool(multihost_utils.broadcast_one_to_all(np.int32(seen)))
+    return seen
+
+
 def prune_records(path: str | os.PathLike, last_step: int) -> list[dict[str, Any]]:
     """Rewrites metrics.jsonl without the records past `last_step` (atomically); returns the
     records kept."""

@@ -33,7 +33,15 @@ from ln_jax.task import Task, make_task
 from ln_jax.train import accumulation, monitor, optim, precompile, run_identity, steps
 from ln_jax.train.checkpoint import Checkpointer, CheckpointError
 from ln_jax.train.early_warning import EarlyWarning
-from ln_jax.train.metrics import METRICS_FILE, MetricsWriter, Progress, Scope, read_records
+from ln_jax.train.metrics import (
+    METRICS_FILE,
+    MetricsWriter,
+    Progress,
+    Scope,
+    eval_records,
+    evaluated_at,
+    read_records,
+)
 from ln_jax.train.preemption import Preemption
 from ln_jax.train.workdir_lock import run_lock
 from ln_jax.validate import ConfigError, Fix
@@ -349,8 +357,9 @@ def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption, scope) 
     writer = run = None
     try:
         latest = _check_identity(config_dict, workdir, ckpt, accept_changes)
-        if latest is not None and latest >= cfg.total_steps:
-            return _already_done(cfg, workdir, latest)
+        finished = latest is not None and latest >= cfg.total_steps
+        if finished and (latest > cfg.total_steps or evaluated_at(workdir, latest)):
+            return _already_done(cfg, workdir, latest)  # else: its final evaluation was cut
         # The train programs compile in the background while step 0's parameters are set
         # and the checkpoint is read (a corrupt one is an error at once, not after them).
         run = setup(cfg, wait=False)
@@ -491,7 +500,8 @@ class _Loop:
         self.run, self.ckpt, self.writer, self.progress = run, ckpt, writer, progress
         self.config_dict, self.preemption, self.hooks = config_dict, preemption, hooks
         self.watcher = EarlyWarning(run.cfg.monitor) if run.monitor_step is not None else None
-        self.evals = _earlier_evals(workdir) if hasattr(run.task, "run_result") else []
+        self.evals = eval_records(workdir)  # those a resumed run kept (the later ones pruned)
+        self.workdir = workdir
         self.compiled = set(run.ready.items())  # (program, batch shapes) compiled so far
         self.skipped_shown = 0  # nan_policy="skip": the dropped updates already reported
         self.lockstep = sharding.lockstep(run.mesh)  # wait for each step (`sharding.lockstep`)
@@ -507,6 +517,8 @@ class _Loop:
 
     def steps(self, start: int, result: dict[str, Any]) -> dict[str, Any]:
         run, cfg, last = self.run, self.run.cfg, self.run.cfg.total_steps
+        if start and _due(start, cfg.eval_every, last) and not evaluated_at(self.workdir, start):
+            self._evaluate(start, result)  # a stop saved the step, then its evaluation was cut
         for step in range(start + 1, last + 1):
             measured = _measured(run, step)
             batch = next(run.train_iter)
@@ -525,11 +537,12 @@ class _Loop:
             record = _due(step, cfg.log_every, last) or evaluated or step <= 2 or measured
             if record or step - start <= 2 or stop:
                 result["train"] = self._log(step, metrics, record) or result["train"]
+            if stop:  # saved first: a preemption's grace period may end in the evaluation
+                _save(run, self.ckpt, step, self.config_dict)
+                self.ckpt.wait()
             if evaluated:
-                _check_finite(run, self.ckpt)
-                result["eval"] = self._evaluate(step)
-                self.progress.disturb("evaluation")  # its time falls in the next window
-            if _due(step, cfg.checkpoint_every, last) or stop:
+                self._evaluate(step, result)
+            if _due(step, cfg.checkpoint_every, last) and not stop:
                 _save(run, self.ckpt, step, self.config_dict)
             result["step"] = step
             if stop:
@@ -568,18 +581,14 @@ class _Loop:
             )  # fmt: skip
             self.skipped_shown = skipped
 
-    def _evaluate(self, step: int) -> dict[str, Any]:
-        """Writes the step's "eval" record (with its epoch when the config counts epochs)."""
+    def _evaluate(self, step: int, result: dict[str, Any]) -> None:
+        """Writes the step's "eval" record (with its epoch when the config counts epochs) into
+        `result["eval"]` and metrics.jsonl."""
+        _check_finite(self.run, self.ckpt)
         per_epoch = self.run.cfg.steps_per_epoch
         epoch = {"epoch": step // per_epoch} if per_epoch else {}
         written = self.writer.write(step, "eval", {**epoch, **evaluate(self.run)})
         self.evals.append(written)
         self.progress.evaluated(step, written)
-        return written
-
-
-def _earlier_evals(workdir: str) -> list[dict[str, Any]]:
-    """The eval records a resumed run kept (the metrics writer pruned the later ones)."""
-    path = paths.as_path(workdir) / METRICS_FILE
-    records = read_records(path) if path.exists() else []
-    return [r for r in records if r["split"] == "eval"]
+        self.progress.disturb("evaluation")  # its time falls in the next window
+        result["eval"] = written
