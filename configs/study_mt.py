@@ -7,7 +7,8 @@ its placement, optimiser, warm-up and depth on top of this.
 
 Variants: "warmup" (Xiong et al.'s Fig. 2 grid), "depth" (Liu et al.'s Table 2 depths, set per
 run), "deep_encoder" (Wang et al.'s deep encoders, 6-layer decoder) and "gradients" (Fig. 3 at
-initialisation). All: `configs/mt.py:small`'s data and model family (the offline
+initialisation), all at width 128 (issue 35); "gate" (issue 64: the healthy-baseline gate and
+the studies on it, width 256, FFN 1,024, 2,000 steps, docs/studies/PLAN_MT2.md). All: `configs/mt.py:small`'s data and model family (the offline
 `ln_jax_gettext/de-en` corpus, an 8,000-piece joint BPE, 2,048 tokens a batch, tied output,
 sinusoidal positions, Xavier init, ReLU, label smoothing 0.1) at width 128 (FFN 512, 4 heads):
 the width the CPU budget pays for 6-6 to 18-18 stacks (PLAN_MT.md); Adam (0.9, 0.98), no weight
@@ -18,14 +19,18 @@ BLEU on the whole validation split (292 pairs) at every evaluation; the monitor 
 
 from configs import mt
 
-VARIANTS = ("warmup", "depth", "deep_encoder", "gradients")
+VARIANTS = ("warmup", "depth", "deep_encoder", "gradients", "gate")
 # variant: (encoder layers, decoder layers, total_steps, eval_every); depths are set per run
 SHAPES = {
     "warmup": (6, 6, 1200, 100),
     "depth": (6, 6, 600, 200),
     "deep_encoder": (18, 6, 600, 200),
     "gradients": (6, 6, 1, 1),
+    "gate": (6, 6, 2000, 200),
 }
+# variant: (width, FFN); issue 64's gated protocol runs at `configs/mt.py:small`'s width 256
+# (docs/studies/PLAN_MT2.md), the issue-35 studies at 128
+WIDTHS = {"gate": (256, 1024)}
 
 
 def get_config(variant: str | None = None):
@@ -44,7 +49,8 @@ def get_config(variant: str | None = None):
     c.monitor.every = 100
 
     m = c.model
-    m.num_layers, m.hidden_size, m.mlp_dim, m.num_heads = enc, 128, 512, 4
+    width, ffn = WIDTHS.get(variant, (128, 512))
+    m.num_layers, m.hidden_size, m.mlp_dim, m.num_heads = enc, width, ffn, 4
     m.hidden_dropout = m.attention_dropout = 0.1
     c.task_options.decoder_layers = dec
     c.task_options.label_smoothing = 0.1
