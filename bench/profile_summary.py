@@ -138,13 +138,20 @@ def matching_census(hlo_dir: str, names: set[str]) -> tuple[str, Any, float] | N
     """Of the optimised HLO modules XLA dumped (`--xla_dump_to`, `*after_optimizations.txt`),
     the one whose kernel names the profile's `names` hold most of: (path, its census
     (`ln_jax.kernel_census`), the share of its fusion kernels found, by the names they launch
-    under). None if none matches."""
+    under). None if none matches. A module the census cannot read is named and left out: the
+    profile by kernel time does not need it (the H200's of 2026-12-04 lost the whole profile to
+    one unreadable module)."""
     from ln_jax import kernel_census
 
     best = None
-    for path in glob.glob(os.path.join(hlo_dir, "*after_optimizations.txt")):
+    for path in sorted(glob.glob(os.path.join(hlo_dir, "*after_optimizations.txt"))):
         with open(path) as f:
-            census = kernel_census.read(f.read())
+            text = f.read()
+        try:
+            census = kernel_census.read(text)
+        except Exception as err:  # noqa: BLE001 - any parse failure: the profile goes on
+            print(f"kernel census: {os.path.basename(path)} left out: {type(err).__name__}: {err}")
+            continue
         fusions = {profile_name(k.launch_name) for k in census.kernels if k.opcode == "fusion"}
         share = len(fusions & names) / len(fusions) if fusions else 0.0
         if share and (best is None or share > best[2]):

@@ -531,16 +531,20 @@ def _class_of(comps: dict[str, dict[str, _Instr]], instr: _Instr) -> str:
 
 
 def _flops(comps: dict[str, dict[str, _Instr]], instr: _Instr, scope: dict[str, _Instr]) -> float:
-    """2 x output elements x contracted size of each matmul the kernel runs."""
+    """2 x output elements x contracted size of each matmul the kernel runs.
+
+    The left operand's shape is the element it names: a cuBLAS GEMM of the H200's step of
+    2026-12-04 read `%input_multiply_reduce_fusion#1`, the second array of a multi-output
+    fusion (the first, `bf16[768]`, has no contracting dimension 1)."""
     if instr.opcode == "custom-call" and "gemm_backend_config" in instr.attrs:
         config = json.loads(re.search(r"backend_config=(\{.*\})", instr.attrs).group(1))
         dims = config["gemm_backend_config"]["dot_dimension_numbers"]
-        lhs = _dims(scope[instr.operands[0]].type)
+        lhs = _dims(_operand_type(scope, instr, 0))
         out = _dims(instr.type)
         contracted = math.prod(lhs[int(d)] for d in dims["lhs_contracting_dimensions"])
         return 2.0 * math.prod(out) * contracted
     if instr.opcode == "dot":
-        lhs = _dims(scope[instr.operands[0]].type)
+        lhs = _dims(_operand_type(scope, instr, 0))
         m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instr.attrs)
         contracted = math.prod(lhs[int(d)] for d in m.group(1).split(",") if d) if m else 1
         return 2.0 * math.prod(_dims(instr.type)) * contracted

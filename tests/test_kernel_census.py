@@ -192,6 +192,19 @@ def test_a_profile_joined_with_its_hlo_gives_each_class_s_rate(tmp_path):
     assert kernel_census.spec_for("NVIDIA H200") == "h200" and kernel_census.spec_for("cpu") is None
 
 
+def test_a_module_the_census_cannot_read_is_left_out_and_named(tmp_path, capsys):
+    from bench import profile_summary
+
+    (tmp_path / "module_0001.jit_step_fn.sm_9.0_gpu_after_optimizations.txt").write_text(HLO)
+    (tmp_path / "module_0002.jit_step_fn.sm_9.0_gpu_after_optimizations.txt").write_text("}")
+    path, _, share = profile_summary.matching_census(str(tmp_path), {"fusion_9"})
+    assert path.endswith("module_0001.jit_step_fn.sm_9.0_gpu_after_optimizations.txt")
+    assert share > 0
+    assert "module_0002.jit_step_fn.sm_9.0_gpu_after_optimizations.txt left out: ValueError" in (
+        capsys.readouterr().out
+    )
+
+
 def test_a_profile_summary_counts_its_small_kernels_by_duration():
     """profile_summary's `by_duration`: kernels and ms per step in each duration band, so the
     cost of a step's many tiny kernels is read off the profile (the bands' times add up)."""
@@ -330,3 +343,53 @@ def test_a_fusion_named_for_a_copy_that_computes_is_elementwise():
         "loop_slice_fusion": "elementwise",  # a cast, sliced per layer
         "r": "copy",
     }
+
+
+# The H200's cuBLAS-only step of 2026-12-04 (arm `cublas`, `../shared/gpu/2026-12-04-h200/`
+# hlo.tgz, module_430916): a cuBLAS GEMM whose left operand is element 1 of a multi-output
+# fusion ("%input_multiply_reduce_fusion#1", bf16[256,768]), whose element 0 (bf16[768]) has
+# one dimension. The census read the tuple's first array as the operand and failed
+# (IndexError: the GEMM contracts dimension 1), so bench/profile_summary.py crashed on that
+# step. The lines are XLA's; the entry's producers of the fusion's operands are parameters.
+GEMM_OF_A_TUPLE_ELEMENT = """HloModule jit_step_fn, is_scheduled=true
+
+%region_44.76 (reduce_sum.52: bf16[], reduce_sum.53: bf16[]) -> bf16[] {
+  %reduce_sum.52 = bf16[] parameter(0), metadata={op_name="reduce_sum" scheduling_name="reduce_sum.52"}
+  %reduce_sum.53 = bf16[] parameter(1), metadata={op_name="reduce_sum" scheduling_name="reduce_sum.53"}
+  ROOT %reduce_sum.54.0 = bf16[] add(%reduce_sum.52, %reduce_sum.53), metadata={op_name="jit(step_fn)/transpose(jvp())/reduce_sum" scheduling_name="reduce_sum.54.0" stack_frame_id=120}
+}
+
+%fused_multiply_reduce (param_0.30683: bf16[256,768], param_1.42122: bf16[256,768]) -> (bf16[768], bf16[256,768]) {
+  %param_0.30683 = bf16[256,768]{1,0} parameter(0), metadata={scheduling_name="param_0.30683"}
+  %param_1.42122 = bf16[256,768]{1,0} parameter(1), metadata={scheduling_name="param_1.42122"}
+  %constant_467_1_clone_1 = bf16[] constant(1)
+  %broadcast.202.10.clone.1 = bf16[256,768]{1,0} broadcast(%constant_467_1_clone_1), dimensions={}, metadata={scheduling_name="broadcast.202.10.clone.1"}
+  %add.2374.5.clone.1 = bf16[256,768]{1,0} add(%param_1.42122, %broadcast.202.10.clone.1), metadata={op_name="jit(step_fn)/jvp()/add" scheduling_name="add.2374.5.clone.1" stack_frame_id=461}
+  %sub.542.5.clone.1 = bf16[256,768]{1,0} subtract(%broadcast.202.10.clone.1, %param_1.42122), metadata={op_name="jit(step_fn)/jvp()/sub" scheduling_name="sub.542.5.clone.1" stack_frame_id=461}
+  %mul.2969.3.clone.1 = bf16[256,768]{1,0} multiply(%add.2374.5.clone.1, %sub.542.5.clone.1), metadata={op_name="jit(step_fn)/jvp()/mul" scheduling_name="mul.2969.3.clone.1" stack_frame_id=461}
+  %mul.2975.1.clone.1 = bf16[256,768]{1,0} multiply(%param_0.30683, %mul.2969.3.clone.1), metadata={op_name="jit(step_fn)/transpose(jvp())/mul" scheduling_name="mul.2975.1.clone.1" stack_frame_id=444}
+  %constant_485_10 = bf16[] constant(0)
+  %reduce_sum.1698.1 = bf16[768]{0} reduce(%mul.2975.1.clone.1, %constant_485_10), dimensions={0}, to_apply=%region_44.76, metadata={op_name="jit(step_fn)/transpose(jvp())/reduce_sum" scheduling_name="reduce_sum.1698.1" stack_frame_id=122}
+  ROOT %tuple.795 = (bf16[768]{0}, bf16[256,768]{1,0}) tuple(%reduce_sum.1698.1, %mul.2975.1.clone.1), metadata={scheduling_name="tuple.795"}
+}
+
+ENTRY %main.370 (custom-call.268: (bf16[256,768], s8[33554432]), loop_convert_fusion.37: bf16[256,768], wrapped_convert.84: bf16[768,768]) -> bf16[256,768] {
+  %custom-call.268 = (bf16[256,768]{1,0}, s8[33554432]{0}) parameter(0)
+  %loop_convert_fusion.37 = bf16[256,768]{1,0} parameter(1)
+  %wrapped_convert.84 = bf16[768,768]{1,0} parameter(2)
+  %input_multiply_reduce_fusion = (bf16[768]{0}, bf16[256,768]{1,0}) fusion(%custom-call.268#0, %loop_convert_fusion.37), kind=kInput, calls=%fused_multiply_reduce, metadata={op_name="jit(step_fn)/transpose(jvp())/reduce_sum" scheduling_name="input_multiply_reduce_fusion" stack_frame_id=122}, backend_config={"device_type":"DEVICE_TYPE_INVALID","force_earliest_schedule":false,"native_emitter_backend_config":{"type":"NATIVE_EMITTER_TYPE_INVALID","unroll_factor":0},"operation_queue_id":"0","reification_cost":[]}
+  %custom-call.269 = (bf16[256,768]{1,0}, s8[33554432]{0}) custom-call(%input_multiply_reduce_fusion#1, %wrapped_convert.84), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step_fn)/transpose(jvp())/dot_general" scheduling_name="custom-call.269" stack_frame_id=442}, backend_config={"device_type":"DEVICE_TYPE_INVALID","force_earliest_schedule":false,"gemm_backend_config":{"alpha_imag":0,"alpha_real":1,"autotune_workspace_size":"33554432","beta":0,"damax_output":false,"dot_dimension_numbers":{"lhs_batch_dimensions":[],"lhs_contracting_dimensions":["1"],"rhs_batch_dimensions":[],"rhs_contracting_dimensions":["1"]},"epilogue":"DEFAULT","grad_x":false,"grad_y":false,"lhs_stride":"196608","precision_config":{"algorithm":"ALG_UNSET","operand_precision":["DEFAULT","DEFAULT"]},"rhs_stride":"589824","scale_mode":0,"selected_algorithm":"1"},"operation_queue_id":"0","reification_cost":[]}
+  ROOT %get-tuple-element.1 = bf16[256,768]{1,0} get-tuple-element(%custom-call.269), index=0
+}
+"""
+
+
+def test_a_gemm_reading_an_element_of_a_multi_output_fusion_contracts_that_element():
+    kernels = {k.name: k for k in kernel_census.read(GEMM_OF_A_TUPLE_ELEMENT).kernels}
+    gemm = kernels["custom-call.269"]
+    assert gemm.cls == "matmul"
+    assert gemm.flops == 2 * 256 * 768 * 768  # [256, 768] x [768, 768]^T: 768 contracted
+    # it reads the element (256 x 768 bf16) and the weight, and writes 256 x 768 (not the
+    # cuBLAS workspace)
+    assert gemm.bytes == 2 * (256 * 768 + 768 * 768 + 256 * 768)
+    assert kernels["input_multiply_reduce_fusion"].flops == 0
