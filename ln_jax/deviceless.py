@@ -73,7 +73,7 @@ def plugin() -> str:
     """
     jaxlib = importlib.metadata.version("jaxlib")
     for module in PLUGINS:
-        if importlib.util.find_spec(module) is None:
+        if not _importable(module):
             continue
         package = f"jax-cuda{module[-2:]}-plugin"
         version = importlib.metadata.version(package)
@@ -88,6 +88,15 @@ def plugin() -> str:
         f'pip install -e ".[gpu-compile]" (or "jax-cuda13-plugin=={jaxlib}" '
         f'"jax-cuda13-pjrt=={jaxlib}"); no CUDA libraries or driver are needed.'
     )
+
+
+def _importable(module: str) -> bool:
+    """Whether `module` can be imported; False also where its parent package is missing (no
+    CUDA plugin installed: no `jax_plugins` at all, which `find_spec` raises for)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def check_cudnn(attention_impl: str) -> None:

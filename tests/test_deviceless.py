@@ -12,7 +12,7 @@ import pytest
 from configs import bert_preln
 from ln_jax import compile_check, deviceless, kernel_census, matmul_census, platforms, sharding
 from ln_jax.config import TrainConfig
-from tests.deviceless_support import needs, run_compile_check
+from tests.deviceless_support import needs, run_compile_check, without_the_extras
 
 needs_plugin = needs(deviceless.plugin)
 
@@ -177,6 +177,40 @@ def test_without_the_plugin_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setattr(deviceless.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(deviceless.DevicelessError, match=r'pip install -e "\.\[gpu-compile\]"'):
         deviceless.gpu_devices("h100")
+
+    def no_jax_plugins(name):  # no plugin at all: its parent package is missing too
+        raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+
+    monkeypatch.setattr(deviceless.importlib.util, "find_spec", no_jax_plugins)
+    with pytest.raises(deviceless.DevicelessError, match=r'pip install -e "\.\[gpu-compile\]"'):
+        deviceless.plugin()
+
+
+SKIPS_AND_COMMANDS = """
+import tests.test_deviceless as gpu, tests.test_deviceless_tpu as tpu
+from tests.deviceless_support import run_compile_check
+for mark in (gpu.needs_plugin, tpu.needs_libtpu):
+    print("skip" if mark.args[0] else "run", "|", mark.kwargs["reason"])
+for target in ("--gpu=h100", "--tpu=v5e-4"):
+    print("exit", run_compile_check("--config=configs/bert_preln.py:tiny", target), flush=True)
+"""
+
+
+def test_without_the_extras_both_files_import_skip_with_the_reason_and_the_command_says_so():
+    """A fresh `pip install -e ".[test]"` has neither `jax_plugins` nor `libtpu`: both test
+    files still import (collection errored on `No module named 'jax_plugins'`), their marks
+    skip with what to install, and `compile_check --gpu` / `--tpu` say it in one line, exit 2
+    (--gpu was a 28-line traceback)."""
+    proc = without_the_extras(SKIPS_AND_COMMANDS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    skips = [line for line in proc.stdout.splitlines() if " | " in line]
+    assert len(skips) == 2 and all(line.startswith("skip | ") for line in skips), proc.stdout
+    assert 'pip install -e ".[gpu-compile]"' in skips[0]
+    assert 'pip install -e ".[tpu-compile]"' in skips[1]
+    assert [line for line in proc.stdout.splitlines() if line.startswith("exit")] == ["exit 2"] * 2
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 2 and all(line.startswith("error: ") for line in errors), proc.stderr
+    assert "needs JAX's CUDA plugin" in errors[0] and "needs libtpu" in errors[1]
 
 
 @needs_plugin
