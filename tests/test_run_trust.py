@@ -181,6 +181,9 @@ def test_9_the_first_progress_line_has_no_eta_but_the_step_time():
 
 def test_9_ctrl_c_saves_like_sigterm_and_a_second_one_aborts(data_dir, tmp_path, monkeypatch):
     cfg = tiny_config(data_dir, total_steps=STEPS, checkpoint_every=0)
+    # The handler this process started with: Python's default_int_handler, or SIG_IGN where
+    # the suite was started in the background (`nohup pytest ... &` ignores SIGINT).
+    inherited = signal.getsignal(signal.SIGINT)
     # A Ctrl-C that lands in JAX's garbage-collector callback is printed as "ignored" (the
     # next test covers that case): here it is expected, not noise in the suite's output.
     dropped = []
@@ -200,8 +203,23 @@ def test_9_ctrl_c_saves_like_sigterm_and_a_second_one_aborts(data_dir, tmp_path,
     with pytest.raises(KeyboardInterrupt):
         trainer.train_and_evaluate(cfg, str(tmp_path / "twice"), hooks=[ctrl_c_at_2(2)])
     assert not list((tmp_path / "twice" / "checkpoints").iterdir())
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert signal.getsignal(signal.SIGINT) is inherited  # handlers restored
     assert all(d.exc_type is KeyboardInterrupt for d in dropped), dropped
+
+
+@pytest.mark.parametrize("started_with", [signal.default_int_handler, signal.SIG_IGN])
+def test_ctrl_c_stops_the_loop_and_the_handler_the_process_started_with_comes_back(started_with):
+    """In the foreground Python starts with default_int_handler; under `nohup ... &` with
+    SIGINT ignored. Either way the loop's Ctrl-C saves after the step, and the process gets
+    back the handler it had (the test above assumed the default one, and failed under nohup)."""
+    previous = signal.signal(signal.SIGINT, started_with)
+    try:
+        with Preemption(shared=False) as preemption:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert preemption.stop_after(1) == "SIGINT"
+        assert signal.getsignal(signal.SIGINT) is started_with
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_second_ctrl_c_that_python_dropped_still_aborts(monkeypatch):
