@@ -14,7 +14,10 @@ needs of them:
 
 A run given no `--workdir` goes to `default_workdir(name)`: `$LN_JAX_WORKDIRS/<name>`, else
 `workdirs/<name>` in the working directory (the test suite points the variable at a temporary
-folder, so that it never writes into a checkout's own `workdirs/`).
+folder, so that it never writes into a checkout's own `workdirs/`). A run is never written
+inside a folder that `$LN_JAX_PROTECTED_DIRS` names (`protecting`): the test suite protects
+the checkout's `workdirs/`, which holds the user's own runs, so a test that would write there
+fails itself, by name.
 
 This module imports nothing from ln_jax.
 """
@@ -46,6 +49,7 @@ GCS_AUTH_HINT = (
     "the VM's service account is used: give it write access to the bucket)"
 )
 WORKDIRS_ENV = "LN_JAX_WORKDIRS"  # the folder of the default workdirs (else ./workdirs)
+PROTECTED_ENV = "LN_JAX_PROTECTED_DIRS"  # folders (os.pathsep-separated) no run is written in
 _MAX_CAUSE = 300
 # Loggers of the cloud clients: a failing first request logs tracebacks (gcsfs: one per retry).
 _CLOUD_LOGGERS = ("gcsfs", "fsspec", "google", "urllib3", "aiohttp")
@@ -67,6 +71,18 @@ def default_workdir(name: str) -> str:
     """The workdir of run `name` when none is given: `$LN_JAX_WORKDIRS/name` (a folder or a
     URL), else `workdirs/name` relative to the working directory."""
     return os.path.join(os.environ.get(WORKDIRS_ENV) or "workdirs", name)
+
+
+def protecting(path: str | os.PathLike) -> str | None:
+    """The folder of `$LN_JAX_PROTECTED_DIRS` (os.pathsep-separated) that holds the local
+    `path` (or is it), else None; a URL is never protected."""
+    if is_url(path):
+        return None
+    resolved = pathlib.Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+    for folder in filter(None, os.environ.get(PROTECTED_ENV, "").split(os.pathsep)):
+        if resolved.is_relative_to(os.path.realpath(folder)):
+            return folder
+    return None
 
 
 def cause(err: BaseException) -> str:

@@ -8,8 +8,10 @@ on 2 CPU cores compiling, not running, is most of the suite's time.
 
 Nothing the tests run writes into the checkout or the user's folders: the default workdirs
 (of `train.py` without `--workdir`), the TFDS data dir and ln_jax's cache point into a folder
-that lives for one test session (tests/hermetic.py), and the session fails, naming the paths,
-if it changed the checkout's `workdirs/` or left a new ignored file in the tree.
+that lives for one test session (tests/hermetic.py); a run a test would write into the
+checkout's `workdirs/` fails that test (the user's own runs there, even one training while the
+suite runs, are left alone); and the session fails, naming the paths, if it left a new ignored
+file elsewhere in the tree.
 """
 
 import atexit
@@ -52,8 +54,9 @@ if hermetic.HOME_ENV not in os.environ:
     atexit.register(shutil.rmtree, _home, ignore_errors=True)
     os.environ[hermetic.HOME_ENV] = _home
 hermetic.point_defaults_at(os.environ[hermetic.HOME_ENV])
+hermetic.protect(ROOT)
 
-_TREE_BEFORE = pytest.StashKey[dict]()
+_TREE_BEFORE = pytest.StashKey[set]()
 _RECORDER = ordering.recorder()
 _TREE_CHANGES = pytest.StashKey[list]()
 
@@ -98,8 +101,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for line in changes[:50]:
             terminalreporter.write_line(line)
         terminalreporter.write_line(
-            "a test wrote where the defaults point (train.py without --workdir, a relative "
-            "path): give it a tmp_path (tests/hermetic.py)."
+            "a test left these in the checkout (a relative path, a default folder): give it "
+            "a tmp_path (tests/hermetic.py)."
         )
 
 

@@ -1,6 +1,7 @@
 """The suite stays out of the checkout and the user's folders (tests/hermetic.py): its default
-folders point into the session's temporary home, here and in the subprocesses the tests start,
-and the session's check of the tree names what a run would have left in it."""
+folders point into the session's temporary home, here and in the subprocesses the tests start;
+a test's run in the checkout's workdirs/ fails that test; and the session's check of the tree
+names what a test would have left elsewhere in it, never the user's own runs."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ln_jax import paths
 from ln_jax.data import sources
+from ln_jax.train import run_identity
 from tests import hermetic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,40 +69,59 @@ def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, timeout=60)
 
 
-def test_the_tree_check_names_what_a_test_left_in_a_checkout(tmp_path):
+def test_the_tree_check_names_what_a_test_left_in_a_checkout_not_the_user_s_runs(tmp_path):
     repo = tmp_path / "checkout"
     (repo / "workdirs" / "readme_run").mkdir(parents=True)
-    (repo / ".gitignore").write_text("/workdirs/\n__pycache__/\n/studies/\n")
+    (repo / ".gitignore").write_text("/workdirs/\n__pycache__/\n/studies/\n/build/\n/.venv/\n")
     (repo / "train.py").write_text("print('train')\n")
     (repo / "workdirs" / "readme_run" / "train.log").write_text("the README's run\n")
+    (repo / "build").mkdir()
     _git(repo, "init", "-q")
     _git(repo, "add", ".gitignore", "train.py")
     before = hermetic.tree_state(repo)
-    assert before.keys() == {"workdirs/readme_run/train.log"}
+    assert before == {"build/"}
 
     (repo / "train.py").write_text("print('edited')\n")  # a source edit: not the tests' output
     (repo / "__pycache__").mkdir()
     (repo / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    (repo / ".venv" / "bin").mkdir(parents=True)  # the user's venv
+    # The user's own runs, while the suite runs: a second run, and the first one resumed.
     with open(repo / "workdirs" / "readme_run" / "train.log", "a") as log:
         log.write("a second run appended\n")
-    (repo / "workdirs" / "bert_preln_tiny" / "checkpoints").mkdir(parents=True)
-    (repo / "workdirs" / "bert_preln_tiny" / "train.log").write_text("stub\n")
+    (repo / "workdirs" / "glue_mrpc" / "checkpoints").mkdir(parents=True)
+    (repo / "workdirs" / "glue_mrpc" / "finetune.log").write_text("the user's fine-tuning\n")
     (repo / "studies" / "depth").mkdir(parents=True)
     (repo / "studies" / "depth" / "results.json").write_text("{}\n")
+    (repo / "build").rmdir()
     assert hermetic.tree_changes(before, hermetic.tree_state(repo)) == [
+        "removed build/",
         "new studies/",
-        "new workdirs/bert_preln_tiny/train.log",
-        "changed workdirs/readme_run/train.log",
     ]
     assert hermetic.tree_changes(before, before) == []
+    assert hermetic.tree_state(tmp_path) == set()  # a copy without git: nothing to compare
 
 
-def test_the_tree_check_works_in_a_copy_without_git(tmp_path):
-    (tmp_path / "workdirs" / "run").mkdir(parents=True)
-    before = hermetic.tree_state(tmp_path)
-    (tmp_path / "workdirs" / "run" / "metrics.jsonl").write_text("{}\n")
-    changes = hermetic.tree_changes(before, hermetic.tree_state(tmp_path))
-    assert changes == ["new workdirs/run/metrics.jsonl"]
+def test_a_run_a_test_would_write_into_the_checkout_s_workdirs_fails_that_test(tmp_path):
+    """The checkout's workdirs/ holds the user's runs: a test's run there (a relative
+    --workdir from the checkout, say) is refused before anything is written, in this process
+    and in the commands the tests start."""
+    assert os.environ[paths.PROTECTED_ENV] == str(ROOT / "workdirs")
+    probe = ROOT / "workdirs" / "hermetic_probe"
+    with pytest.raises(run_identity.WorkdirError, match="protects the checkout's workdirs/"):
+        run_identity.prepare_workdir(str(probe))
+    code = (
+        "from ln_jax.train import run_identity\n"
+        "try:\n    run_identity.prepare_workdir('workdirs/hermetic_probe')\n"
+        "except run_identity.WorkdirError as err:\n    print(err)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert "is inside" in out.stdout and paths.PROTECTED_ENV in out.stdout, out.stderr[-2000:]
+    assert not probe.exists()
+    run_identity.prepare_workdir(str(tmp_path / "run"))  # elsewhere: as ever
+    assert (tmp_path / "run").is_dir()
+    assert paths.protecting("gs://bucket/workdirs/x") is None
 
 
 def test_test_flags_an_xla_refuses_are_left_out(monkeypatch):

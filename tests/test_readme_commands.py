@@ -65,7 +65,7 @@ def user_env(copy: Path, tfds_dir: Path) -> dict[str, str]:
     a newcomer, not at the suite's fast-compile level (tests/xla_env.py): the main job's 120
     steps then take 26.5 s instead of 39.0 s (measured 2026-11-27, 2 cores, prepared corpus).
     """
-    drop = {hermetic.HOME_ENV, *hermetic.DEFAULTS, "XLA_FLAGS"}
+    drop = {hermetic.HOME_ENV, hermetic.PROTECTED_ENV, *hermetic.DEFAULTS, "XLA_FLAGS"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(PYTHONPATH=str(copy), TFDS_DATA_DIR=str(tfds_dir))
     return env

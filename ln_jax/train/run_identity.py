@@ -186,7 +186,14 @@ def prepare_workdir(workdir: str) -> None:
 
 
 def _check_workdir(workdir: str) -> None:
-    """`prepare_workdir`'s checks: packages, credentials, then a write."""
+    """`prepare_workdir`'s checks: a protected folder, packages, credentials, then a write."""
+    if (protected := paths.protecting(workdir)) is not None:
+        raise WorkdirError(
+            f"workdir {workdir!r} is inside {protected}, which ${paths.PROTECTED_ENV} keeps "
+            "from runs in this process (the test suite protects the checkout's workdirs/, "
+            "where the user's own runs live): give the run another --workdir (a test: a "
+            "tmp_path)."
+        )
     missing = paths.missing_packages(workdir)
     if missing:
         raise WorkdirError(
