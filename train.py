@@ -97,11 +97,13 @@ def _preflight(cfg) -> None:
     """The mesh and the datasets checked before the workdir is created, so that a user error
     there leaves nothing behind (the trainer checks them again)."""
     from ln_jax import sharding
-    from ln_jax.data import sources
+    from ln_jax.data import parallel, sources
 
     sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     if cfg.task == "bert_pretraining":
         sources.check_datasets(cfg.data)
+    elif cfg.task == "translation":
+        parallel.check_paralleltext(cfg.data)  # files that are no aligned pairs
 
 
 def _train_in(cfg, workdir: str) -> dict:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 
@@ -141,6 +142,7 @@ def _run(args: argparse.Namespace) -> int:
     from ln_jax.models.translation.search import Search
     from ln_jax.models.translation.task import bleu
 
+    given = None if args.input is None else input_lines(args.input)  # its errors come first
     model, cfg, used = load_translator(args.workdir, args.step, args.average_last)
     search = Search(
         beam=args.beam,
@@ -164,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         split = load_split(data_cfg, "eval")
         tokenizer = split.tokenizer
-    sources, refs = _sources(args, split)
+    sources, refs = (given, None) if given is not None else _split_sources(args, split)
     hyps = translate_sentences(model, cfg, tokenizer, sources, search)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
@@ -178,13 +180,32 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sources(args, split) -> tuple[list[str], list[str] | None]:
-    if args.input is None:
-        pairs = split.pairs[: args.max_sentences]
-        return [s for s, _ in pairs], [t for _, t in pairs]
-    stream = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
-    with stream:
-        return [line.rstrip("\n") for line in stream], None
+def _split_sources(args, split) -> tuple[list[str], list[str]]:
+    pairs = split.pairs[: args.max_sentences]
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def input_lines(path: str) -> list[str]:
+    """The source sentences of `--input`: a file's lines, or stdin's for "-", split on "\\n"
+    only (`ln_jax.data.parallel.split_lines`).
+
+    Raises:
+      TranslateError: no such file.
+      ParallelDataError: a line that is not UTF-8 (naming it and the fix).
+    """
+    from ln_jax.data.parallel import read_lines, split_lines
+
+    if path != "-":
+        if not os.path.isfile(path):
+            raise TranslateError(
+                f"--input={path}: no such file; give a file of source sentences, one a line, "
+                "or --input=- for stdin."
+            )
+        return read_lines(path)
+    stdin = sys.stdin
+    data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
+    fix = "pipe the text through `iconv -f latin1 -t utf-8` (its encoding for latin1) first"
+    return split_lines(data, "stdin (--input=-)", fix)
 
 
 if __name__ == "__main__":

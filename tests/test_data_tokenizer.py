@@ -14,6 +14,7 @@ import sentencepiece as spm
 from ln_jax.data import sources
 from ln_jax.data import tokenizer as tk
 from ln_jax.data.tokenizer import Tokenizer
+from ln_jax.validate import ConfigError, Fix
 
 pytest_plugins = ("tests.data_fixtures",)  # fixtures: data_dir, tokenizer, make_config
 
@@ -82,9 +83,18 @@ def test_oversized_vocabulary_is_a_clear_error(data_dir, make_config):
         tk.get_tokenizer(make_config(tokenizer_type="bpe", vocab_size=500_000))
     msg = str(err.value)
     assert "vocab_size=500000" in msg and "ln_jax_pydocs" in msg
-    fits = int(re.search(r"vocab_size <= (\d+)", msg).group(1))
+    fits = int(re.search(r"Set --config\.data\.vocab_size=(\d+) \(or less\)", msg).group(1))
     assert 1000 < fits < 500_000
+    assert err.value.fix == Fix(set={"--config.data.vocab_size": str(fits)})  # the field's flag
     assert not list(_corpus_dir(data_dir).glob("spm_bpe_500000*"))
+
+
+def test_a_corpus_without_text_is_one_line_before_sentencepiece():
+    """sentencepiece's own error for no sentences (or only empty ones) is a 73-line INTERNAL
+    traceback."""
+    for sentences in ([], ["", "  "]):
+        with pytest.raises(ConfigError, match="corpus 'empty' holds no text to train"):
+            tk.train_sentencepiece(iter(sentences), vocab_size=100, corpus_name="empty")
 
 
 def test_user_supplied_model(tok, tmp_path, make_config):

@@ -181,6 +181,68 @@ def test_paralleltext_round_trip_and_errors(tmp_path):
         parallel.open_parallel(cfg)
 
 
+# Every character str.splitlines() ends a line at (Python's documentation lists them).
+SPLITLINES_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def test_the_line_breaks_listed_are_all_those_splitlines_knows():
+    found = {c for c in map(chr, range(0x3000)) if len(f"a{c}b".splitlines()) == 2}
+    assert found == set(SPLITLINES_BREAKS)
+    assert set(SPLITLINES_BREAKS[2:]) == set(parallel.OTHER_LINE_BREAKS)  # but "\n" and "\r"
+
+
+@pytest.mark.parametrize("breaker", list(SPLITLINES_BREAKS[1:]), ids=lambda c: f"U+{ord(c):04X}")
+def test_paralleltext_lines_end_at_newline_only_so_pairs_stay_aligned(tmp_path, breaker):
+    """A line break of str.splitlines() inside a sentence (one in each file, at other lines)
+    made the two files' counts agree with each other but not with `wc -l`, and shifted the
+    pairs between them: here it is text, and every pair is the pair it was."""
+    pairs = [(f"quelle {i}", f"source {i}") for i in range(30)]
+    pairs[7] = (f"quelle{breaker}7", "source 7")
+    pairs[19] = ("quelle 19", f"source{breaker}19")
+    prefix = tmp_path / "c"
+    for split in ("train", "valid", "test"):
+        for side, suffix in ((0, "src"), (1, "tgt")):
+            lines = "".join(p[side] + "\r\n" * (split == "valid") + "\n" * (split != "valid")
+                            for p in pairs)  # fmt: skip
+            (tmp_path / f"c.{split}.{suffix}").write_bytes(lines.encode())
+    source = parallel.open_parallel(DataConfig(dataset=f"paralleltext:{prefix}"))
+    assert source.pairs("train") == pairs
+    assert source.pairs("validation") == pairs  # CRLF: the "\r" of each line end goes
+
+
+def test_paralleltext_errors_are_one_line_naming_the_file_and_line(tmp_path):
+    prefix = tmp_path / "c"
+    _write_paralleltext(prefix, counts=(30, 5, 5))
+    cfg = DataConfig(dataset=f"paralleltext:{prefix}")
+    # Other counts: both files and counts, and the line with a character other tools split at.
+    src = tmp_path / "c.valid.src"
+    lines = src.read_text().splitlines()
+    src.write_text("\n".join([*lines[:2], lines[2] + "\u2028" + lines[3], *lines[4:]]) + "\n")
+    with pytest.raises(parallel.ParallelDataError) as err:
+        parallel.check_paralleltext(cfg)
+    assert f"{src} has 4 lines but {tmp_path / 'c.valid.tgt'} has 5" in str(err.value)
+    assert f"{src} line 3 holds U+2028, which other tools split lines at" in str(err.value)
+    # Not UTF-8: the file, the line and how to convert it.
+    src.write_bytes(b"eins\nzwei\n" + "drei für\n".encode("latin-1") + b"vier\nfunf\n")
+    with pytest.raises(parallel.ParallelDataError) as err:
+        parallel.check_paralleltext(cfg)
+    assert str(err.value).startswith(f"{src}, line 3: not UTF-8 (byte 0xfc, byte 7 of the line)")
+    assert "iconv" in str(err.value)
+    # Empty training files: before sentencepiece sees them.
+    for suffix in ("src", "tgt"):
+        (tmp_path / f"c.train.{suffix}").write_text("")
+    with pytest.raises(parallel.ParallelDataError, match="c.train.tgt hold no lines"):
+        parallel.check_paralleltext(cfg)
+    # A byte-order mark is no part of the first sentence; no final newline ends one all the same.
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfeins\r\nzwei")
+    assert parallel.read_lines(str(tmp_path / "bom.txt")) == ["eins", "zwei"]
+
+
+def test_a_po_string_holding_a_line_separator_is_one_string():
+    po = 'msgid "open the\u2028file"\nmsgstr "die\x0cDatei\u0085offnen"\n'
+    assert gettext.read_po(po) == [gettext.Message("open the\u2028file", "die\x0cDatei\x85offnen")]
+
+
 def test_unknown_names_and_unprepared_wmt(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'synthetic:copy'"):
         parallel.open_parallel(DataConfig(dataset="synthetic:cpy"))

@@ -298,6 +298,23 @@ def test_5_a_user_error_is_one_line_and_exit_2(data_dir, tmp_path, args, expecte
     assert "Traceback" not in out.stderr
 
 
+def test_5_parallel_text_that_is_not_utf8_is_one_line_before_anything_is_made(tmp_path):
+    """Was a 72-line traceback without the file's name, from inside the data pipeline."""
+    for split in ("train", "valid", "test"):
+        for suffix in ("src", "tgt"):
+            (tmp_path / f"c.{split}.{suffix}").write_text("eins\nzwei\ndrei\n")
+    (tmp_path / "c.train.tgt").write_bytes(b"one\ntw\xf6\nthree\n")
+    run = tmp_path / "run"
+    out = _train_py(
+        "--config=configs/mt.py:tiny",
+        f"--config.data.dataset=paralleltext:{tmp_path / 'c'}",
+        f"--workdir={run}",
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.startswith(f"error: {tmp_path / 'c.train.tgt'}, line 2: not UTF-8")
+    assert out.stderr.count("\n") == 1 and not run.exists()
+
+
 def test_5_the_traceback_is_shown_on_request(tmp_path):
     # Its own workdir: the default one (workdirs/bert_preln_tiny) may hold the README's run.
     args = ["--config=configs/bert_preln.py:tiny", "--config.mesh.data=3", "--traceback"]

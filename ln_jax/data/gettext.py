@@ -138,7 +138,9 @@ def read_po(text: str) -> list[Message]:
         if "msgid" in fields:
             messages.append(_message(fields["msgid"], fields.get("msgstr", ""), fuzzy))
 
-    for line in [*text.splitlines(), ""]:
+    # Lines end at "\n" only: a U+2028 (or form feed, ...) inside a quoted string is text, where
+    # str.splitlines() would cut the string in two.
+    for line in [*text.split("\n"), ""]:
         line = line.strip()
         if not line or line.startswith("#~"):
             continue

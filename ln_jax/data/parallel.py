@@ -195,6 +195,9 @@ def _canonical_split(split: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+READER = "lines-at-newline-only"  # how `read_lines` splits, part of the cache key
+
+
 def paralleltext_files(prefix: str, split: str) -> tuple[str, str]:
     """(source file, target file) of a split: `PREFIX.<train|valid|test>.<src|tgt>`."""
     if split not in _FILE_SPLITS:
@@ -204,10 +207,11 @@ def paralleltext_files(prefix: str, split: str) -> tuple[str, str]:
 
 
 def read_paralleltext(prefix: str, split: str) -> Pairs:
-    """The aligned lines of a split's two files (trailing newlines removed).
+    """The aligned lines of a split's two files (`read_lines`: split on "\\n" only).
 
     Raises:
-      ParallelDataError: a file is missing or the two files' line counts differ.
+      ParallelDataError: a file is missing, not UTF-8 (naming the line), the two files' line
+        counts differ, or the split holds no pair.
     """
     src_path, tgt_path = paralleltext_files(prefix, split)
     sides = []
@@ -217,25 +221,92 @@ def read_paralleltext(prefix: str, split: str) -> Pairs:
                 f"paralleltext:{prefix}: {path} does not exist; prepare "
                 f"{prefix}.{{train,valid,test}}.{{src,tgt}}, one sentence a line, aligned."
             )
-        with open(path, encoding="utf-8") as f:
-            sides.append(f.read().splitlines())
+        sides.append(read_lines(path))
     if len(sides[0]) != len(sides[1]):
+        raise ParallelDataError(_misaligned(prefix, (src_path, tgt_path), sides))
+    if not sides[0]:
         raise ParallelDataError(
-            f"paralleltext:{prefix}: {src_path} has {len(sides[0])} lines but {tgt_path} has "
-            f"{len(sides[1])}; the files must be aligned line by line."
+            f"paralleltext:{prefix}: {src_path} and {tgt_path} hold no lines: the {split} "
+            "split needs sentence pairs, one sentence a line in each file."
         )
     return list(zip(sides[0], sides[1], strict=True))
 
 
+# Characters `str.splitlines()` (and tools built on it) break lines at, besides "\n" and "\r":
+# inside a sentence they are text here, but a file written by such a tool may have lost the
+# alignment at the first one.
+OTHER_LINE_BREAKS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def read_lines(path: str) -> list[str]:
+    """The lines of a UTF-8 text file (`split_lines`).
+
+    Raises:
+      ParallelDataError: a line that is not UTF-8, naming the file, the line and the fix.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    convert = f"iconv -f latin1 -t utf-8 {path} > {path}.utf8`, then move it over the file"
+    return split_lines(data, path, f"convert the file to UTF-8 (e.g. `{convert}) or fix the line")
+
+
+def split_lines(data: bytes, where: str, fix: str) -> list[str]:
+    """UTF-8 `data` split into lines on "\\n" only: a CRLF line's "\\r" is removed, a
+    byte-order mark at the start too, and a final newline ends the last line (it starts none).
+    `str.splitlines()` would also split at U+2028, U+0085, form feeds, ... inside a sentence
+    (`OTHER_LINE_BREAKS`), and two files of aligned lines would no longer be aligned.
+
+    Raises:
+      ParallelDataError: "`where`, line N: not UTF-8 (...); `fix`."
+    """
+    rows = data.split(b"\n")
+    if rows[-1] == b"":
+        rows.pop()
+    lines = []
+    for number, raw in enumerate(rows, 1):
+        try:
+            line = raw.removesuffix(b"\r").decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ParallelDataError(
+                f"{where}, line {number}: not UTF-8 (byte 0x{raw[err.start]:02x}, byte "
+                f"{err.start + 1} of the line); {fix}."
+            ) from None
+        lines.append(line.removeprefix("\ufeff") if number == 1 else line)
+    return lines
+
+
+def _misaligned(prefix: str, files: tuple[str, str], sides: list[list[str]]) -> str:
+    """The message of two files of different line counts: the counts and, where a line holds a
+    character other tools break lines at (the likely cause), the first such line."""
+    (src_path, tgt_path), (src, tgt) = files, sides
+    message = (
+        f"paralleltext:{prefix}: {src_path} has {len(src)} lines but {tgt_path} has "
+        f"{len(tgt)} (lines end at \\n only); the files must be aligned line by line: "
+        "nothing is trained on pairs that may be shifted."
+    )
+    for path, lines in ((src_path, src), (tgt_path, tgt)):
+        for number, line in enumerate(lines, 1):
+            found = next((c for c in line if c in OTHER_LINE_BREAKS), None)
+            if found is not None:
+                return (
+                    f"{message} {path} line {number} holds U+{ord(found):04X}, which other "
+                    "tools split lines at: if the files were written by one, redo them "
+                    "splitting on \\n only."
+                )
+    return f"{message} Find the first line whose two sides do not translate each other."
+
+
 def paralleltext_source(name: str, cache_dir: str | None) -> ParallelSource:
-    """A `paralleltext:PREFIX` source; its key hashes the six files' paths, sizes and times, and
-    its tokenizer and token ids are cached in `local_cache_root(cache_dir)/paralleltext-<key>`.
+    """A `paralleltext:PREFIX` source; its key hashes the reader, the six files' paths, sizes
+    and times, and its tokenizer and token ids are cached in
+    `local_cache_root(cache_dir)/paralleltext-<key>`.
 
     Raises:
       ParallelDataError: a file is missing (checked here, before anything is trained).
     """
     prefix = os.path.abspath(os.path.expanduser(name[len(PARALLELTEXT_PREFIX) :]))
-    digest = hashlib.md5(prefix.encode())
+    # READER: caches made by the reader that split at U+2028 & co. (shifted pairs) are not reused.
+    digest = hashlib.md5(f"{READER}|{prefix}".encode())
     for split in SPLITS:
         for path in paralleltext_files(prefix, split):
             if not os.path.isfile(path):
@@ -246,6 +317,23 @@ def paralleltext_source(name: str, cache_dir: str | None) -> ParallelSource:
     folder = epath.Path(os.fspath(sources.local_cache_root(cache_dir) / key))
     read = lambda split: read_paralleltext(prefix, split)  # noqa: E731
     return ParallelSource(name, key, read, folder, {"prefix": prefix})
+
+
+def check_paralleltext(cfg: Any) -> None:
+    """Reads the training and evaluation splits of a `paralleltext:` dataset (DataConfig `cfg`;
+    other names are left to the task), so that files that are no aligned pairs are a one-line
+    error before anything is created or trained.
+
+    Raises:
+      ParallelDataError: as `read_paralleltext`.
+    """
+    name = cfg.dataset
+    if not (isinstance(name, str) and name.startswith(PARALLELTEXT_PREFIX)):
+        return
+    source = paralleltext_source(name, cfg.cache_dir)
+    for split in dict.fromkeys((cfg.train_split, cfg.eval_split)):
+        if split in _FILE_SPLITS:
+            source.pairs(split)
 
 
 # --------------------------------------------------------------------------------------------

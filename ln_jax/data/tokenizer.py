@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import itertools
 import os
 import re
 import sys
@@ -28,7 +29,7 @@ import sentencepiece as spm
 from etils import epath
 
 from ln_jax import paths
-from ln_jax.validate import ConfigError
+from ln_jax.validate import ConfigError, Fix
 
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(5)
@@ -129,6 +130,17 @@ def train_sentencepiece(
     Raises:
       ConfigError: if the corpus cannot support `vocab_size` pieces, naming a size that fits.
     """
+    sentences = iter(sentences)
+    seen = []  # up to the first sentence with text, given to sentencepiece as they came
+    while not (seen and seen[-1].strip()):
+        following = next(sentences, None)
+        if following is None:  # sentencepiece's own error is a 70-line INTERNAL traceback
+            raise ConfigError(
+                f"corpus {corpus_name!r} holds no text to train the tokenizer on: give a "
+                "dataset with text in its training split."
+            )
+        seen.append(following)
+    sentences = itertools.chain(seen, sentences)
     writer = io.BytesIO()
     spm.set_random_generator_seed(0)  # sentence sampling of large corpora, reproducibly
     try:
@@ -148,10 +160,12 @@ def train_sentencepiece(
         match = _TOO_LARGE.search(str(e))
         if not match:
             raise
+        most = match.group(2)
         raise ConfigError(
-            f"vocab_size={vocab_size} is too large for corpus {corpus_name!r}: sentencepiece "
-            f"({model_type}) can make at most {match.group(2)} pieces from it. Use "
-            f"vocab_size <= {match.group(2)} or a larger corpus."
+            f"data.vocab_size={vocab_size} is too large for corpus {corpus_name!r}: "
+            f"sentencepiece ({model_type}) can make at most {most} pieces from it. Set "
+            f"--config.data.vocab_size={most} (or less), or use a larger corpus.",
+            fix=Fix(set={"--config.data.vocab_size": most}),
         ) from e
     return writer.getvalue()
 
