@@ -7,6 +7,9 @@ embedded offline corpus unless `--config.data.dataset=...` names another.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import ml_collections
 from ml_collections.config_dict import placeholder
 
@@ -196,5 +199,14 @@ def apply_variant(c: ml_collections.ConfigDict, variant: str) -> ml_collections.
 
 
 def recipe_warmup(c: ml_collections.ConfigDict, fraction: float) -> None:
-    """Sets warm-up as a fraction of the run (BERT: 10k of 1M steps = 1%)."""
-    c.optim.warmup_steps = max(1, round(fraction * c.total_steps))
+    """Sets warm-up as a fraction of the run (BERT: 10k of 1M steps = 1%), of the
+    `total_steps` the command line gives (`from_total_steps`)."""
+    c.optim.warmup_steps = from_total_steps(c, lambda steps: max(1, round(fraction * steps)))
+
+
+def from_total_steps(c: ml_collections.ConfigDict, rule: Callable[[int], int]) -> Any:
+    """A field's value computed by `rule` from `c.total_steps` (a warm-up as a fraction of the
+    run): an ml_collections reference, so it follows `total_steps` set later in the config,
+    and `--config.total_steps=N` (ln_jax.config_front computes it again after the overrides,
+    unless the field itself is given)."""
+    return c.get_ref("total_steps")._apply_op(rule)

@@ -103,7 +103,8 @@ def _recipe(c, variant: str) -> None:
         o.b2, o.peak_lr, o.warmup_steps = 0.997, 2e-3, 16_000
     elif variant in ("small", "tiny"):
         o.peak_lr = 1e-3
-        o.warmup_steps = max(1, c.total_steps // 10)
+        # 10% of the run: of the total_steps given on the command line too
+        o.warmup_steps = common.from_total_steps(c, lambda steps: max(1, steps // 10))
 
 
 def _pretrained(path: str):

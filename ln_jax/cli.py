@@ -415,7 +415,9 @@ class Invocation:
         default = self.command._default_spec(self.argv, self.words or None)
         defaults = front.defaults() if front.defaults else {}
         try:
-            values, _ = config_front.config_from_command_line(self.argv, default, defaults)
+            values, _ = config_front.config_from_command_line(
+                self.argv, default, defaults, shipped=self._shipped_configs
+            )
         except ConfigError as err:
             if err.fix is None and config_front.parse_command_line(self.argv).spec is None:
                 err.fix = Fix(set={"--config": front.example})
@@ -435,15 +437,26 @@ class Invocation:
         except ConfigError as err:
             raise self._other_command_s_config(values) or err from None
 
+    def _shipped_configs(self) -> list[str]:
+        """The shipped config files this command takes (a missing file's error suggests only
+        these: configs/glue.py is finetune.py's, which train.py refuses)."""
+        kind = self.command.config.kind()
+        mine = []
+        for path in config_front.shipped_configs():
+            try:
+                values = config_front.load_config(path)
+            except Exception:  # noqa: BLE001 (one that cannot load here is not suggested)
+                continue
+            if _foreign_fields(kind, values) is None:
+                mine.append(path)
+        return mine
+
     def _other_command_s_config(self, values: Mapping[str, Any]) -> ConfigError | None:
         """The error for `values` that are another command's config, else None."""
         kind = self.command.config.kind()
-        known = (
-            {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else set()
-        )
-        unknown = sorted(k for k in values if k not in known)
-        if not known or len(unknown) < 3 or len(unknown) < len(values) / 4:
-            return None  # a misspelt field or two: the field's own error is the better one
+        unknown = _foreign_fields(kind, values)
+        if unknown is None:
+            return None
         front = self.command.config
         spec = config_front.parse_command_line(self.argv).spec or self.command._default_spec(
             self.argv
@@ -497,35 +510,65 @@ class Invocation:
         return EXIT_USER_ERROR
 
 
+def _foreign_fields(kind: Any, values: Mapping[str, Any]) -> list[str] | None:
+    """The top-level fields of `values` that config class `kind` lacks, if `values` look like
+    another command's config (most of them foreign), else None (a misspelt field or two: the
+    field's own error is the better one)."""
+    known = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else set()
+    unknown = sorted(k for k in values if k not in known)
+    if not known or len(unknown) < 3 or len(unknown) < len(values) / 4:
+        return None
+    return unknown
+
+
 def fixed_command(prog: str, argv: Sequence[str], fix: Fix | None) -> str | None:
     """`prog` and `argv` with `fix` applied, quoted for a shell; None if there is no fix or it
     renames an argument that `argv` does not hold. A set `--config` goes first, other set
-    arguments the user did not give go last."""
+    arguments the user did not give go last. An argument the fix sets or renames to appears
+    once, with the fix's value: the user's other occurrences of it (`--noNAME` of a boolean
+    too) are dropped, so the command never repeats a flag with two values."""
     if fix is None:
         return None
-    out, pending, renamed = [], dict(fix.set), set()
+    out, pending, renamed, emitted = [], dict(fix.set), set(), set()
+    fixed = {*fix.set, *fix.rename.values()}
     args = list(argv)
     while args:
         arg = args.pop(0)
         name, has_value, value = arg.partition("=")
         if not arg.startswith("-"):  # a positional word (a subcommand a fix may correct)
-            out.append(pending.pop(arg, arg))
+            out.append((None, pending.pop(arg, arg)))
             continue
-        if name not in fix.rename and name not in fix.set:
-            out.append(arg)
-            continue
-        if not has_value and args and not args[0].startswith("-"):  # `--name VALUE`
+        if (
+            not has_value
+            and args
+            and not args[0].startswith("-")
+            and (name in fix.rename or name in fixed)
+        ):  # `--name VALUE`
             value, has_value = args.pop(0), True
+        if name not in fix.rename and name not in fix.set:
+            out.append((_negated(name, fixed) or name, arg))
+            continue
         if name in fix.rename:
             renamed.add(name)
             name = fix.rename[name]
+        if name in emitted:  # given twice: once is enough
+            continue
+        emitted.add(name)
         value = pending.pop(name, value)
-        out.append(f"{name}={value}" if has_value or name in fix.set else name)
+        out.append(("fix", f"{name}={value}" if has_value or name in fix.set else name))
     if set(fix.rename) - renamed:
         return None
+    kept = [text for owner, text in out if owner == "fix" or owner not in fixed]
     first = [f"{n}={v}" for n, v in pending.items() if n == "--config"]
     last = [f"{n}={v}" for n, v in pending.items() if n != "--config"]
-    return shlex.join([*prog.split(), *first, *out, *last])
+    return shlex.join([*prog.split(), *first, *kept, *last])
+
+
+def _negated(name: str, fixed: set[str]) -> str | None:
+    """`--NAME` if `name` is `--noNAME` and the fix sets `--NAME`, else None."""
+    if name.startswith("--no") and f"--{name[4:]}" in fixed:
+        return f"--{name[4:]}"
+    return None
 
 
 def _is_number(arg: str) -> bool:

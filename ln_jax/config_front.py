@@ -7,14 +7,17 @@ ln_jax.compile_check`, so a field that works in one works in all.
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import dataclasses
 import importlib.util
 import os
 import pathlib
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from ml_collections.config_dict import FieldReference
 
 from ln_jax import field_names
 from ln_jax.config import TrainConfig
@@ -24,12 +27,14 @@ __all__ = [
     "CommandLine",
     "build_config",
     "config_from_command_line",
+    "derive_again",
     "fields_meant",
     "load_config",
     "override",
     "parse_command_line",
     "parse_value",
     "resolve_config_path",
+    "shipped_configs",
 ]
 
 
@@ -84,42 +89,64 @@ def _flag_value(arg: str, following: list[str], name: str) -> str:
     return following.pop(0)
 
 
-def resolve_config_path(path: str) -> pathlib.Path:
+def resolve_config_path(
+    path: str, shipped: Callable[[], Sequence[str]] | None = None
+) -> pathlib.Path:
     """A config file's path: as given (absolute, or relative to the working directory), else
-    relative to the ln_jax checkout, so `configs/bert_preln.py` works from any directory."""
+    relative to the ln_jax checkout, so `configs/bert_preln.py` works from any directory.
+
+    Raises:
+      ConfigError: no such file, suggesting the closest of `shipped()` (the shipped configs
+        the command takes; default: every shipped config).
+    """
     given = pathlib.Path(path).expanduser()
     for candidate in (given, REPO_ROOT / given):
         if candidate.is_file():
             return candidate.resolve()
-    raise _no_config_file(path)
+    raise _no_config_file(path, shipped() if shipped is not None else shipped_configs())
 
 
-def _no_config_file(path: str) -> ConfigError:
-    """The error of a config path that is no file: the closest shipped config, if any."""
-    places = dict.fromkeys([os.getcwd(), str(REPO_ROOT)])  # once each, in order
+def shipped_configs() -> list[str]:
+    """The config files of the checkout (`configs/*.py`, relative to it), sorted."""
     found = (REPO_ROOT / "configs").glob("[!_]*.py")
-    shipped = sorted(str(p.relative_to(REPO_ROOT)) for p in found)
+    return sorted(str(p.relative_to(REPO_ROOT)) for p in found if p.stem != "common")
+
+
+def _no_config_file(path: str, shipped: Sequence[str]) -> ConfigError:
+    """The error of a config path that is no file: the closest of `shipped`, if any."""
+    places = dict.fromkeys([os.getcwd(), str(REPO_ROOT)])  # once each, in order
     near = closest(path, shipped)
     hint = f" Did you mean {near!r}?" if near else ""
+    example = EXAMPLE_CONFIG if EXAMPLE_CONFIG.split(":")[0] in shipped else next(iter(shipped), "")
     return ConfigError(
         f"--config={path!r}: no such file (looked in {' and '.join(places)}).{hint} Give a "
-        f"config file such as {EXAMPLE_CONFIG} (the shipped ones: {', '.join(shipped)}).",
+        f"config file such as {example or EXAMPLE_CONFIG} (the shipped ones this command "
+        f"takes: {', '.join(shipped) or 'none'}).",
         fix=Fix(set={"--config": near}) if near else None,
     )
 
 
-def load_config(spec: str) -> dict[str, Any]:
+def load_config(spec: str, shipped: Callable[[], Sequence[str]] | None = None) -> dict[str, Any]:
     """`FILE[:variant]` -> the nested dict of FILE's `get_config(variant)`.
 
     Raises:
-      ConfigError: a missing file, a file without `get_config`, or an unknown variant.
+      ConfigError: a missing file (suggesting the closest of `shipped()`, see
+        `resolve_config_path`), a file without `get_config`, or an unknown variant.
     """
+    return _plain(_get_config(spec, shipped))
+
+
+def _get_config(spec: str, shipped: Callable[[], Sequence[str]] | None = None) -> Any:
+    """What FILE's `get_config(variant)` returns (a ConfigDict keeps its references)."""
     path_text, _, variant = spec.partition(":")
     try:
-        path = resolve_config_path(path_text)
+        path = resolve_config_path(path_text, shipped)
     except ConfigError as err:
-        if err.fix is not None and variant:  # the variant asked for, with the file's fix
-            err.fix = Fix(set={"--config": f"{err.fix.set['--config']}:{variant}"})
+        if err.fix is not None and variant:  # the variant asked for, if the file has it
+            near = f"{err.fix.set['--config']}:{variant}"
+            with contextlib.suppress(ConfigError):
+                _get_config(near)
+                err.fix = Fix(set={"--config": near})
         raise
     root = str(path.parent.parent)  # configs/*.py import their siblings as `configs.common`
     if root not in sys.path:
@@ -130,10 +157,9 @@ def load_config(spec: str) -> dict[str, Any]:
     if not hasattr(module, "get_config"):
         raise ConfigError(f"--config={spec!r}: {path} defines no get_config(variant).")
     try:
-        config = module.get_config(variant or None)
+        return module.get_config(variant or None)
     except ValueError as err:
         raise ConfigError(f"--config={spec!r}: {err}") from None
-    return _plain(config)
 
 
 def _plain(config: Any) -> dict[str, Any]:
@@ -250,9 +276,15 @@ def build_config(values: Mapping[str, Any]) -> TrainConfig:
 
 
 def config_from_command_line(
-    argv: Sequence[str], default_spec: str | None = None, defaults: Mapping[str, Any] = ()
+    argv: Sequence[str],
+    default_spec: str | None = None,
+    defaults: Mapping[str, Any] = (),
+    shipped: Callable[[], Sequence[str]] | None = None,
 ) -> tuple[dict[str, Any], CommandLine]:
-    """The nested config of a command line: FILE[:variant], then `defaults`, then overrides.
+    """The nested config of a command line: FILE[:variant], then `defaults`, then overrides;
+    then the config's derived fields (`derive_again`: a preset's warm-up as a fraction of
+    `total_steps`) from the values given. `shipped`: the configs a missing file's error may
+    suggest (`resolve_config_path`).
 
     Returns:
       (the nested config mapping, the parsed command line).
@@ -266,5 +298,54 @@ def config_from_command_line(
             f"give a config: --config=FILE[:variant], e.g. {EXAMPLE_CONFIG}.",
             fix=Fix(set={"--config": EXAMPLE_CONFIG}),
         )
-    values = override(load_config(line.spec), dict(defaults))
-    return override(values, line.overrides), line
+    raw = _get_config(line.spec, shipped)
+    values = override(override(_plain(raw), dict(defaults)), line.overrides)
+    return derive_again(raw, values, [*dict(defaults), *line.overrides]), line
+
+
+def derive_again(raw: Any, values: dict[str, Any], given: Sequence[str]) -> dict[str, Any]:
+    """`values` with the derived fields of `raw` (a config file's ConfigDict: fields that are
+    ml_collections references computed from others, `configs.common.from_total_steps`)
+    computed again from the fields `given` (dotted names, as set in `values`), except those
+    given themselves. `--config.total_steps=5` on a preset whose warm-up is 10% of its run
+    then warms up over 10% of 5 steps, not of the preset's 300."""
+    derived = [f for f in _derived_fields(raw) if f not in given]
+    if not derived or not given:
+        return values
+    fresh = copy.deepcopy(raw)
+    for dotted in given:
+        *parents, leaf = dotted.split(".")
+        node = fresh
+        for key in parents:
+            node = node[key]
+        with contextlib.suppress(TypeError, KeyError, AttributeError):  # not a typed input
+            node[leaf] = _value_at(values, dotted)
+    computed = _plain(fresh)
+    for dotted in derived:
+        *parents, leaf = dotted.split(".")
+        node = values
+        for key in parents:
+            node = node[key]
+        node[leaf] = _value_at(computed, dotted)
+    return values
+
+
+def _derived_fields(config: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the fields of a ConfigDict that are computed from other fields."""
+    fields = getattr(config, "_fields", None)
+    if fields is None:
+        return []
+    found = []
+    for key, field in fields.items():
+        if isinstance(field, FieldReference) and field._ops:
+            found.append(prefix + key)
+        elif hasattr(field, "_fields"):
+            found += _derived_fields(field, f"{prefix}{key}.")
+    return found
+
+
+def _value_at(tree: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for key in dotted.split("."):
+        node = node[key]
+    return node

@@ -1,7 +1,7 @@
 """Translating with a trained translation run: a library call and a command.
 
   python -m ln_jax.translate --workdir=workdirs/mt_small                 # validation BLEU
-  python -m ln_jax.translate --workdir=W --split=test --beam=5 --lenpen=1.2 --average_last=5
+  python -m ln_jax.translate --workdir=W --split=test --beam=5 --lenpen=1.2 --average_last=3
   echo "Datei nicht gefunden" | python -m ln_jax.translate --workdir=W --input=-
   python -m ln_jax.translate --workdir=hf:opus-mt-de-en --max_sentences=500   # a Marian folder
 
@@ -9,7 +9,7 @@ Without `--input` it translates the run's own validation (or `--split=test`) sou
 them with sacrebleu against the references (`--tokenize`: 13a, intl, none for the papers'
 tokenised BLEU, ...), printing the score and sacrebleu's signature; `--output` writes the
 hypotheses one per line. `--average_last=N` averages the parameters of the last N checkpoints
-(as the papers report). `--workdir=hf:PATH` translates with a local HuggingFace Marian folder
+(as the papers report; a run keeps its last 3, `checkpoint.keep`). `--workdir=hf:PATH` translates with a local HuggingFace Marian folder
 (its parameters, vocabulary and special ids; `ln_jax.models.translation.convert`), scoring
 `--dataset` (default the offline `ln_jax_gettext/de-en`). Errors (a workdir that is not a
 translation run, a beam wider than the vocabulary, a source longer than the positions allow) are
@@ -38,6 +38,7 @@ from ln_jax.models.translation.load import (  # noqa: F401 (TranslateError: the 
 from ln_jax.validate import UserError
 
 SPLITS = {"validation": "eval_split", "test": "test"}
+PROG = "python -m ln_jax.translate"
 
 
 def translate_sentences(model, cfg, tokenizer, sources: Sequence[str], search, batch: int = 64):
@@ -92,7 +93,7 @@ def _padded_rows(chunk, width: int, pad: int, multiple: int) -> tuple[np.ndarray
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m ln_jax.translate",
+        prog=PROG,
         description=__doc__,  # what it does and examples, as every ln_jax command's --help
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -124,14 +125,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command: translations (or the score) on stdout, a user error in one line (exit 2);
     the terminal shows what `train.py`'s does (`console.configure_logging`: ln_jax's lines and
     other libraries' warnings, not orbax's or TFDS's INFO lines)."""
-    from ln_jax import console
+    from ln_jax import cli, console
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     console.configure_logging()
     try:
         return _run(args)
     except (UserError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        fixed = cli.fixed_command(PROG, argv, getattr(err, "fix", None))
+        print(f"error: {err}" + (f" Run: {fixed}" if fixed else ""), file=sys.stderr)
         return 2
     finally:
         console.close_logging()

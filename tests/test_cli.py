@@ -3,6 +3,7 @@ with the whole command that works, typo suggestions, no stub workdir, set-up SIG
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -170,6 +171,24 @@ def test_fixed_command_applies_the_fix_to_the_users_own_arguments():
     assert cli.fixed_command("python train.py", argv, None) is None
 
 
+@pytest.mark.parametrize(
+    "argv, fix, fixed",
+    [
+        (["--config.optim.peak_lr=1", "--lr=2"], Fix(rename={"--lr": "--config.optim.peak_lr"}),
+         "--config.optim.peak_lr=2"),
+        (["--config.seed=1", "--config.seed", "2", "-v"], Fix(set={"--config.seed": "4"}),
+         "--config.seed=4 -v"),
+        (["--noaccept_changes", "--config.total_steps=5"],
+         Fix(set={"--config.total_steps": "10", "--accept_changes": "true"}),
+         "--config.total_steps=10 --accept_changes=true"),
+        (["--config=a.py", "--config", "b.py:x"], Fix(set={"--config": "c.py"}), "--config=c.py"),
+    ],
+)  # fmt: skip
+def test_a_fixed_command_gives_each_flag_once_with_the_fix_s_value(argv, fix, fixed):
+    """A suggested command repeated a flag with two values (the user's and the fix's)."""
+    assert cli.fixed_command("p", argv, fix) == f"p {fixed}"
+
+
 # --------------------------------------------------------------------------- the config front
 
 
@@ -183,6 +202,22 @@ def test_config_errors_carry_the_fix_of_the_command_line():
     with pytest.raises(ConfigError, match="Did you mean 'configs/bert_preln.py'") as err:
         config_from_command_line(["--config=configs/bert_prelm.py:mini"])
     assert err.value.fix == Fix(set={"--config": "configs/bert_preln.py:mini"})
+
+
+@pytest.mark.parametrize(
+    "command, fixed",
+    [("train.py", "--config=configs/mt.py:tiny"), ("finetune.py", "--config=configs/glue.py")],
+)
+def test_a_missing_config_file_suggests_only_the_command_s_own_configs(command, fixed, capsys):
+    """train.py was told `Did you mean 'configs/glue.py'?` (finetune.py's config, which it
+    then refused); a variant the suggested file lacks is not kept (glue.py has no tiny)."""
+    module = __import__(command.removesuffix(".py"))
+    assert module.COMMAND.run(module.main, ["--config=configs/glu.py:tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(f"Run: python {command} {fixed}"), err
+    takes = err.split("the shipped ones this command takes: ")[1].split(")")[0].split(", ")
+    assert ("configs/glue.py" in takes) == (command == "finetune.py")
+    assert "configs/common.py" not in takes
     with pytest.raises(ConfigError, match="give a config") as err:
         config_from_command_line(["--workdir=W"])
     assert err.value.fix == Fix(set={"--config": "configs/bert_preln.py:tiny"})
@@ -239,13 +274,30 @@ def test_check_choice_suggests_the_closest_names_in_one_place():
     assert err.value.fix == Fix(set={"--config.data.dataset": "synthetic:copy"})
 
 
-def test_a_mistyped_dataset_suggests_known_names_not_a_tfds_command(tmp_path):
+def test_a_mistyped_dataset_suggests_only_datasets_that_run_here(tmp_path, caplog):
+    """A suggestion is a command that runs: ln_jax's corpora and the TFDS datasets prepared
+    in the data dir. A TFDS name that is not prepared is named as such, with no command (it
+    was `Run: ... --config.data.dataset=math_dataset`, refused next as not prepared)."""
     with pytest.raises(sources.UnknownDatasetError) as err:
         sources.check_datasets(DataConfig(dataset="wikipeda/20230601.en", data_dir=str(tmp_path)))
     message = str(err.value)
-    assert "did you mean 'wikipedia'" in message and "tfds build" not in message
-    assert "\n" not in message and "ln_jax_pydocs" in message
+    assert "did you mean" not in message and err.value.fix is None
+    assert "TFDS has 'wikipedia', " in message and "not prepared under that data_dir" in message
+    assert "\n" not in message and "ln_jax_pydocs" in message and "tfds build" not in message
+    data = tmp_path / "prepared"
+    (data / "wikipedia" / "20230601.en" / "1.0.0").mkdir(parents=True)
+    (data / "wikipedia" / "20230601.en" / "1.0.0" / "dataset_info.json").write_text("{}")
+    (data / "wikipedia" / "20230601.en" / "1.0.0" / "w.array_record-00000-of-00001").touch()
+    assert sources.prepared_datasets(str(data)) == ["wikipedia/20230601.en"]
+    with pytest.raises(sources.UnknownDatasetError) as err:
+        sources.check_datasets(DataConfig(dataset="wikipeda/20230601.en", data_dir=str(data)))
+    assert "did you mean 'wikipedia/20230601.en'?" in str(err.value)
     assert err.value.fix == Fix(set={"--config.data.dataset": "wikipedia/20230601.en"})
+    # A TFDS dataset that is not prepared: its error, without TFDS's warning before it.
+    with pytest.raises(sources.DatasetNotPreparedError, match="math_dataset' is not prepared"):
+        sources.check_datasets(DataConfig(dataset="math_dataset", data_dir=str(data)))
+    assert not [r for r in caplog.records if "Variant folder" in r.getMessage() and
+                r.levelno >= logging.WARNING]  # fmt: skip
     with pytest.raises(sources.UnknownDatasetError, match="did you mean 'ln_jax_pydocs'"):
         sources.open_source("ln_jax_pydoc", data_dir=str(tmp_path))
     mix = DataConfig(dataset="ln_jax_pydocs:0.5,wikipeda:0.5", data_dir=str(tmp_path))
@@ -257,7 +309,7 @@ def test_a_mistyped_dataset_suggests_known_names_not_a_tfds_command(tmp_path):
     with pytest.raises(ConfigError, match="holds no .txt files"):
         sources.check_datasets(DataConfig(dataset=f"textdir:{tmp_path}"))
     sources.check_datasets(DataConfig(dataset="ln_jax_pydocs", data_dir=str(tmp_path)))
-    assert not list(tmp_path.iterdir())  # checked, nothing prepared
+    assert [p.name for p in tmp_path.iterdir()] == ["prepared"]  # checked, nothing prepared
 
 
 def test_a_user_error_in_train_py_leaves_no_workdir_and_says_the_command(tmp_path):

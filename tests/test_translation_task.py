@@ -94,7 +94,14 @@ def test_the_translate_command_errors_are_one_line(copy_run, tmp_path, capsys):
     assert translate_cli.main([f"--workdir={workdir}", "--beam=99"]) == 2
     assert "wider than the vocabulary (36 tokens)" in capsys.readouterr().err
     assert translate_cli.main([f"--workdir={workdir}", "--average_last=5"]) == 2
-    assert "holds 2 checkpoints" in capsys.readouterr().err
+    err = capsys.readouterr().err  # how many there are, why, and the command that works
+    assert "holds 2 checkpoints up to step 260 (130, 260; the run keeps its last 3" in err
+    assert (
+        err.rstrip().endswith(
+            f"Run: python -m ln_jax.translate --workdir={workdir} --average_last=2"
+        )
+        and err.count("\n") == 1
+    )
     (tmp_path / "config.json").write_text(json.dumps({"task": "bert_pretraining"}))
     assert translate_cli.main([f"--workdir={tmp_path}"]) == 2
     assert "not a translation run" in capsys.readouterr().err

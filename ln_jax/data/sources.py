@@ -30,7 +30,7 @@ from etils import epath
 from ln_jax import paths
 from ln_jax.data import corpus, sitedocs
 from ln_jax.data.config import TRANSLATION_PREFIXES
-from ln_jax.validate import ConfigError, Fix, UserError, check_choice
+from ln_jax.validate import ConfigError, Fix, UserError, close_names, did_you_mean
 
 TEXTDIR_PREFIX = "textdir:"
 ARRAY_RECORD = "array_record"  # the random-access format ln_jax reads
@@ -235,7 +235,7 @@ def _prepared_tfds_builder(name: str, root: str, download: bool) -> tfds.core.Da
     nothing fails after hours of preparation.
     """
     builder = _tfds_builder(name, root)
-    if builder.is_prepared():
+    if is_prepared(builder):
         return builder
     if not download:
         raise DatasetNotPreparedError(not_prepared_message(name, root, builder))
@@ -244,6 +244,14 @@ def _prepared_tfds_builder(name: str, root: str, download: bool) -> tfds.core.Da
     except Exception as e:  # network, apache-beam, manual download: all end the same way
         raise DatasetNotPreparedError(not_prepared_message(name, root, builder, e)) from e
     return builder
+
+
+def is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
+    """`builder.is_prepared()` without TFDS's warning about the version folder it looked in
+    ("Variant folder ... has no dataset_info.json": of a dataset not prepared), which came on
+    the terminal before the error that says so."""
+    with corpus.tfds_output_to_log():
+        return builder.is_prepared()
 
 
 def check_random_access(name: str, builder: tfds.core.DatasetBuilder) -> None:
@@ -292,28 +300,42 @@ def known_datasets() -> list[str]:
 
 
 def unknown_dataset(name: str, root: str) -> UnknownDatasetError:
-    """The error of a dataset name nobody knows: the closest known names (a misspelling is
-    the usual cause), where it looked, and what names work."""
+    """The error of a dataset name nobody knows: the closest names that run here (ln_jax's
+    own corpora, TFDS datasets prepared under `root`: a misspelling is the usual cause), as
+    its fix; TFDS names close to it that are not prepared, which need preparing first; where
+    it looked."""
     base = name.split("/")[0].split(":")[0]
-    note = (
-        f"It is neither ln_jax's ({', '.join(LOCAL_DATASETS)}, {TEXTDIR_PREFIX}FOLDER) nor a "
+    runnable = [*LOCAL_DATASETS, *prepared_datasets(root)]
+    near = close_names(name, runnable) or close_names(base, runnable)
+    unprepared = [n for n in close_names(base, known_datasets()) if n not in runnable]
+    message = f"unknown data.dataset {name!r}" + (f"; {did_you_mean(near)}" if near else ".")
+    message += (
+        f" It is neither ln_jax's ({', '.join(LOCAL_DATASETS)}, {TEXTDIR_PREFIX}FOLDER) nor a "
         f"TFDS dataset this installation knows, nor prepared under data_dir={root!r} (looked "
         f"for {os.path.join(root, name)})."
     )
-    try:
-        check_choice(
-            "data.dataset",
-            base,
-            known_datasets(),
-            config_field="data.dataset",
-            error=UnknownDatasetError,
+    if unprepared:
+        listed = ", ".join(repr(n) for n in unprepared)
+        message += (
+            f" TFDS has {listed}, not prepared under that data_dir: prepare it first "
+            "(docs/usage.md, or --config.data.download=True)."
         )
-    except UnknownDatasetError as err:
-        fix = err.fix and Fix(
-            set={"--config.data.dataset": err.fix.set[_FIELD] + name[len(base) :]}
-        )
-        return UnknownDatasetError(f"{err} {note}", fix=fix)
-    return UnknownDatasetError(f"data.dataset {name!r}: {note}")
+    return UnknownDatasetError(message, fix=Fix(set={_FIELD: near[0]}) if near else None)
+
+
+def prepared_datasets(root: str) -> list[str]:
+    """The TFDS datasets prepared as array_record under the local data dir `root`, as
+    `name[/config]` (ln_jax's own builders left out); none for a URL."""
+    if paths.is_url(root) or not os.path.isdir(root):
+        return []
+    found = set()
+    infos = [*pathlib.Path(root).glob("*/*/dataset_info.json")]  # NAME/VERSION/
+    infos += pathlib.Path(root).glob("*/*/*/dataset_info.json")  # NAME/CONFIG/VERSION/
+    for info in infos:
+        parts = info.relative_to(root).parts[:-2]  # without the version folder and the file
+        if parts and not parts[0].startswith("ln_jax") and any(info.parent.glob("*.array_record*")):
+            found.add("/".join(parts))
+    return sorted(found)
 
 
 def check_datasets(cfg: Any) -> None:
@@ -341,7 +363,7 @@ def check_datasets(cfg: Any) -> None:
             if not single:  # a mix: the fix of one entry is not the whole field's value
                 err.fix = None
             raise
-        if not builder.is_prepared() and not cfg.download:
+        if not is_prepared(builder) and not cfg.download:
             raise DatasetNotPreparedError(not_prepared_message(name, root, builder))
 
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ln_jax.validate import UserError
+from ln_jax.validate import Fix, UserError
 
 HF_PREFIX = "hf:"
 DEFAULT_DATASET = "ln_jax_gettext/de-en"
@@ -55,7 +55,7 @@ def load_translator(workdir: str, step: int | None = None, average_last: int = 1
     target = steps.abstract_state(cfg, mesh)
     ckpt = Checkpointer(f"{workdir}/checkpoints", cfg.checkpoint)
     try:
-        chosen = _steps_to_average(ckpt, step, average_last, workdir)
+        chosen = _steps_to_average(ckpt, step, average_last, workdir, cfg.checkpoint.keep)
         trees = [ckpt.restore_step(s, target.state)["params"] for s in chosen]
     finally:
         ckpt.close()
@@ -94,7 +94,13 @@ def _materialise(rest: Any) -> Any:
     return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), rest)
 
 
-def _steps_to_average(ckpt, step: int | None, n: int, workdir: str) -> list[int]:
+def _steps_to_average(ckpt, step: int | None, n: int, workdir: str, keep: int) -> list[int]:
+    """The last `n` saved steps up to `step` (None = the latest).
+
+    Raises:
+      TranslateError: no checkpoint, no checkpoint `step`, or fewer than `n` (saying how many
+        there are, that the run keeps its last `keep`, and the --average_last that works).
+    """
     saved = sorted(ckpt.manager.all_steps())
     if not saved:
         raise TranslateError(f"{workdir} has no checkpoint yet; train it first.")
@@ -102,8 +108,14 @@ def _steps_to_average(ckpt, step: int | None, n: int, workdir: str) -> list[int]
     if last not in saved:
         raise TranslateError(f"no checkpoint {last} in {workdir}: the saved steps are {saved}.")
     upto = [s for s in saved if s <= last]
-    if n < 1 or n > len(upto):
+    if n < 1:
+        raise TranslateError(f"--average_last={n}: give a number of checkpoints >= 1.")
+    if n > len(upto):
         raise TranslateError(
-            f"--average_last={n}: {workdir} holds {len(upto)} checkpoints up to step {last}."
+            f"--average_last={n}: {workdir} holds {len(upto)} checkpoints up to step {last} "
+            f"({', '.join(map(str, upto))}; the run keeps its last {keep}, checkpoint.keep): "
+            f"average at most {len(upto)}, or train with --config.checkpoint.keep={n} (and "
+            "--config.checkpoint_every) to keep more.",
+            fix=Fix(set={"--average_last": str(len(upto))}),
         )
     return upto[-n:]
