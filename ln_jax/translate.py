@@ -9,8 +9,9 @@ Without `--input` it translates the run's own validation (or `--split=test`) sou
 them with sacrebleu against the references (`--tokenize`: 13a, intl, none for the papers'
 tokenised BLEU, ...), printing the score and sacrebleu's signature; `--output` writes the
 hypotheses one per line. `--average_last=N` averages the parameters of the last N checkpoints
-(as the papers report; a run keeps its last 3, `checkpoint.keep`). `--workdir=hf:PATH` translates with a local HuggingFace Marian folder
-(its parameters, vocabulary and special ids; `ln_jax.models.translation.convert`), scoring
+(as the papers report; a run keeps its last 3, `checkpoint.keep`). `--workdir=hf:PATH`
+translates with a local HuggingFace Marian folder (its parameters, vocabulary and special
+ids; `ln_jax.models.translation.convert`), scoring
 `--dataset` (default the offline `ln_jax_gettext/de-en`). Errors (a workdir that is not a
 translation run, a beam wider than the vocabulary, a source longer than the positions allow) are
 one line, exit 2.
