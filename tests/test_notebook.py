@@ -8,8 +8,9 @@ tests/conftest.py through the environment, and the sizes are those other tests c
 tests/test_analysis.py's theory setting), so in a whole-suite run most programs compile once.
 
 The install cell, which the executed notebook skips (ln_jax is importable), is run here on its
-own: the placeholder `REPO_URL` stops it with what to set, and a folder, an archive or a URL
-gives the checkout, without a real clone or install.
+own: without code it says how to upload an archive; a folder, an archive or a URL gives the
+checkout (a clone there is updated, never cloned into), without a real clone or install; a
+checkout folder named `ln_jax` in the working folder is not taken for the package.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -167,21 +169,28 @@ def test_notebook_runs_both_recipes_and_draws_the_figures(executed):
 # --------------------------------------------------------------------------- the install cell
 
 
+def install_cell_source() -> str:
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    (cell,) = [c for c in nb.cells if "def find_checkout" in c.source]
+    return cell.source
+
+
 def install_cell() -> dict:
     """The install cell's functions and classes: its source run here (ln_jax is importable, so
     it installs nothing), `subprocess.run` recorded by the test that asks."""
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    (cell,) = [c for c in nb.cells if "def find_checkout" in c.source]
-    namespace: dict = {}
-    exec(compile(cell.source, "install cell", "exec"), namespace)  # noqa: S102
+    namespace: dict = {"REPO_URL": None}
+    exec(compile(install_cell_source(), "install cell", "exec"), namespace)  # noqa: S102
     return namespace
 
 
-def placeholder() -> str:
+def repo_url() -> str | None:
     """REPO_URL as committed."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    return re.search(r'^REPO_URL = "(.*)"$', params.source, re.M).group(1)
+    namespace: dict = {}
+    line = re.search(r"^REPO_URL = .*$", params.source, re.M).group(0)
+    exec(line, namespace)  # noqa: S102
+    return namespace["REPO_URL"]
 
 
 @pytest.fixture
@@ -197,25 +206,31 @@ def fake_checkout(folder: Path) -> Path:
     """A folder that looks like the repository to the install cell."""
     (folder / "ln_jax").mkdir(parents=True)
     (folder / "pyproject.toml").write_text('[project]\nname = "ln_jax"\n')
-    (folder / "ln_jax" / "__init__.py").write_text("")
+    (folder / "ln_jax" / "__init__.py").write_text('WHERE = "the fake checkout"\n')
     return folder
 
 
-def test_the_placeholder_says_what_to_set_and_clones_nothing(commands, tmp_path):
+def test_no_placeholder_address_and_without_code_it_says_how_to_upload_it(commands, tmp_path):
+    """The badge and REPO_URL said OWNER; until there is a public address, the notebook says
+    how to bring the code: an archive made with git archive, uploaded."""
+    text = NOTEBOOK.read_text()
+    assert "OWNER" not in text and "github.com/" not in text
+    assert (
+        "git archive --format=tar.gz -o ln_jax.tar.gz HEAD"
+        in nbformat.read(NOTEBOOK, as_version=4).cells[0].source
+    )
+    assert repo_url() is None
     cell = install_cell()
-    url = placeholder()
-    assert "OWNER" in url and cell["is_placeholder"](url)
     with pytest.raises(cell["SetRepoUrl"]) as err:
-        cell["find_checkout"](url)
+        cell["find_checkout"](None)
     shown = err.value._render_traceback_()  # what the notebook shows: these lines, no traceback
-    assert shown[0] == f"REPO_URL is the placeholder {url!r}: ln_jax cannot be cloned from it."
-    assert '  REPO_URL = "https://github.com/<owner>/ln_jax"' in shown[2]
-    assert f'REPO_URL = "{tmp_path}/ln_jax"' in shown[3]
-    assert f'REPO_URL = "{tmp_path}/ln_jax.zip"' in shown[4]
+    assert shown[0].startswith(f"ln_jax's code is not in {tmp_path} yet. In a checkout of")
+    assert shown[1] == "  git archive --format=tar.gz -o ln_jax.tar.gz HEAD"
+    assert shown[2].startswith(f"upload ln_jax.tar.gz to {tmp_path} (the Files pane)")
     assert commands == []  # no git clone
 
 
-def test_a_folder_or_an_archive_is_the_checkout_and_a_url_is_cloned(commands, tmp_path):
+def test_a_folder_or_an_archive_is_the_checkout_and_a_url_is_cloned_once(commands, tmp_path):
     cell = install_cell()
     find = cell["find_checkout"]
     assert find(str(ROOT)) == str(ROOT)
@@ -227,9 +242,10 @@ def test_a_folder_or_an_archive_is_the_checkout_and_a_url_is_cloned(commands, tm
         t.add(source, arcname="ln_jax-main")
     unpacked = Path(find(str(tmp_path / "code.tar.gz")))
     assert (unpacked / "pyproject.toml").is_file() and unpacked.name == "ln_jax-main"
+    assert find(None) == str(unpacked)  # unpacked before: used again, not unpacked twice
     shutil.rmtree(unpacked.parent)
-    # With the placeholder still set, an uploaded ln_jax*.zip in the working folder is used.
-    unpacked = Path(find(placeholder()))
+    # REPO_URL = None: an uploaded ln_jax*.zip (or the .tar.gz git archive makes) is used.
+    unpacked = Path(find(None))
     assert (unpacked / "ln_jax" / "__init__.py").is_file(), unpacked
     assert commands == []
     with pytest.raises(cell["SetRepoUrl"], match="no such folder or archive"):
@@ -237,6 +253,40 @@ def test_a_folder_or_an_archive_is_the_checkout_and_a_url_is_cloned(commands, tm
     url = "https://github.com/someone/ln_jax"
     assert find(url) == str(tmp_path / "ln_jax")
     assert commands == [["git", "clone", "--depth=1", url, str(tmp_path / "ln_jax")]]
+    # The clone is there (a second run of the cell, after a restart): updated, not re-cloned.
+    fake_checkout(tmp_path / "ln_jax")
+    (tmp_path / "ln_jax" / ".git").mkdir()
+    assert find(url) == str(tmp_path / "ln_jax") == find(None)
+    assert commands[1] == ["git", "-C", str(tmp_path / "ln_jax"), "pull", "--ff-only", "--quiet"]
+    assert len(commands) == 2
+
+
+def test_a_checkout_folder_named_ln_jax_in_the_working_folder_is_used_not_imported_empty(
+    tmp_path,
+):
+    """The cell's own clone goes to ./ln_jax, which Python then took for an empty namespace
+    package `ln_jax` (`ln_jax.__file__` None: TypeError) and skipped the install. Now the
+    checkout there is used and its package imported. A fresh interpreter in that folder, as
+    after Colab's *Restart session*; pip recorded, not run."""
+    fake_checkout(tmp_path / "ln_jax")
+    prelude = (
+        "import subprocess\n"
+        "subprocess.run = lambda cmd, **kw: print('ran', cmd[:4])\n"
+        "REPO_URL = 'https://github.com/someone/ln_jax'\n"
+        # What the old cell imported: the folder as an empty package (where pip's editable
+        # install is a finder, as here and on Colab; not where it is a path in a .pth file).
+        "import ln_jax as first\n"
+        "print('shadowed' if first.__file__ is None else 'installed', flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", prelude + install_cell_source()],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]  # was: TypeError ... NoneType
+    assert "'clone'" not in out.stdout  # never cloned into itself
+    if "shadowed" in out.stdout:
+        assert f"ln_jax from {tmp_path / 'ln_jax'}\n" in out.stdout, out.stdout
 
 
 def test_the_install_command_is_editable_and_names_jax_tpu_on_a_tpu(monkeypatch):
