@@ -1,5 +1,7 @@
-"""The one-call GPU study scripts (bench/gpu_mt_warmup.sh, bench/gpu_bert_xiong.sh) share their
-command line (bench/gpu_common.sh): help, a wrong argument, the missing prepared data."""
+"""The one-call GPU study scripts (bench/gpu_mt_warmup.sh, bench/gpu_bert_xiong.sh,
+bench/gpu_mt_fig2.sh, bench/gpu_mt_liu_depth.sh) share their command line
+(bench/gpu_common.sh): help, a wrong argument, the missing prepared data; bench/gpu_call.sh
+too. Their CPU modes run in tests/test_gpu_call.py."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import subprocess
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-SCRIPTS = {"gpu_mt_warmup.sh": "gettext_de_en", "gpu_bert_xiong.sh": "sitedocs"}
+SCRIPTS = {"gpu_mt_warmup.sh": "gettext_de_en", "gpu_bert_xiong.sh": "sitedocs",
+           "gpu_mt_fig2.sh": "gettext_de_en", "gpu_mt_liu_depth.sh": "gettext_de_en"}  # fmt: skip
 
 
 def _run(script: str, *args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
@@ -46,3 +49,23 @@ def test_without_prepared_data_it_names_the_prepare_command(script, tmp_path):
     assert f"run bench/{script} --prepare here first" in run.stderr
     assert SCRIPTS[script] in run.stderr
     assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_only_the_scripts_with_a_cpu_mode_take_cpu():
+    run = _run("gpu_mt_warmup.sh", "--cpu")
+    assert run.returncode == 2
+    assert run.stderr.strip() == "gpu_mt_warmup.sh: unknown argument --cpu; see --help"
+
+
+def test_the_call_checks_its_arguments_and_the_prepared_data(tmp_path):
+    run = _run("gpu_call.sh", "--help")
+    assert run.returncode == 0 and "--suite_budget" in run.stdout and "set -uo" not in run.stdout
+    run = _run("gpu_call.sh", "--bogus")
+    assert run.returncode == 2
+    assert run.stderr.strip() == "gpu_call.sh: unknown argument --bogus; see --help"
+    copy = tmp_path / "repo"
+    (copy / "bench").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "bench", "gpu_call.sh"), copy / "bench" / "gpu_call.sh")
+    run = _run("gpu_call.sh", f"--out={tmp_path / 'out'}", cwd=str(copy))
+    assert run.returncode == 2 and "bench/gpu_mt_warmup.sh --prepare here first" in run.stderr
+    assert not (tmp_path / "out").exists()
