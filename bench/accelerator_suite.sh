@@ -7,6 +7,7 @@
 #                                                   torch mt main_job cudnn_facts)
 #                              [--arms NAME,...]   (the step arms to time; default all)
 #                              [--tests EXPR]      (pytest -k EXPR for gpu_tests; default all)
+#                              [--quick]           (the first part of bench/gpu_call.sh)
 #
 #   GPU (default): BERT-base, batch 256 x 128, bf16, dropout 0.1 everywhere:
 #     1. the GPU tests (tests/test_accelerator.py: cuDNN dropout read off the kernel, ...)
@@ -39,6 +40,11 @@
 #   --cpu: the same steps at tiny shapes on the CPU (CI runs this so the suite never rots);
 #     no GPU tests, cuDNN facts, cudnn_nodrop arm, HLO dump or torch.compile (the pallas
 #     arms run Pallas's interpreter).
+#   --quick: the suite as bench/gpu_call.sh runs it before the studies, about 4 minutes on an
+#     H200 with --arms default,stacked: no GPU tests, kernel tuning or cuDNN facts (skipped),
+#     10 timed steps an arm, the PyTorch anchor as torch.compile with MLM at the masked
+#     positions only (the like-for-like one), translation on the recipe's batch (128 x 32) and
+#     beam 5 once, the main job for 100 steps. With --cpu: the CPU mode's shapes, same skips.
 #
 # It installs nothing from a network: it uses the python3 on PATH (or $PYTHON) and its
 # packages, plus the wheels in --wheels DIR if given (pip --no-index into a temporary folder).
@@ -54,6 +60,7 @@ BUDGET=480
 SKIP=""
 ONLY=""
 TESTS=""
+QUICK=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) MODE=cpu ;;
@@ -69,12 +76,14 @@ while [ $# -gt 0 ]; do
     --arms=*) ONLY=${1#--arms=} ;;
     --tests) TESTS=$2; shift ;;
     --tests=*) TESTS=${1#--tests=} ;;
+    --quick) QUICK=1 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "accelerator_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 PY=${PYTHON:-python3}
+[ "$QUICK" = 1 ] && SKIP="gpu_tests,flash,cudnn_facts${SKIP:+,$SKIP}"
 mkdir -p "$OUT"
 : > "$OUT/status.txt"
 START=$(date +%s)
@@ -130,6 +139,14 @@ if [ "$MODE" = gpu ]; then
   TORCH=(--size=base --batch=256 --steps=10 --warmup=2 --pipeline=5)
   MAIN=(--config=configs/bert_preln.py --config.total_steps=300 --config.eval_batches=10)
   MT=(--batches=128x32,512x64 --steps=10 --warmup=2 --sentences=256 --rounds=2)
+  if [ "$QUICK" = 1 ]; then
+    # H200, 2026-12-04: four arms compiled in 214 s, torch's four modes 99 s, the two
+    # translation shapes and the search 141 s, the main job 110 s (81.5 s of set-up)
+    SHAPE=(--size=base --batch=256 --steps=10 --warmup=2 --pipeline=5)
+    TORCH=(--size=base --batch=256 --steps=10 --warmup=2 --pipeline=5 --modes=compile_masked)
+    MAIN=(--config=configs/bert_preln.py --config.total_steps=100 --config.eval_batches=10)
+    MT=(--batches=128x32 --steps=10 --warmup=2 --sentences=256 --rounds=1)
+  fi
   # tests/conftest.py defaults JAX to the CPU and XLA to fast (unoptimised) compiles: not here.
   # pyproject's addopts ask for pytest-xdist's workers, which the GPU image may lack: dropped
   step gpu_tests 150 env JAX_PLATFORMS=cuda,cpu LN_JAX_TEST_OPTIMIZED_COMPILE=1 \

@@ -91,7 +91,10 @@ def rows(folder: str) -> tuple[list[dict], dict]:
             "sequences_per_s": r["sequences_per_s"], "mfu_6nd": None,
         })  # fmt: skip
     out += pipelined_rows(arms, torch)
-    compiled = torch.get("modes", {}).get("compile_all")
+    # the like-for-like anchor (issue 67): ln_jax's MLM head runs at the masked positions only,
+    # as HuggingFace's does in mode compile_masked; compile_all (every position) if it is absent
+    modes = torch.get("modes", {})
+    compiled = modes.get("compile_masked") or modes.get("compile_all")
     for label, name in (("", "default"), ("fastest_recipe_arm_", fastest_recipe_arm(arms))):
         if name not in arms:
             continue
