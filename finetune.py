@@ -58,7 +58,7 @@ def main(inv: cli.Invocation) -> int:
     """The command's body: the grid, its user errors in one line (exit 2), a SIGTERM during
     set-up in one line (exit 143: `SetupSignals`)."""
     from ln_jax import console
-    from ln_jax.train.trainer import NonFiniteError
+    from ln_jax.validate import NonFiniteError
 
     return console.run_command(
         lambda: inv.call(lambda: _finetune(inv)), _TRACEBACK.value, (NonFiniteError,)

@@ -65,7 +65,7 @@ def main(inv: cli.Invocation) -> int:
     """The command's body: the run, its user errors in one line (exit 2), a SIGTERM during
     set-up in one line (exit 143: `SetupSignals`)."""
     from ln_jax import console
-    from ln_jax.train.trainer import NonFiniteError
+    from ln_jax.validate import NonFiniteError
 
     return console.run_command(
         lambda: inv.call(lambda: _train(inv)), _TRACEBACK.value, (NonFiniteError,)
@@ -77,6 +77,11 @@ def _distributed() -> bool:
 
 
 def _train(inv: cli.Invocation) -> int:
+    from ln_jax.train import workdir_lock
+
+    if not _distributed():  # a busy workdir: one line before JAX is even imported
+        name = inv.config_values()["name"]
+        workdir_lock.check_free(_WORKDIR.value or paths.default_workdir(name))
     from ln_jax.train.preemption import SetupSignals
     from ln_jax.train.workdir_stub import no_stub_workdir
 

@@ -153,10 +153,16 @@ def train_config_front(
     default_spec: str | Callable[[list[str]], str | None] | None = None,
     defaults: Callable[[], Mapping[str, Any]] | None = None,
 ) -> ConfigFront:
-    """The config front of the commands reading a `TrainConfig` (train.py, compile_check, ...)."""
-    from ln_jax.config import TrainConfig
+    """The config front of the commands reading a `TrainConfig` (train.py, compile_check, ...).
+    The class is imported when first asked for (it imports JAX): a command line is read, and
+    a busy workdir refused, without it."""
 
-    return ConfigFront(lambda: TrainConfig, config_front.build_config, default_spec, defaults)
+    def kind() -> type:
+        from ln_jax.config import TrainConfig
+
+        return TrainConfig
+
+    return ConfigFront(kind, config_front.build_config, default_spec, defaults)
 
 
 class Command:

@@ -20,7 +20,6 @@ from typing import Any
 from ml_collections.config_dict import FieldReference
 
 from ln_jax import field_names
-from ln_jax.config import TrainConfig
 from ln_jax.validate import ConfigError, Fix, closest, did_you_mean
 
 __all__ = [
@@ -263,12 +262,14 @@ def parse_value(field: str, value: Any, current: Any) -> Any:
         return value  # text such as a placement name or a path
 
 
-def build_config(values: Mapping[str, Any]) -> TrainConfig:
+def build_config(values: Mapping[str, Any]) -> Any:
     """The typed, validated `TrainConfig` of a nested config mapping.
 
     Raises:
       ConfigError: any invalid field or combination, with the typed configs' message.
     """
+    from ln_jax.config import TrainConfig  # JAX's import: not for reading a command line
+
     try:
         return TrainConfig.from_mapping(_plain(values))
     except (ValueError, TypeError) as err:

@@ -36,9 +36,12 @@ Optional methods (a task without them trains as before; see `OPTIONAL`):
     def sublayers(self, model) -> list[tuple[str, Any]]:
         # Every residual sub-layer in order, ("[stack/]layer_NN/<name>", ResidualSublayer), for
         # monitoring, Admin profiling and analyses (`ln_jax.nn.stack.stack_sublayers`).
+    def eval_description(self) -> str | None:
+        # What an evaluation does that takes a while (decoding for BLEU), for the lines the
+        # trainer shows before it and with its time after; None: nothing to say.
 
 Fine-tuning (`ln_jax.models.bert.finetune.task.GlueClassification`, "glue_classification")
-has the first two; translation (`ln_jax.models.translation.task.Translation`) the last three,
+has the first two; translation (`ln_jax.models.translation.task.Translation`) the last four,
 BERT pretraining `sublayers`; the toy of tests/toy_task.py none.
 """
 
@@ -61,7 +64,14 @@ TASKS: dict[str, str] = {
     "translation": "ln_jax.models.translation.task:Translation",
 }
 # Methods the trainer calls when a task has them (see the module docstring).
-OPTIONAL = ("initialize", "run_result", "tokens_per_step", "check_config", "sublayers")
+OPTIONAL = (
+    "initialize",
+    "run_result",
+    "tokens_per_step",
+    "check_config",
+    "sublayers",
+    "eval_description",
+)
 
 
 @runtime_checkable

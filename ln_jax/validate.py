@@ -1,5 +1,5 @@
-"""Leaf validators shared by every typed config (model, optimizer, data, run), and the user
-error types every command line reports in one line.
+"""Leaf validators shared by every typed config (model, optimizer, data, run), and the error
+types every command line reports in one line (user errors; a training's non-finite stop).
 
 This module imports nothing from ln_jax, so that `config.py`, `optim.py` and `data/config.py`
 can all use it without importing each other.
@@ -39,6 +39,17 @@ class UserError(Exception):
     `fix` (optional): the `Fix` of the command line; a command then prints the whole command
     that works after the message.
     """
+
+    def __init__(self, *args: Any, fix: Fix | None = None):
+        super().__init__(*args)
+        self.fix = fix
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a NaN/Inf loss or gradient (nan_policy="stop"); `fix`: the change to
+    the command line that goes on past it (`--config.nan_policy=skip`). Raised by
+    `ln_jax.train.trainer` (as `trainer.NonFiniteError`); defined here so that a command can
+    name it without importing the trainer."""
 
     def __init__(self, *args: Any, fix: Fix | None = None):
         super().__init__(*args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -491,6 +492,7 @@ def test_sigterm_saves_and_exits_zero(data_dir, tmp_path):
     assert "checkpoint_manager.py" in (tmp_path / "train.log").read_text()
     assert f"SIGTERM: saved step {steps[0]}" in out
     assert out.index("SIGTERM: saving after this step") < out.index("SIGTERM: saved step")
+    assert out.count("saving") + out.count("saved step") == 2, out[-2000:]  # each said once
 
 
 def test_a_workdir_trained_by_a_live_process_is_refused_and_kept(data_dir, tmp_path):
@@ -538,13 +540,16 @@ def _warm_toy_class():
         def run_result(self, evals) -> dict:
             return {"evals": len(evals), "best_mse": min(r["mse"] for r in evals)}
 
+        def eval_description(self) -> str:
+            return "scoring the toy's 4 points"
+
     return WarmToy
 
 
 WarmToy = _warm_toy_class()
 
 
-def test_a_warm_start_runs_on_a_fresh_run_only_and_the_result_is_recorded_once(tmp_path):
+def test_a_warm_start_runs_on_a_fresh_run_only_and_the_result_is_recorded_once(tmp_path, capsys):
     from tests.test_task import records, toy_config
 
     cfg = toy_config(task="tests.test_trainer:WarmToy", steps_per_epoch=4)
@@ -568,3 +573,12 @@ def test_a_warm_start_runs_on_a_fresh_run_only_and_the_result_is_recorded_once(t
     third = trainer.train_and_evaluate(cfg, str(tmp_path))  # finished: read back, not rerun
     assert third["already_done"] and third["result"] == results[0]
     assert records(tmp_path) == recs
+    # A task's eval_description: a line before each evaluation and its time after (scoring
+    # translation's BLEU printed nothing for 35 s).
+    lines = capsys.readouterr().out.splitlines()
+    shown = [line for line in lines if line.startswith(("step 4: ", "step 8: "))]
+    assert [line.split(": ", 1)[1].split(" in ")[0] for line in shown] == [
+        "scoring the toy's 4 points ...", "evaluated", "scoring the toy's 4 points ...",
+        "evaluated",
+    ]  # fmt: skip
+    assert all(re.fullmatch(r"step \d: evaluated in \d+\.\d s", s) for s in shown[1::2])

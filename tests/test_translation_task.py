@@ -126,6 +126,18 @@ def test_translate_input_that_is_not_utf8_is_one_line_before_any_model_is_loaded
     assert translate_cli.input_lines("-") == ["eins\u2028zwei", "drei"]
 
 
+def test_scoring_bleu_says_what_it_decodes():
+    """The trainer shows it before an evaluation, and its time after (tests/test_trainer.py)."""
+    greedy, beam = make_task(mt_config()), make_task(mt_config(**{"task_options.eval_beam": 4}))
+    assert greedy.eval_description() is None  # before its pipelines: nothing to score yet
+    greedy.references = beam.references = ["a reference"] * 256
+    assert greedy.eval_description() == "scoring validation BLEU: 256 sentences, greedy decoding"
+    assert beam.eval_description().endswith("256 sentences, beam 4 decoding")
+    no_bleu = make_task(mt_config(**{"task_options.eval_bleu": False}))
+    no_bleu.references = greedy.references
+    assert no_bleu.eval_description() is None
+
+
 def test_the_mesh_does_not_change_the_losses_and_resume_is_exact(tmp_path):
     base = dict(total_steps=6, eval_every=6, checkpoint_every=3, log_every=1)
     base["optim.warmup_steps"] = 2

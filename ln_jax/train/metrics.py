@@ -202,7 +202,7 @@ class Progress:
         total_steps: int,
         tokens_per_step: int,
         start_step: int = 0,
-        stream: TextIO = sys.stdout,
+        stream: TextIO | None = None,
         enabled: bool = True,
         window: int = 20,
         scope: Scope | None = None,
@@ -213,7 +213,7 @@ class Progress:
         self._last_eval = ""  # "eval loss 2.3456 (step 40)"
         self.total = total_steps
         self.tokens_per_step = tokens_per_step
-        self.stream = stream
+        self.stream = stream if stream is not None else sys.stdout  # the one of now
         self.enabled = enabled
         self._first_step = start_step + 1
         self._mark_step = start_step
@@ -286,6 +286,13 @@ class Progress:
         if later is not None:
             text += f" (all runs {format_duration(eta + later)})"
         return text
+
+    def note(self, text: str) -> None:
+        """A line of its own between the progress lines (what a long evaluation does, and
+        how long it took), behind the scope's label."""
+        if self.enabled:
+            self.stream.write(" | ".join(p for p in [self.scope.label, text] if p) + "\n")
+            self.stream.flush()
 
     def show(self, step: int, steps_per_s: float, tokens_per_s: float, loss: float) -> None:
         if self.enabled:

@@ -44,7 +44,7 @@ from ln_jax.train.metrics import (
 )
 from ln_jax.train.preemption import Preemption
 from ln_jax.train.workdir_lock import run_lock
-from ln_jax.validate import ConfigError, Fix
+from ln_jax.validate import ConfigError, Fix, NonFiniteError
 
 __all__ = [
     "CheckpointError",
@@ -61,15 +61,6 @@ note_log = console.file_only_logger(__name__)  # early-warning notes: train.log 
 setup_log = console.file_only_logger(f"{__name__}.setup")  # set-up phases: train.log only
 Batch = dict[str, jax.Array]
 State = dict[str, Any]
-
-
-class NonFiniteError(RuntimeError):
-    """Training produced a NaN/Inf loss or gradient (nan_policy="stop"); `fix`: the change to
-    the command line that goes on past it (`--config.nan_policy=skip`)."""
-
-    def __init__(self, *args: Any, fix: Fix | None = None):
-        super().__init__(*args)
-        self.fix = fix
 
 
 # --------------------------------------------------------------------------- set-up
@@ -545,8 +536,8 @@ class _Loop:
             if _due(step, cfg.checkpoint_every, last) and not stop:
                 _save(run, self.ckpt, step, self.config_dict)
             result["step"] = step
-            if stop:
-                log.warning("%s: saved step %d, exiting", stop, step)
+            if stop:  # the command says so (train.py, finetune.py): the log file only here
+                note_log.info("%s: saved step %d, exiting", stop, step)
                 result["preempted"] = stop
                 return result
         if hasattr(run.task, "run_result"):
@@ -587,7 +578,15 @@ class _Loop:
         _check_finite(self.run, self.ckpt)
         per_epoch = self.run.cfg.steps_per_epoch
         epoch = {"epoch": step // per_epoch} if per_epoch else {}
-        written = self.writer.write(step, "eval", {**epoch, **evaluate(self.run)})
+        describe = getattr(self.run.task, "eval_description", None)
+        what = describe() if describe is not None else None
+        if what:  # a long evaluation (decoding) says what it does, and then how long it took
+            self.progress.note(f"step {step}: {what} ...")
+        started = time.perf_counter()
+        metrics = evaluate(self.run)
+        if what:
+            self.progress.note(f"step {step}: evaluated in {time.perf_counter() - started:.1f} s")
+        written = self.writer.write(step, "eval", {**epoch, **metrics})
         self.evals.append(written)
         self.progress.evaluated(step, written)
         self.progress.disturb("evaluation")  # its time falls in the next window

@@ -40,10 +40,7 @@ def run_lock(workdir: str) -> Iterator[None]:
         except FileExistsError:
             holder = _lock_holder(path)
             if holder is not None:
-                raise RunLockedError(
-                    f"{workdir} is being trained by process {holder} ({path}); wait for it or "
-                    f"stop it. If no process of yours trains it, delete {path}."
-                ) from None
+                raise _locked(workdir, holder, path) from None
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)  # stale: its process is gone
             continue
@@ -56,6 +53,29 @@ def run_lock(workdir: str) -> Iterator[None]:
                 os.remove(path)
         return
     raise RunLockedError(f"could not take {path}; another process keeps recreating it.")
+
+
+def check_free(workdir: str) -> None:
+    """Raises what `run_lock` would for a workdir a live process trains, before a command
+    builds anything (a second run on a busy workdir was refused after 22 s of set-up). Only a
+    first look: `run_lock` is what holds the workdir.
+
+    Raises:
+      RunLockedError: a live process holds the lock.
+    """
+    if "://" in workdir:
+        return
+    path = os.path.join(workdir, LOCK_FILE)
+    holder = _lock_holder(path)
+    if holder is not None:
+        raise _locked(workdir, holder, path)
+
+
+def _locked(workdir: str, holder: int, path: str) -> RunLockedError:
+    return RunLockedError(
+        f"{workdir} is being trained by process {holder} ({path}); wait for it or stop it. "
+        f"If no process of yours trains it, delete {path}."
+    )
 
 
 def _pid_in(path: str) -> int | None:
