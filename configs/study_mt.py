@@ -7,11 +7,12 @@ its placement, optimiser, warm-up and depth on top of this.
 
 Variants: "warmup" (Xiong et al.'s Fig. 2 grid), "depth" (Liu et al.'s Table 2 depths, set per
 run), "deep_encoder" (Wang et al.'s deep encoders, 6-layer decoder) and "gradients" (Fig. 3 at
-initialisation), all at width 128 (issue 35); "gate" (issue 64: the healthy-baseline gate and
-the studies on it, width 256, FFN 1,024, 2,000 steps, docs/studies/PLAN_MT2.md). All: `configs/mt.py:small`'s data and model family (the offline
-`ln_jax_gettext/de-en` corpus, an 8,000-piece joint BPE, 2,048 tokens a batch, tied output,
-sinusoidal positions, Xavier init, ReLU, label smoothing 0.1) at width 128 (FFN 512, 4 heads):
-the width the CPU budget pays for 6-6 to 18-18 stacks (PLAN_MT.md); Adam (0.9, 0.98), no weight
+initialisation), all at width 128 (FFN 512, 4 heads: the width the CPU budget paid for 6-6 to
+18-18 stacks in issue 35, PLAN_MT.md); "gate" (issue 64: the healthy-baseline gate and the
+studies on it, width 256, FFN 1,024, 2,000 steps, docs/studies/PLAN_MT2.md). All:
+`configs/mt.py:small`'s data and model family (the offline `ln_jax_gettext/de-en` corpus, an
+8,000-piece joint BPE, 2,048 tokens a batch, tied output, sinusoidal positions, Xavier init,
+ReLU, label smoothing 0.1); Adam (0.9, 0.98), no weight
 decay, no gradient clipping, the inverse square root after the warm-up; dropout 0.1; greedy
 BLEU on the whole validation split (292 pairs) at every evaluation; the monitor every 100 steps
 (per-layer gradient norms of both stacks, collapse, Admin's omega).

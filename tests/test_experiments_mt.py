@@ -9,10 +9,11 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from configs import study_mt
 from ln_jax.experiments import __main__ as cmd
-from ln_jax.experiments import mt_grids, report_mt, runner, targets
+from ln_jax.experiments import mt_grids, report_mt, runner
 
 # --------------------------------------------------------------------------- grids
 
@@ -112,8 +113,10 @@ def fake_run(name, arm, seed, bleus, losses, lr=1e-3, warmup=0, full=False, dive
         "eval_curve": [[s, v, s / 10] for s, v in zip(steps, losses, strict=True)],
         "final_bleu": bleus[-1],
         "best_bleu": max(bleus),
-        "final_eval_loss": losses[-1],
+        "final_nll": losses[-1],
         "diverged": diverged,
+        "overrides": {"model.placement": arm.split("_")[0], "optim.warmup_steps": warmup},
+        "train_curve": [[s, v, s / 10] for s, v in zip(steps, losses, strict=True)],
     }
 
 
@@ -143,15 +146,17 @@ def test_warmup_report_targets_intervals_and_comparisons():
     assert cells["post_nowarmup-lr1e-3"]["final_bleu"] == [4.0, 5.0, 6.0]
     comps = {c["label"]: c for c in summary["comparisons"]}
     gain = comps["lr 0.001: Post-LN: full warm-up − none"]["bleu_diff"]
-    # Every seed's difference is 8.0: the paired interval collapses onto it.
+    # Every seed's difference is 8.0: the paired t-interval collapses onto it.
     assert [gain["diff"], gain["lo"], gain["hi"]] == pytest.approx([8.0, 8.0, 8.0])
+    assert gain["above"] == 3 and gain["n"] == 3
     pre_vs = comps["lr 0.001: Pre-LN without − Post-LN with full warm-up"]
     assert pre_vs["bleu_diff"]["diff"] == pytest.approx(2.0)
     ratio = pre_vs["step_ratios"]["bleu>=10"]
     assert ratio["n"] == 3 and ratio["ratio"] < 1.0  # Pre-LN gets to BLEU 10 sooner
     table = report_mt.warmup_table(summary)
-    assert "| post_nowarmup-lr1e-3 | 3 | 0/3 | 5.00 ± 0.82" in table
-    assert "+8.00 [+8.00, +8.00]" in table and "never (0/3)" in table and "8.45" in table
+    assert "| post_nowarmup-lr1e-3 | 3 | 0/3 | – | 5.00 ± 0.82" in table  # stuck: no plateau
+    assert "+8.00 [+8.00, +8.00] t, 3 of 3 seeds > 0" in table
+    assert "never (0/3)" in table and "8.45" in table
 
 
 def test_monitor_rows_show_collapse_and_the_largest_gradient_of_each_stack():
@@ -182,18 +187,103 @@ def test_monitor_rows_show_collapse_and_the_largest_gradient_of_each_stack():
     assert "| post_warmup128-lr1e-3 | – | – | – | – | – |" in rows
 
 
-def test_bootstrap_diff_interval_widens_with_unpaired_noise():
-    a, b = [10.0, 12.0, 14.0, 11.0], [8.0, 11.0, 12.0, 9.0]
-    paired = targets.bootstrap_diff(a, b)
-    unpaired = targets.bootstrap_diff(a, b, paired=False)
-    assert paired["diff"] == unpaired["diff"] == pytest.approx(1.75)
-    assert paired["lo"] <= 1.75 <= paired["hi"]
-    # The seeds' shared part cancels in the pairs: a narrower interval.
-    assert paired["hi"] - paired["lo"] < unpaired["hi"] - unpaired["lo"]
-    mean, lo, hi = targets.bootstrap_mean([3.0, 3.0, 3.0])
-    assert mean == lo == hi == 3.0
-    with pytest.raises(ValueError, match="equally long"):
-        targets.bootstrap_diff([1.0], [1.0, 2.0])
+def test_the_2x2_separates_warmup_need_from_learning_rate_budget():
+    """Per seed: Post-LN's warm-up gain 0.4 + 0.1 s, Pre-LN's 1.4: DiD = -1.0 - 0.1 s."""
+    runs = []
+    for seed in (0, 1, 2):
+        finals = {("post", 0): 6.7, ("post", 160): 6.3 - 0.1 * seed, ("pre", 0): 6.5,
+                  ("pre", 160): 5.1}  # fmt: skip
+        for (placement, warmup), nll in finals.items():
+            arm = placement + ("_warmup" if warmup else "")
+            r = fake_run(f"L6-{arm}", arm, seed, [0.1, 1.0 + (nll < 6)], [7.0, nll],
+                         warmup=warmup)  # fmt: skip
+            r["bleu_curve"].append([300, 0.0, 30.0])
+            r["train_curve"] = [[20 * i, 9.0 - 0.01 * i, 0.0] for i in range(1, 40)]
+            if placement == "post" and not warmup:  # a rise of 1 nat at steps 120-200
+                r["train_curve"][5:10] = [[20 * i, 10.0, 0.0] for i in range(6, 11)]
+            runs.append(r)
+    square = report_mt.two_by_two(runs, step=200)
+    assert square["seeds"] == [0, 1, 2] and square["step"] == 200
+    post, pre = square["gain"]["post"]["nll"], square["gain"]["pre"]["nll"]
+    assert post["per_seed"] == pytest.approx([0.4, 0.5, 0.6]) and pre["diff"] == pytest.approx(1.4)
+    did = square["did"]["nll"]
+    assert did["per_seed"] == pytest.approx([-1.0, -0.9, -0.8]) and did["below"] == 3
+    ci = stats.ttest_1samp([-1.0, -0.9, -0.8], 0.0).confidence_interval(0.95)
+    assert (did["lo"], did["hi"]) == pytest.approx((ci.low, ci.high))
+    assert square["did"]["bleu"]["per_seed"] == pytest.approx([-1.0, -1.0, -1.0])  # pre: +1
+    # The largest rise of the train loss (100-step means) in the first 500 steps.
+    rises = square["cells"]["post/none"]["early_rise"]
+    assert rises[0] == pytest.approx(10.0 - np.mean([9.0 - 0.01 * i for i in range(1, 6)]))
+    assert square["cells"]["pre/warmup"]["early_rise"] == [0.0, 0.0, 0.0]
+    # Default step: the last one every run evaluated (300 is BLEU only, 200 the last NLL).
+    assert report_mt.two_by_two(runs)["step"] == 200
+    table = report_mt.two_by_two_table(square)
+    assert "| Post-LN | 6.700, 6.700, 6.700 (1.00, 1.00, 1.00) | 6.300, 6.200, 6.100" in table
+    assert "DiD (Post-LN's gain − Pre-LN's): NLL -0.900 [" in table and "3 of 3 seeds < 0" in table
+    assert report_mt.two_by_two([r for r in runs if r["arm"] != "pre"]) is None
+    # The depth study's report carries it when its runs hold the four cells at one depth.
+    for r in runs:
+        r["tags"].update(num_layers=6, decoder_layers=6)
+    summary = report_mt.depth_summary(runs)
+    assert summary["two_by_two"][0]["did"]["nll"]["diff"] == pytest.approx(-0.9)
+    assert "Placement × warm-up, 6 layers, lr 0.001 at step 200" in report_mt.depth_table(summary)
+
+
+def test_stuck_and_the_task_named_record():
+    assert runner.stuck(6.80, False, 6.85) and runner.stuck(7.2, False, 6.85)
+    assert not runner.stuck(6.70, False, 6.85) and not runner.stuck(7.2, True, 6.85)
+    assert runner.stuck(6.80, False, None) is None
+    old = {"bleu_curve": [], "final_eval_mlm_loss": 6.5, "best_eval_mlm_loss": 6.4,
+           "final_eval_loss": 6.5, "steps": 600}  # fmt: skip
+    assert runner.task_named(old) == {"bleu_curve": [], "final_nll": 6.5, "best_nll": 6.4,
+                                      "steps": 600}  # fmt: skip
+    bert = {"final_eval_mlm_loss": 5.0}
+    assert runner.task_named(bert) is bert
+
+
+def test_the_translation_plateau_is_the_target_unigram_with_eos():
+    from ln_jax.config_front import build_config
+    from ln_jax.data import translation
+    from ln_jax.experiments import plateau as plateau_mod
+
+    values = study_mt.get_config("warmup").to_dict()
+    values["data"].update(dataset="synthetic:copy", vocab_size=36)
+    data = build_config(values).data
+    got = plateau_mod.translation_plateau(data)
+    train, evals = (translation.load_split(data, s) for s in ("train", "eval"))
+    eos = train.tokenizer.eos_id
+    counts = np.bincount(np.append(np.asarray(train.encoded.tgt), [eos] * len(train.encoded)),
+                         minlength=got["vocab_size"]) + 1.0  # fmt: skip
+    tokens = np.append(np.asarray(evals.encoded.tgt), [eos] * len(evals.encoded))
+    want = -np.mean(np.log(counts[tokens] / counts.sum()))
+    assert got["unigram_xent"] == pytest.approx(want) and got["eval_tokens"] == tokens.size
+
+
+def test_mt_2x2_reads_finished_runs_and_writes_the_table(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        for placement, warmup, nll in (("post", 0, 6.7), ("post", 100, 6.2), ("pre", 0, 6.5),
+                                       ("pre", 100, 5.0)):  # fmt: skip
+            arm = placement + ("_warmup" if warmup else "")
+            r = fake_run(arm, arm, seed, [0.5, 1.0], [7.0, nll - 0.1 * seed], warmup=warmup)
+            r["final_eval_mlm_loss"] = r.pop("final_nll")  # a record written before issue 64
+            r["best_eval_mlm_loss"] = 7.0
+            folder = runs / r["name"]
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps(r))
+    out = tmp_path / "square"
+    argv = ["mt_2x2", f"--out={out}", f"--runs={runs}/*", "--steps=200",
+            "--config.data.dataset=synthetic:copy", "--config.data.vocab_size=36"]  # fmt: skip
+    assert cmd.COMMAND.run(cmd.main, argv) == 0
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["two_by_two"]["did"]["nll"]["per_seed"] == pytest.approx([-1.0, -1.0])
+    assert {r["result"] for r in saved["runs"]} == {
+        f"../runs/{n}/result.json" for n in (r.name for r in runs.iterdir())
+    }
+    assert saved["runs"][0]["final_nll"] is not None
+    assert "DiD (Post-LN's gain − Pre-LN's): NLL -1.000" in (out / "table.md").read_text()
+    assert cmd.COMMAND.run(cmd.main, [*argv[:2], f"--runs={tmp_path}/none*"]) == 2
+    assert "no result.json under --runs=" in capsys.readouterr().err
 
 
 def test_depth_report_compares_admin_and_post_with_pre_at_each_depth():
@@ -216,10 +306,14 @@ def test_depth_report_compares_admin_and_post_with_pre_at_each_depth():
     assert comps["L18: post_warmup − pre_warmup"]["bleu_diff"]["diff"] == pytest.approx(-8.5)
     # Final validation NLL a − b, paired by seed: Admin 0.1 (seed 0) and 0.3 (seed 1) below.
     nll = comps["L18: admin_warmup − pre_warmup"]["nll_diff"]
-    assert nll["diff"] == pytest.approx(-0.2) and nll["lo"] == pytest.approx(-0.3)
+    # t-interval of (-0.1, -0.3): -0.2 ± 12.706 * 0.1 (1 degree of freedom)
+    assert nll["diff"] == pytest.approx(-0.2) and nll["lo"] == pytest.approx(-0.2 - 1.27062, 1e-4)
     table = report_mt.depth_table(summary)
-    assert "| L18: admin_warmup − pre_warmup | 2 | +2.00 [+2.00, +2.00] | -0.200 [-0.300," in table
-    assert "| L18-post_warmup | 2 | 2/2 |" in table and "18L 28.80" in table
+    assert "| L18: admin_warmup − pre_warmup | 2 | +2.00 [+2.00, +2.00] t, 2 of 2 seeds > 0 |" in (
+        table
+    )
+    assert "-0.200 [-1.471, +1.071] t, 2 of 2 seeds < 0 |" in table
+    assert "| L18-post_warmup | 2 | 2/2 | – |" in table and "18L 28.80" in table
 
 
 def test_deep_encoder_report_names_the_shape_and_compares_dlcl_with_plain_pre():
@@ -261,7 +355,8 @@ def test_tiny_translation_study_writes_bleu_and_resumes(tmp_path, capsys):
     for name in names:
         r = json.loads((out / "runs" / name / "result.json").read_text())
         assert [p[0] for p in r["bleu_curve"]] == [6, 12] and r["steps"] == 12
-        assert 0.0 <= r["final_bleu"] <= 100.0 and math.isfinite(r["final_eval_loss"])
+        assert 0.0 <= r["final_bleu"] <= 100.0 and math.isfinite(r["final_nll"])
+        assert "final_eval_mlm_loss" not in r and isinstance(r["stuck"], bool)
         assert r["overrides"]["optim.clip_norm"] == 0.0
         # The monitor's traces of both stacks, at initialisation (step 1) onwards.
         assert r["monitor_traces"]["grad_norm/layer_01/decoder/ffn"][0][0] == 1
@@ -270,7 +365,15 @@ def test_tiny_translation_study_writes_bleu_and_resumes(tmp_path, capsys):
     post, pre = (json.loads((out / "runs" / n / "result.json").read_text()) for n in names)
     assert post["eval_curve"] != pre["eval_curve"]  # the placements really differ
     saved = json.loads((out / "results.json").read_text())
-    assert saved["complete"] and saved["plateau"] is None
+    plateau = json.loads((out / "plateau.json").read_text())["unigram_xent"]
+    assert saved["complete"] and saved["plateau"] == plateau and 0 < plateau < math.log(36)
+    # results.json: one line per run, its metrics named for translation
+    by_name = {r["name"]: r for r in saved["runs"]}
+    assert set(by_name) == set(names) and by_name[names[1]]["arm"] == "pre"
+    assert by_name[names[1]]["final_nll"] == pre["final_nll"] == pre["eval_curve"][-1][1]
+    assert by_name[names[1]]["best_bleu"] == max(p[1] for p in pre["bleu_curve"])
+    assert by_name[names[0]]["stuck"] == (post["final_nll"] > plateau - runner.STUCK_MARGIN)
+    assert "bleu_curve" not in by_name[names[0]]
     assert (out / "curves.png").stat().st_size > 0
     assert "pre-lr3e-3" in (out / "table.md").read_text()
     # Each run's library logs (orbax's) in its train.log, as train.py's; not on the terminal.

@@ -1,6 +1,6 @@
 """The studies' reports and figures (ln_jax.experiments.report / targets): summaries, steps to
-targets, bootstrap ratios, the pilot's choice, the depth and warm-up tables and figures, from
-hand-made run results (no training)."""
+targets, t-intervals on paired per-seed ratios, the pilot's choice, the depth and warm-up
+tables and figures, from hand-made run results (no training)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
+from scipy import stats
 
 from ln_jax.experiments import grids, report, study, targets
 from tests.test_experiments import _result, _seeded
@@ -48,13 +49,15 @@ def test_warmup_summary_steps_to_each_target_best_cells_and_ratio():
     assert cells["pre-lr1e-3"]["steps"]["plateau-0.6"] == [None, None]
     # Best = fewest mean steps to the middle target, no seed diverged, chosen on sweep seeds.
     assert summary["best"] == {"post": "post_warmup100-lr2e-4", "pre": "pre-lr5e-4"}
-    # The ratio pools every seed of the two cells (the key seed too): pre (166.7, 166.7, 140).
+    # The ratio is per seed, over the seeds both cells ran (0 and 1; Pre-LN's key seed 2 has no
+    # Post-LN partner): 166.7 / 225 and 166.7 / 183.3.
     middle = next(r for r in summary["ratios"] if r["target"] == "plateau-0.6")
-    pre_mean, post_mean = (2 * 166.6667 + 140) / 3, (225 + 183.3333) / 2
-    assert middle["ratio"] == pytest.approx(pre_mean / post_mean, rel=1e-5)
-    assert (middle["n_a"], middle["n_b"]) == (3, 2)
-    # Post-LN's two seeds give resampled means in [183.3, 225]; Pre-LN's in [140, 166.7].
-    assert 140 / 225 - 1e-9 <= middle["lo"] < middle["ratio"] < middle["hi"] <= 166.67 / 183.33
+    r0, r1 = 166.6667 / 225, 166.6667 / 183.3333
+    assert middle["per_seed"] == pytest.approx([r0, r1], rel=1e-5) and middle["n"] == 2
+    assert middle["ratio"] == pytest.approx((r0 + r1) / 2, rel=1e-5)
+    ci = stats.ttest_1samp([r0, r1], 0.0).confidence_interval(0.95)  # scipy's own t-interval
+    assert (middle["lo"], middle["hi"]) == pytest.approx((ci.low, ci.high), rel=1e-4)
+    assert middle["below_one"] == 2 and middle["pre_missing"] == middle["post_missing"] == 0
     assert middle["holds_xiong"] == (middle["lo"] <= 0.71 <= middle["hi"])
     table = report.warmup_table(summary, plateau=7.0)
     assert (
@@ -62,7 +65,11 @@ def test_warmup_summary_steps_to_each_target_best_cells_and_ratio():
         "204 ± 21 (2/2) | 325 ± 25 (2/2) |" in table
     )
     assert "| pre-lr1e-3 | 0.001 | 0 | 2 | 6.450 ± 0.000 | 167 ± 0 (2/2) | never (0/2) |" in table
-    assert f"| plateau-0.6 | {middle['ratio']:.2f} | [{middle['lo']:.2f}, " in table
+    holds = "yes" if middle["holds_xiong"] else "no"
+    assert (
+        f"| plateau-0.6 | {middle['ratio']:.2f} | [{middle['lo']:.2f}, {middle['hi']:.2f}] | 2 | "
+        f"2 of 2 | {holds} |" in table
+    )
     assert "* post_warmup100-lr2e-4: plateau-0.3: 160, 133; plateau-0.6: 225, 183; " in table
     assert "* pre-lr5e-4: plateau-0.3: 117, 117, 100; plateau-0.6: 167, 167, 140;" in table
     # With the key seed, the choice is the same: the sweep seeds decide.
@@ -81,37 +88,46 @@ def test_best_cell_falls_back_to_the_lowest_final_loss():
     assert "| plateau-0.6 | – | – | – | – |" in report.warmup_table(summary, 7.0)
 
 
-def test_bootstrap_interval_holds_a_known_ratio_and_narrows_with_seeds():
+def test_paired_t_is_scipys_paired_t_test_and_narrows_with_seeds():
     rng = np.random.default_rng(1)
     widths = []
     for n in (5, 80):
         pre, post = 700 + 40 * rng.standard_normal(n), 1000 + 60 * rng.standard_normal(n)
-        ci = targets.bootstrap_ratio(pre, post)
-        assert ci["lo"] < 0.7 < ci["hi"] and ci["lo"] < ci["ratio"] < ci["hi"]
-        assert ci == targets.bootstrap_ratio(pre, post)  # fixed seed: reproducible
-        widths.append(ci["hi"] - ci["lo"])
-    assert widths[1] < widths[0] / 2  # ~1/sqrt(n): 80 seeds give a ~4x narrower interval
-    assert targets.bootstrap_ratio([5.0], [10.0]) == {
-        "ratio": 0.5,
-        "lo": 0.5,
-        "hi": 0.5,
-        "n_a": 1,
-        "n_b": 1,
-    }
+        d = targets.paired_t(pre, post)
+        ci = stats.ttest_rel(pre, post).confidence_interval(0.95)  # an independent implementation
+        assert (d["lo"], d["hi"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+        assert d["diff"] == pytest.approx(np.mean(pre - post)) and d["n"] == n
+        assert d["below"] == int(np.sum(pre < post)) and d["above"] == int(np.sum(pre > post))
+        widths.append(d["hi"] - d["lo"])
+    assert widths[1] < widths[0] / 2  # ~1/sqrt(n)
+    one = targets.paired_t([5.0], [10.0])
+    assert (one["diff"], one["lo"], one["hi"], one["n"]) == (-5.0, -5.0, -5.0, 1)
+    with pytest.raises(ValueError, match="pair the seeds"):
+        targets.paired_t([1.0, 2.0], [1.0])
 
 
-def test_paired_bootstrap_removes_the_shared_seed_effect():
+def test_pairing_removes_the_shared_seed_effect():
     # Each seed has its own speed, shared by both cells (same data order); Pre-LN takes 0.8x.
     rng = np.random.default_rng(3)
     seed_speed = 300 * rng.lognormal(0.0, 0.4, 5)
     post = seed_speed * (1 + 0.02 * rng.standard_normal(5))
     pre = 0.8 * seed_speed * (1 + 0.02 * rng.standard_normal(5))
-    indep, paired = targets.bootstrap_ratio(pre, post), targets.paired_bootstrap_ratio(pre, post)
-    assert paired["ratio"] == pytest.approx(indep["ratio"]) and paired["n"] == 5
-    assert paired["lo"] < 0.8 < paired["hi"]
-    assert paired["hi"] - paired["lo"] < (indep["hi"] - indep["lo"]) / 5
-    with pytest.raises(ValueError, match="pair the seeds"):
-        targets.paired_bootstrap_ratio([1.0, 2.0], [1.0])
+    paired = targets.paired_t_ratio(pre, post)
+    assert paired["per_seed"] == pytest.approx(list(pre / post)) and paired["n"] == 5
+    assert paired["lo"] < 0.8 < paired["hi"] and paired["below_one"] == 5
+    unpaired = stats.ttest_ind(pre, post, equal_var=False).confidence_interval(0.95)
+    assert paired["hi"] - paired["lo"] < (unpaired.high - unpaired.low) / np.mean(post) / 5
+
+
+def test_below_five_seeds_the_verdict_is_the_sign_count():
+    three = targets.paired_t([1.2, 0.9, 1.4], [1.0, 1.0, 1.0])  # +0.2, -0.1, +0.4
+    assert targets.describe(three).endswith(" t, 2 of 3 seeds > 0")
+    assert not targets.excludes(three)  # 3 seeds: no interval verdict, however narrow
+    five = targets.paired_t([1.1, 1.2, 1.15, 1.12, 1.18], [1.0] * 5)
+    assert targets.excludes(five) and targets.describe(five).endswith("t, excludes 0")
+    wide = targets.paired_t([1.5, 0.6, 1.4, 0.7, 1.3], [1.0] * 5)
+    assert not targets.excludes(wide) and targets.describe(wide).endswith("includes 0")
+    assert targets.describe(targets.paired_t([2.0], [1.0])) == "+1.00 (1 seed)"
 
 
 def test_key_ratios_pair_runs_by_seed_and_skip_unreached():
@@ -119,14 +135,14 @@ def test_key_ratios_pair_runs_by_seed_and_skip_unreached():
     pre = {"seeds": [0, 1, 2, 3], "steps": {label: [80.0, 90.0, None, 400.0]}}
     post = {"seeds": [3, 0, 1, 2], "steps": {label: [500.0, 100.0, 100.0, 120.0]}}
     (row,) = targets.key_ratios(pre, post, [label])
-    assert row["n_a"] == 3 and row["n_b"] == 4 and row["pre_missing"] == 1
-    paired = row["paired"]  # seeds 0, 1, 3 (seed 2 unreached by pre): (80+90+400)/(100+100+500)
-    assert paired["n"] == 3 and paired["ratio"] == pytest.approx(570 / 700)
+    assert row["pre_missing"] == 1 and row["post_missing"] == 0
+    # seeds 0, 1, 3 (seed 2 unreached by pre), matched by seed, not by position
+    assert row["n"] == 3 and row["per_seed"] == pytest.approx([0.8, 0.9, 0.8])
     table = report._ratio_rows([row])[0]
-    interval = f"{paired['ratio']:.2f} [{paired['lo']:.2f}, {paired['hi']:.2f}] (3)"
-    holds = "holds" if paired["lo"] <= 0.71 <= paired["hi"] else "excludes"
-    assert paired["holds_xiong"] == (holds == "holds")
-    assert table.endswith(f"| {interval}, {holds} 0.71 |")
+    holds = "yes" if row["lo"] <= 0.71 <= row["hi"] else "no"
+    assert row["holds_xiong"] == (holds == "yes")
+    interval = f"| {row['ratio']:.2f} | [{row['lo']:.2f}, {row['hi']:.2f}] |"
+    assert table == f"| {label} {interval} 3 (1 / 0 never reached) | 3 of 3 | {holds} |"
 
 
 def test_key_seed_expansion_adds_the_best_cells_seeds():

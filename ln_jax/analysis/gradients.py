@@ -296,6 +296,13 @@ def translation_ffn_grads(grads: Any, stacks: Sequence[tuple[str, int]]) -> dict
     return out
 
 
+def _with_seeds(per_seed: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
+    """`seed_mean_std` of one measurement over the seeds, with the per-seed values kept
+    ("per_seed": [seeds][layers]) so that a claim about every seed can be checked."""
+    values = np.stack([np.asarray(s[key], np.float64) for s in per_seed])
+    return {**seed_mean_std(values[:, None]), "per_seed": values.tolist()}
+
+
 def translation_grad_norm_by_layer(
     cfg: Any,
     placements: Sequence[str] = ("post", "pre"),
@@ -314,7 +321,8 @@ def translation_grad_norm_by_layer(
       cfg: a typed TrainConfig of the translation task (configs/study_mt.py:gradients).
 
     Returns:
-      {"results": {"post L6": {"encoder/W1": {"mean": [L], "std": [L]}, ...}},
+      {"results": {"post L6": {"encoder/W1": {"mean": [L], "std": [L], "per_seed": [S][L]},
+       ...}},
        "measurement", "architecture", "config"}.
     """
     from ln_jax import sharding
@@ -343,9 +351,7 @@ def translation_grad_norm_by_layer(
                 run_cfg, task_options={**dict(cfg.task_options), "decoder_layers": depth}
             )
             per_seed = _translation_seeds(run_cfg, mesh, data, seeds, setup_placements)
-            results[f"{placement} L{depth}"] = {
-                k: seed_mean_std(np.stack([s[k] for s in per_seed])[:, None]) for k in per_seed[0]
-            }
+            results[f"{placement} L{depth}"] = {k: _with_seeds(per_seed, k) for k in per_seed[0]}
     return {
         "measurement": "E_batches||dL/dW||_F of the FFN matrices of each encoder/decoder layer",
         "architecture": TRANSLATION_NOTE,

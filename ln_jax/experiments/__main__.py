@@ -30,6 +30,14 @@ Results report BLEU by step (greedy or `--config.task_options.eval_beam`), final
 to each BLEU target, validation NLL, and paired bootstrap intervals of the cells' differences.
 mt_gradients measures Xiong et al.'s Fig. 3 on the encoder-decoder at initialisation.
 
+  python -m ln_jax.experiments mt_2x2 --out=DIR --runs=RUNDIR_GLOB,... [--steps=600]
+
+mt_2x2 trains nothing: it reads finished translation runs (each RUNDIR holds a result.json;
+globs allowed), sorts them by placement x warm-up, and writes Xiong Fig. 2's 2 x 2 at one step
+(default: the last step every run evaluated) to OUT/table.md and OUT/results.json: each cell's
+NLL and BLEU per seed, warm-up's gain per placement and the difference-in-differences, with
+t-intervals over the shared seeds (`report_mt.two_by_two`).
+
 The default config is `configs/study.py:depth` or `:warmup`. Warm-up lengths are absolute steps
 (0 = none); the default schedule, a linear warm-up then a constant rate, does not depend on the
 run's length; every Adam arm uses beta2 = 0.98. An arm of the depth study is a placement row
@@ -80,6 +88,7 @@ STUDIES = {
     "mt_depth": "translation: encoder = decoder depth, post/pre/admin (Liu Table 2)",
     "mt_deep_encoder": "translation: deep encoder, 6-layer decoder, post/pre/pre+DLCL (Wang)",
     "mt_gradients": "translation: FFN gradient norms by layer at initialisation (Xiong Fig. 3)",
+    "mt_2x2": "translation: placement x warm-up of finished runs, with the DiD (Xiong Fig. 2)",
 }
 MT_DEFAULTS = {  # flag -> default, per translation study
     "mt_warmup": {"lrs": "5e-4,1e-3", "warmup_steps": "0,500,full", "seeds": "0",
@@ -104,6 +113,8 @@ def default_config(words: list[str]) -> str:
     study = words[0] if words else None
     if study == "downstream":
         return "configs/glue.py:offline"
+    if study == "mt_2x2":
+        return "configs/study_mt.py:warmup"  # its corpus, for the unigram plateau
     if study in MT_DEFAULTS:
         return f"configs/study_mt.py:{study[len('mt_') :]}"
     return f"configs/study.py:{study if study in COMMANDS else 'depth'}"
@@ -141,9 +152,16 @@ _OUT = COMMAND.string(
 _JOBS = COMMAND.integer("jobs", 1, "Runs trained at once, each in its own process.")
 _ONLY = COMMAND.string("only", None, "Train only this run (by name).", meta="NAME")
 _RUNS = COMMAND.strings(
-    "runs", [], "downstream: NAME=WORKDIR of pretraining runs whose checkpoints are fine-tuned."
+    "runs",
+    [],
+    "downstream: NAME=WORKDIR of pretraining runs whose checkpoints are fine-tuned; mt_2x2: "
+    "run folders (globs) holding result.json.",
 )
-_STEPS = COMMAND.strings("steps", [], "downstream: checkpoint steps (default: every one kept).")
+_STEPS = COMMAND.strings(
+    "steps",
+    [],
+    "downstream: checkpoint steps (default: every one kept); mt_2x2: the one step compared.",
+)
 _REPORT = COMMAND.boolean("report", False, "Only rewrite the report from stored results.")
 _EXTEND = COMMAND.strings(
     "extend",
@@ -314,17 +332,19 @@ def _specs(command: str) -> list:
     )
 
 
-def _plateau(out: str, base: dict) -> dict:
-    """The corpus's unigram plateau, computed once per study and kept in OUT/plateau.json."""
-    from ln_jax.config import TrainConfig
-    from ln_jax.experiments.plateau import corpus_plateau
+def _plateau(out: str, base: dict, translation: bool = False) -> dict:
+    """The corpus's unigram plateau (of the MLM loss, or of a translation's validation NLL),
+    computed once per study and kept in OUT/plateau.json."""
+    from ln_jax.data.config import DataConfig
+    from ln_jax.experiments.plateau import corpus_plateau, translation_plateau
     from ln_jax.results import write_json
 
     path = os.path.join(out, "plateau.json")
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    value = corpus_plateau(TrainConfig.from_mapping(base).data)
+    measure = translation_plateau if translation else corpus_plateau
+    value = measure(DataConfig.from_mapping(base["data"]))  # the rest may be the arms' to set
     write_json(path, value)
     return value
 
@@ -358,10 +378,12 @@ def _main(inv: cli.Invocation) -> int:
         return _downstream(inv, base, out)
     if command == "mt_gradients":
         return _mt_gradients(inv, base, out)
+    if command == "mt_2x2":
+        return _mt_2x2(inv, base, out)
     mt = command in MT_DEFAULTS
     try:
         specs = _mt_specs(command, base) if mt else _specs(command)
-        plateau = None if mt else _plateau(out, base)["unigram_xent"]
+        plateau = _plateau(out, base, translation=mt)["unigram_xent"]
         offsets = _floats(_BLEU_TARGETS.value if mt else _OFFSETS.value, "target_offsets")
         expand = None
         if command == "warmup" and _KEY_SEEDS.value:
@@ -405,6 +427,54 @@ def _downstream(inv: cli.Invocation, base: dict, out: str) -> int:
     except (UserError, ValueError) as err:
         return inv.report(err)
     print(f"wrote {os.path.join(out, downstream.RESULTS_FILE)} and {downstream.PLOT_FILE}")
+    return 0
+
+
+def _mt_2x2(inv: cli.Invocation, base: dict, out: str) -> int:
+    """Xiong Fig. 2's 2 x 2 of finished runs (`report_mt.two_by_two`): OUT/table.md and
+    OUT/results.json (the runs read, their one-line records, the 2 x 2)."""
+    import glob
+
+    from ln_jax.experiments import report_mt, runner
+    from ln_jax.results import write_json
+
+    try:
+        folders = sorted({f for g in _RUNS.value for f in glob.glob(g)})
+        paths = [os.path.join(f, runner.RESULT) for f in folders]
+        paths = [p for p in paths if os.path.isfile(p)]
+        if not paths:
+            raise UserError(
+                f"mt_2x2: no result.json under --runs={','.join(_RUNS.value) or '(none)'}; give "
+                "finished translation runs' folders, e.g. --runs='studies/mt/runs/L6-*'."
+            )
+        steps = _ints(_STEPS.value, "steps")
+        plateau = _plateau(out, base, translation=True)["unigram_xent"]
+        results = []
+        for path in paths:
+            with open(path) as f:
+                r = runner.task_named(json.load(f))
+            r["stuck"] = runner.stuck(r["final_nll"], r["diverged"], plateau)
+            results.append(r)
+        square = report_mt.two_by_two(results, steps[0] if steps else None)
+        if square is None:
+            raise UserError(
+                "mt_2x2: the runs do not hold Post-LN and Pre-LN each without and with warm-up "
+                "on a shared seed (cells by model.placement and optim.warmup_steps > 0)."
+            )
+    except (UserError, ValueError) as err:
+        return inv.report(err)
+    table = "\n\n".join([report_mt.two_by_two_table(square), report_mt.plateau_line(plateau)])
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(table + "\n")
+    records = report_mt.run_records(results)
+    for record, path in zip(records, paths, strict=True):
+        record["result"] = os.path.relpath(path, out)
+    write_json(
+        os.path.join(out, "results.json"),
+        {"study": "mt_2x2", "plateau": plateau, "runs": records, "two_by_two": square},
+    )
+    print(table)
     return 0
 
 

@@ -47,3 +47,34 @@ def corpus_plateau(data_cfg: Any) -> dict[str, Any]:
         "train_tokens": int(train_tokens.size),
         "eval_tokens": int(eval_tokens.size),
     }
+
+
+def translation_plateau(data_cfg: Any) -> dict[str, Any]:
+    """The unigram plateau of a translation corpus: the validation NLL per target token (EOS
+    included, as the trainer counts it) of a decoder that predicts the training targets' token
+    frequencies and reads neither the source nor its own prefix.
+
+    A translation run whose validation NLL stays near it has learnt no more than the target
+    language's word frequencies; a decoder that is a language model of the target sits below
+    it without reading the source.
+
+    Returns:
+      {"unigram_xent": nats, "vocab_size", "train_tokens", "eval_tokens"}.
+    """
+    from ln_jax.data import translation
+
+    train = translation.load_split(data_cfg, "train")
+    evals = translation.load_split(data_cfg, "eval")
+    eos = train.tokenizer.eos_id
+
+    def with_eos(encoded: Any) -> np.ndarray:
+        return np.concatenate([np.asarray(encoded.tgt), np.full(len(encoded), eos, np.int64)])
+
+    train_tokens, eval_tokens = with_eos(train.encoded), with_eos(evals.encoded)
+    vocab = train.tokenizer.vocab_size
+    return {
+        "unigram_xent": unigram_cross_entropy(train_tokens, eval_tokens, vocab),
+        "vocab_size": int(vocab),
+        "train_tokens": int(train_tokens.size),
+        "eval_tokens": int(eval_tokens.size),
+    }

@@ -4,8 +4,10 @@ translation runs: `bleu_curve`, `final_bleu`, `eval_curve` = validation NLL, `mo
 BLEU is higher-is-better: steps to a BLEU target count the first evaluation at or above it
 (`runner.steps_to_target(..., higher=True)`); steps to a loss target the first at or below it.
 A cell is one grid setting pooled over its seeds; the comparisons are differences of final
-BLEU over the seeds both cells ran (paired bootstrap, `targets.bootstrap_diff`) and ratios of
-steps to a BLEU target (`targets.paired_bootstrap_ratio`).
+BLEU and NLL over the seeds both cells ran and ratios of steps to a BLEU target, each with a 95%
+t-interval on the paired per-seed values and, below 5 seeds, the sign count as the verdict
+(`targets.paired_t`, `targets.describe`). A run is "stuck" when it ends within `STUCK_MARGIN`
+of the corpus's unigram plateau (`plateau.translation_plateau`) or above it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from ln_jax.experiments import targets as targets_mod
 from ln_jax.experiments.report import cell_name, group, largest_spike
-from ln_jax.experiments.runner import steps_to_target
+from ln_jax.experiments.runner import STUCK_MARGIN, steps_to_target
 from ln_jax.results import arm_colour, new_figure, save_figure
 
 Result = dict[str, Any]
@@ -83,8 +85,10 @@ def cells(
                 "seeds": [r["tags"].get("seed", 0) for r in runs],
                 "final_bleu": [r["final_bleu"] for r in runs],
                 "best_bleu": [r["best_bleu"] for r in runs],
-                "final_loss": [r["final_eval_loss"] for r in runs],
+                "final_loss": [r["final_nll"] for r in runs],
+                "best_loss": [r.get("best_nll", math.nan) for r in runs],
                 "diverged": sum(bool(r["diverged"]) for r in runs),
+                "stuck": _stuck_count(runs),
                 "spike": max(largest_spike(r["eval_curve"]) for r in runs),
                 "steps": {k: [s[k] for s in steps] for k in steps[0]},
                 "collapse": {k: _mean_ends(runs, f"collapse/{k}/output") for k in STACKS},
@@ -96,6 +100,12 @@ def cells(
             }
         )
     return out
+
+
+def _stuck_count(runs: Sequence[Result]) -> int | None:
+    """How many of the runs are stuck (`runner.stuck`); None when the plateau was unknown."""
+    flags = [r.get("stuck") for r in runs]
+    return None if any(f is None for f in flags) else sum(map(bool, flags))
 
 
 def _mean_ends(runs: Sequence[Result], name: str) -> list[float] | None:
@@ -197,19 +207,19 @@ def _by_seed(cell: dict[str, Any], key: str) -> dict[int, float]:
 
 
 def _paired_diff(a: dict[str, Any], b: dict[str, Any], key: str) -> tuple[list[int], Any]:
-    """The seeds where both cells' `key` is finite, and a - b over them (paired bootstrap
-    95% interval; None without such a seed)."""
+    """The seeds where both cells' `key` is finite, and a - b over them (`targets.paired_t`;
+    None without such a seed)."""
     fa, fb = _by_seed(a, key), _by_seed(b, key)
     common = sorted(s for s in fa.keys() & fb.keys() if math.isfinite(fa[s] + fb[s]))
     if not common:
         return common, None
-    return common, targets_mod.bootstrap_diff([fa[s] for s in common], [fb[s] for s in common])
+    return common, targets_mod.paired_t([fa[s] for s in common], [fb[s] for s in common])
 
 
 def compare(a: dict[str, Any], b: dict[str, Any], label: str) -> dict[str, Any]:
     """Cell `a` against cell `b` over the seeds both ran: final BLEU a - b and final
-    validation NLL a - b (paired bootstrap 95% intervals) and, per BLEU target both reached
-    on some seed, the step ratio a / b."""
+    validation NLL a - b (95% t-intervals on the per-seed differences) and, per BLEU target
+    both reached on some seed, the per-seed step ratio a / b."""
     common, bleu_diff = _paired_diff(a, b, "final_bleu")
     row: dict[str, Any] = {"label": label, "a": a["cell"], "b": b["cell"], "seeds": common}
     row["bleu_diff"] = bleu_diff
@@ -222,16 +232,13 @@ def compare(a: dict[str, Any], b: dict[str, Any], label: str) -> dict[str, Any]:
             {"seeds": a["seeds"], "steps": a["steps"]}, {"seeds": b["seeds"], "steps": b["steps"]},
             key,
         )  # fmt: skip
-        ratios[key] = targets_mod.paired_bootstrap_ratio(pa, pb) if pa else None
+        ratios[key] = targets_mod.paired_t_ratio(pa, pb) if pa else None
     row["step_ratios"] = ratios
     return row
 
 
 def _diff(d: dict[str, Any] | None, digits: int = 2) -> str:
-    if not d:
-        return "–"
-    ci = f" [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]" if d["n_a"] > 1 else " (1 seed)"
-    return f"{d['diff']:+.{digits}f}{ci}"
+    return targets_mod.describe(d, digits)
 
 
 def _ratio(r: dict[str, Any] | None) -> str:
@@ -242,14 +249,22 @@ def _ratio(r: dict[str, Any] | None) -> str:
 
 
 def _bleu_cell(values: Sequence[float]) -> str:
-    """ "12.34 ± 0.56 [11.9, 12.8] (3)": mean ± std, its bootstrap 95% interval, seeds."""
+    """ "12.34 ± 0.56 [11.9, 12.8] (3)": mean ± std, its 95% t-interval, seeds."""
     v = _finite(values)
     if not v:
         return "–"
     if len(v) == 1:
         return f"{v[0]:.2f} (1)"
-    mean, lo, hi = targets_mod.bootstrap_mean(v)
+    mean, lo, hi = targets_mod.t_mean(v)
     return f"{mean:.2f} ± {np.std(v):.2f} [{lo:.1f}, {hi:.1f}] ({len(v)})"
+
+
+def _nll_cell(values: Sequence[float]) -> str:
+    """ "5.061 ± 0.012": mean ± std over the seeds (the value alone for one)."""
+    v = _finite(values)
+    if not v:
+        return "–"
+    return f"{v[0]:.3f}" if len(v) == 1 else f"{np.mean(v):.3f} ± {np.std(v):.3f}"
 
 
 def _steps_cell(steps: Sequence[float | None]) -> str:
@@ -307,15 +322,19 @@ def warmup_summary(
 
 def _cell_rows(cs: Sequence[dict[str, Any]], first: str) -> list[str]:
     keys = list(cs[0]["steps"]) if cs else []
-    head = f"| {first} | seeds | diverged | final BLEU | best BLEU | final val NLL | max NLL rise |"
+    head = (
+        f"| {first} | seeds | diverged | stuck | final BLEU | best BLEU | final val NLL "
+        "| max NLL rise |"
+    )
     head += "".join(f" steps to {k} |" for k in keys)
-    lines = [head, "|" + "---|" * (7 + len(keys))]
+    lines = [head, "|" + "---|" * (8 + len(keys))]
     for c in cs:
-        loss = _finite(c["final_loss"])
+        n = len(c["seeds"])
+        stuck = "–" if c.get("stuck") is None else f"{c['stuck']}/{n}"
         lines.append(
-            f"| {c['cell']} | {len(c['seeds'])} | {c['diverged']}/{len(c['seeds'])} | "
+            f"| {c['cell']} | {n} | {c['diverged']}/{n} | {stuck} | "
             f"{_bleu_cell(c['final_bleu'])} | {_fmt(max(_finite(c['best_bleu']), default=None))} | "
-            f"{_fmt(float(np.mean(loss)) if loss else None, 3)} | {_fmt(c['spike'], 3)} |"
+            f"{_nll_cell(c['final_loss'])} | {_fmt(c['spike'], 3)} |"
             + "".join(f" {_steps_cell(c['steps'][k])} |" for k in keys)
         )
     return lines
@@ -327,7 +346,8 @@ def _comparison_rows(comps: Sequence[dict[str, Any]]) -> list[str]:
     keys = list(comps[0]["step_ratios"])
     lines = [
         "",
-        "Comparisons over the seeds both cells ran (paired bootstrap 95% intervals):",
+        "Comparisons over the seeds both cells ran (mean of the per-seed differences, its 95% "
+        "t-interval; below 5 seeds the verdict is the sign count, k of n seeds):",
         "",
         "| comparison | seeds | final BLEU a − b | final val NLL a − b |"
         + "".join(f" steps a / b to {k} |" for k in keys),
@@ -374,11 +394,172 @@ def monitor_rows(cs: Sequence[dict[str, Any]]) -> list[str]:
 
 def warmup_table(summary: dict[str, Any]) -> str:
     """Markdown: a row per cell, then the comparisons, and the paper's figure."""
-    lines = ["Translation warm-up study (final BLEU: mean ± std [bootstrap 95%] (seeds)):", ""]
+    lines = ["Translation warm-up study (final BLEU: mean ± std [95% t-interval] (seeds)):", ""]
     lines += _cell_rows(summary["cells"], "cell")
     lines += _comparison_rows(summary["comparisons"])
     lines += monitor_rows(summary["cells"])
     lines += ["", f"Paper: {XIONG_FIG2}."]
+    return "\n".join(lines)
+
+
+RECORD_FIELDS = ("final_nll", "best_nll", "final_bleu", "best_bleu", "diverged", "stuck", "steps")
+
+
+def run_records(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """One line per run for a study's results.json: name, arm, seed, tags and `RECORD_FIELDS`
+    (the run's curves and monitor traces stay in its own runs/NAME/result.json)."""
+    return [
+        {
+            "name": r["name"],
+            "arm": r["arm"],
+            "seed": r["tags"].get("seed", 0),
+            "tags": r["tags"],
+            **{k: r.get(k) for k in RECORD_FIELDS},
+        }  # fmt: skip
+        for r in results
+    ]
+
+
+def plateau_line(plateau: float | None) -> str:
+    if plateau is None:
+        return ""
+    return (
+        f"Unigram plateau {plateau:.3f} nats (the validation NLL of target-token frequencies, "
+        f"`plateau.translation_plateau`); stuck = not diverged and ending above plateau − "
+        f"{STUCK_MARGIN:g}."
+    )
+
+
+# --------------------------------------------------------------------------- 2 x 2
+
+# Xiong Fig. 2 as a 2 x 2 (issue 64): placement x warm-up, the cells' (placement, warm-up > 0)
+TWO_BY_TWO = (("post", False), ("post", True), ("pre", False), ("pre", True))
+EARLY_STEPS = 500  # the largest train-loss rise is read over these first steps
+# ... of the train loss averaged over windows of this many logged steps: one batch's loss moves
+# by 0.3-0.8 nats with its length bucket alone (the issue-35 runs, logged every 20 steps)
+RISE_WINDOW = 5
+
+
+def placement_warmup(r: Result) -> tuple[str, bool]:
+    """A run's (placement, whether it warms up), from its overrides."""
+    o = r["overrides"]
+    return o.get("model.placement", ""), int(o.get("optim.warmup_steps", 0) or 0) > 0
+
+
+def _at(curve: Sequence[Sequence[float]], step: float) -> float:
+    """The value a [[step, value, ...], ...] curve has at exactly `step` (NaN if none)."""
+    return next((float(p[1]) for p in curve if p[0] == step), math.nan)
+
+
+def _common_step(runs: Sequence[Result]) -> float | None:
+    """The last step every run evaluated (its NLL) at, None if there is none."""
+    steps = set.intersection(*({p[0] for p in r["eval_curve"]} for r in runs))
+    return max(steps) if steps else None
+
+
+def two_by_two(results: Sequence[Result], step: float | None = None) -> dict[str, Any] | None:
+    """Placement x warm-up at one step, over the seeds all four cells ran (Xiong Fig. 2).
+
+    Per cell and seed: the validation NLL and BLEU at `step` (default: the last step every run
+    evaluated) and the largest rise of the train loss (averaged over `RISE_WINDOW` logged steps,
+    `windowed`) over the first `EARLY_STEPS` steps. Warm-up's
+    gain per placement and seed: NLL(no warm-up) - NLL(warm-up), BLEU(warm-up) - BLEU(no
+    warm-up). The difference-in-differences DiD = Post-LN's gain - Pre-LN's, per seed, with
+    its t-interval (`targets.paired_t`): Xiong's thesis (Post-LN needs warm-up, Pre-LN does
+    not) predicts DiD > 0; warm-up acting only as learning-rate budget predicts DiD <= 0.
+
+    Returns:
+      None unless all four cells have a run on a shared seed; else {"step", "seeds",
+      "cells": {"post/none": {"runs", "nll", "bleu", "early_rise"}, ...}, "gain": {placement:
+      {"nll", "bleu"}}, "did": {"nll", "bleu"}} (gains and DiD are `paired_t` results).
+    """
+    by: dict[tuple[str, bool], dict[int, Result]] = {k: {} for k in TWO_BY_TWO}
+    for r in results:
+        key = placement_warmup(r)
+        if key in by:
+            by[key][r["tags"].get("seed", 0)] = r
+    seeds = sorted(set.intersection(*(set(v) for v in by.values())))
+    if not seeds:
+        return None
+    runs = [by[k][s] for k in TWO_BY_TWO for s in seeds]
+    step = _common_step(runs) if step is None else step
+    if step is None:
+        return None
+    cells = {}
+    for key in TWO_BY_TWO:
+        rs = [by[key][s] for s in seeds]
+        early = [windowed([p for p in r["train_curve"] if p[0] <= EARLY_STEPS]) for r in rs]
+        cells[_two_name(key)] = {
+            "runs": [r["name"] for r in rs],
+            "nll": [_at(r["eval_curve"], step) for r in rs],
+            "bleu": [_at(r["bleu_curve"], step) for r in rs],
+            "early_rise": [largest_spike(c) for c in early],
+        }
+    gain = {}
+    for placement in ("post", "pre"):
+        none, wu = cells[f"{placement}/none"], cells[f"{placement}/warmup"]
+        gain[placement] = {
+            "nll": targets_mod.paired_t(none["nll"], wu["nll"]),
+            "bleu": targets_mod.paired_t(wu["bleu"], none["bleu"]),
+        }
+    did = {
+        m: targets_mod.paired_t(gain["post"][m]["per_seed"], gain["pre"][m]["per_seed"])
+        for m in ("nll", "bleu")
+    }
+    return {"step": step, "seeds": seeds, "cells": cells, "gain": gain, "did": did}
+
+
+def windowed(curve: Sequence[Sequence[float]], k: int = RISE_WINDOW) -> list[list[float]]:
+    """[[last step, mean value], ...] of consecutive windows of `k` points of a curve (a
+    shorter last window kept)."""
+    return [
+        [curve[min(i + k, len(curve)) - 1][0], float(np.mean([p[1] for p in curve[i : i + k]]))]
+        for i in range(0, len(curve), k)
+    ]
+
+
+def _two_name(key: tuple[str, bool]) -> str:
+    return f"{key[0]}/{'warmup' if key[1] else 'none'}"
+
+
+def _per_seed(values: Sequence[float], digits: int) -> str:
+    return ", ".join(_fmt(v, digits) for v in values)
+
+
+def two_by_two_table(t: dict[str, Any] | None, title: str = "") -> str:
+    """Markdown of `two_by_two`: NLL (BLEU) per seed in each cell, warm-up's gain per
+    placement, the DiD, and the early train-loss rises."""
+    if not t:
+        return ""
+    c = t["cells"]
+    seeds = ", ".join(map(str, t["seeds"]))
+    lines = [
+        f"{title or 'Placement × warm-up'} at step {t['step']:g}, seeds {seeds}: validation NLL "
+        "per seed (greedy BLEU per seed below it)",
+        "",
+        "| | no warm-up | warm-up | warm-up's gain, NLL none − warm-up | "
+        "warm-up's gain, BLEU warm-up − none |",
+        "|---|---|---|---|---|",
+    ]
+    for placement, label in (("post", "Post-LN"), ("pre", "Pre-LN")):
+        none, wu, g = c[f"{placement}/none"], c[f"{placement}/warmup"], t["gain"][placement]
+        lines.append(
+            f"| {label} | {_per_seed(none['nll'], 3)} ({_per_seed(none['bleu'], 2)}) | "
+            f"{_per_seed(wu['nll'], 3)} ({_per_seed(wu['bleu'], 2)}) | "
+            f"{_diff(g['nll'], 3)} | {_diff(g['bleu'])} |"
+        )
+    d = t["did"]
+    lines += [
+        "",
+        f"DiD (Post-LN's gain − Pre-LN's): NLL {_diff(d['nll'], 3)}; BLEU {_diff(d['bleu'])}. "
+        "Xiong et al. predict DiD > 0 (Post-LN needs warm-up, Pre-LN does not); warm-up acting "
+        "only as learning-rate budget predicts DiD ≤ 0.",
+        "",
+        f"Largest rise of the train loss (means of {RISE_WINDOW} logged steps) in the first "
+        f"{EARLY_STEPS} steps (nats, per seed): "
+        + "; ".join(f"{k} {_per_seed(v['early_rise'], 3)}" for k, v in c.items())
+        + ".",
+    ]
     return "\n".join(lines)
 
 
@@ -387,8 +568,14 @@ def warmup_table(summary: dict[str, Any]) -> str:
 
 def depth_summary(results: Sequence[Result]) -> dict[str, Any]:
     """Cells by (arm, encoder depth); comparisons at each depth: admin - pre, post - pre (and
-    a +dlcl arm - its arm without), over the shared seeds."""
+    a +dlcl arm - its arm without), over the shared seeds; and, at each depth and rate whose
+    runs hold Post-LN and Pre-LN each without and with warm-up, their 2 x 2 (`two_by_two`)."""
     cs = cells(results, (), ())
+    squares = []
+    shape = lambda r: (r["tags"].get("num_layers"), r["tags"].get("lr"))
+    for (depth, lr), runs in group(results, shape).items():
+        if square := two_by_two(runs):
+            squares.append({"num_layers": depth, "lr": lr, **square})
     by = {(c["arm"], c["num_layers"]): c for c in cs}
     comps = []
     for depth in sorted({c["num_layers"] for c in cs}):
@@ -398,7 +585,7 @@ def depth_summary(results: Sequence[Result]) -> dict[str, Any]:
                 shape = by[(arm, depth)]["cell"].split("-")[0]  # "L18", "E18D6"
                 label = f"{shape}: {arm} − {base}"
                 comps.append(compare(by[(arm, depth)], by[(base, depth)], label))
-    return {"cells": cs, "comparisons": comps}
+    return {"cells": cs, "comparisons": comps, "two_by_two": squares}
 
 
 def _baseline(arm: str) -> str | None:
@@ -416,10 +603,13 @@ def depth_table(summary: dict[str, Any], deep_encoder: bool = False) -> str:
     """Markdown: a row per (arm, depth), the comparisons, and Liu et al.'s Table 2."""
     title = "Deep-encoder study" if deep_encoder else "Translation depth study"
     cs = sorted(summary["cells"], key=lambda c: (c["num_layers"], c["arm"]))
-    lines = [f"{title} (final BLEU: mean ± std [bootstrap 95%] (seeds)):", ""]
+    lines = [f"{title} (final BLEU: mean ± std [95% t-interval] (seeds)):", ""]
     lines += _cell_rows(cs, "run cell")
     lines += _comparison_rows(summary["comparisons"])
     lines += monitor_rows(cs)
+    for sq in summary.get("two_by_two", []):
+        title = f"Placement × warm-up, {sq['num_layers']} layers, lr {sq['lr']:g}"
+        lines += ["", two_by_two_table(sq, title)]
     if not deep_encoder:
         lines += ["", "Liu et al. Table 2 (WMT14 En-De, BLEU): " + "; ".join(
             f"{arm} " + ", ".join(f"{d}L {v}" for d, v in row.items())

@@ -43,6 +43,12 @@ BLEU = "bleu"
 MT_LOSS = "nll_loss"
 # The monitor's measures kept in a translation run's result (prefixes of metrics.jsonl names).
 MT_TRACES = ("collapse/", "grad_norm", "omega/", "attention_entropy/")
+# A translation run that ends less than this far below the corpus's unigram plateau (nats per
+# target token, `plateau.translation_plateau`), or above it, is "stuck": it has learnt no more
+# than the target language's token frequencies (fixed before the issue-64 studies ran).
+STUCK_MARGIN = 0.1
+# The names a translation run's result had before issue 64 (BERT's), and its own names now.
+MT_RENAMED = {"final_eval_mlm_loss": "final_nll", "best_eval_mlm_loss": "best_nll"}
 
 
 class RunsFailed(RuntimeError):
@@ -164,8 +170,8 @@ def summarize_run(
     collapse measure's curve when the monitor logged it (`monitor.every` > 0).
 
     The validation loss is BERT's MLM loss ("final_eval_mlm_loss"); a translation run, which
-    logs no MLM loss, uses its validation NLL per target token and adds BLEU and the monitor's
-    traces (`translation_fields`)."""
+    logs no MLM loss, names its validation NLL per target token "final_nll" / "best_nll" and
+    adds BLEU, "stuck" and the monitor's traces (`translation_fields`)."""
     records = read_metrics(workdir)
     train = curve(records, "train", "loss")
     evals = curve(records, "eval", "mlm_loss")
@@ -176,10 +182,11 @@ def summarize_run(
     finite_evals = [v for _, v, _ in evals if _finite(v)]
     is_diverged, reason = diverged(train, error)
     final = evals[-1][1] if evals else math.nan
+    names = MT_RENAMED if translation else {k: k for k in MT_RENAMED}
     return {
         **spec.to_dict(),
-        "final_eval_mlm_loss": final,
-        "best_eval_mlm_loss": min(finite_evals) if finite_evals else math.nan,
+        names["final_eval_mlm_loss"]: final,
+        names["best_eval_mlm_loss"]: min(finite_evals) if finite_evals else math.nan,
         "first_train_loss": train[0][1] if train else math.nan,
         "diverged": is_diverged,
         "diverged_reason": reason,
@@ -190,18 +197,37 @@ def summarize_run(
         "train_curve": train,
         "collapse_curve": collapse,
         **(translation_fields(records) if translation else {}),
+        **({"stuck": stuck(final, is_diverged, plateau)} if translation else {}),
     }
+
+
+def stuck(final_nll: float, is_diverged: bool, plateau: float | None) -> bool | None:
+    """Whether a translation run that did not diverge ends within `STUCK_MARGIN` of the unigram
+    plateau or above it (None when the plateau is unknown)."""
+    if plateau is None:
+        return None
+    return bool(not is_diverged and _finite(final_nll) and final_nll > plateau - STUCK_MARGIN)
+
+
+def task_named(result: dict[str, Any]) -> dict[str, Any]:
+    """A stored result with a translation run's metrics under their own names (a result
+    written before issue 64 called the validation NLL "final_eval_mlm_loss"; "final_eval_loss"
+    repeated it)."""
+    if "bleu_curve" not in result:
+        return result
+    out = {MT_RENAMED.get(k, k): v for k, v in result.items() if k != "final_eval_loss"}
+    out.setdefault("final_nll", result.get("final_eval_loss", math.nan))
+    return out
 
 
 def translation_fields(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A translation run's own summary: its BLEU curve [[step, bleu, seconds], ...], final and
-    best BLEU, the final validation NLL ("final_eval_loss", what `eval_curve` holds), and the
+    best BLEU, and the
     monitor's traces `MT_TRACES` ({name: [[step, value], ...]}: collapse, per-layer gradient
     norms of both stacks, Admin's omega, attention entropies), so that a failing run's
     mechanism is in its result."""
     bleu = curve(records, "eval", BLEU)
     finite = [v for _, v, _ in bleu if _finite(v)]
-    nll = curve(records, "eval", MT_LOSS)
     traces: dict[str, list[list[float]]] = {}
     for r in records:
         if r["split"] != "monitor":
@@ -213,7 +239,6 @@ def translation_fields(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "bleu_curve": bleu,
         "final_bleu": bleu[-1][1] if bleu else math.nan,
         "best_bleu": max(finite) if finite else math.nan,
-        "final_eval_loss": nll[-1][1] if nll else math.nan,
         "monitor_traces": traces,
     }
 
@@ -253,7 +278,7 @@ def load_result(out: str, spec: RunSpec) -> dict[str, Any] | None:
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        result = json.load(f)
+        result = task_named(json.load(f))
     if result.get("overrides") != json.loads(json.dumps(dict(spec.overrides))):
         raise ValueError(
             f"{path} holds run {spec.name!r} with other overrides than this grid's "
@@ -501,14 +526,21 @@ def collect(
     specs: Sequence[RunSpec], out: str, plateau: float | None = None
 ) -> list[dict[str, Any]]:
     """The results of the finished runs of `specs`, summarised afresh from their metrics
-    (so that a changed summary rule applies to old runs too); unfinished runs are left out."""
+    (so that a changed summary rule applies to old runs too); a run whose folder keeps only its
+    result.json (a study's committed records) is taken as stored, its "stuck" judged against
+    `plateau`; unfinished runs are left out."""
     results = []
     for spec in specs:
         stored = load_result(out, spec)
-        if stored is not None:
+        workdir = os.path.join(out, "runs", spec.name)
+        if stored is not None and not read_metrics(workdir):
+            if "bleu_curve" in stored:
+                stored["stuck"] = stuck(stored["final_nll"], stored["diverged"], plateau)
+            results.append(stored)
+        elif stored is not None:
             error = stored.get("error")
             if error is None and stored.get("diverged_reason", "").startswith("non-finite loss"):
                 error = stored["diverged_reason"]
-            fresh = summarize_run(spec, os.path.join(out, "runs", spec.name), error, plateau)
+            fresh = summarize_run(spec, workdir, error, plateau)
             results.append({**stored, **fresh, "error": error})
     return results

@@ -4,6 +4,7 @@ OUT/
   runs/NAME/            a run's workdir (checkpoints, metrics.jsonl, TensorBoard, result.json)
   plateau.json          the corpus's unigram plateau
   results.json          {"study", "base_config", "plateau", "runs": [...], "summary": ...}
+                        (a translation study's "runs": one line each, `report_mt.run_records`)
   table.md, curves.png  the table printed at the end and the validation curves
 """
 
@@ -79,6 +80,7 @@ def run(
             raise failure
         raise ValueError(f"no finished runs in {out}; run the study without --report first.")
     summary, table = _report(study, results, plateau, out, target, arms, offsets)
+    mt = study in MT_STUDIES  # a translation run's curves stay in its own result.json
     write_json(
         os.path.join(out, "results.json"),
         {
@@ -86,7 +88,7 @@ def run(
             "base_config": dict(base),
             "plateau": plateau,
             "complete": len(results) == len(specs) + len(extra),
-            "runs": results,
+            "runs": report_mt.run_records(results) if mt else results,
             "summary": summary,
         },
     )
@@ -132,7 +134,8 @@ def key_seed_expansion(
 def _report(study, results, plateau, out, target, arms, offsets):
     plot = os.path.join(out, "curves.png")
     if study in MT_STUDIES:
-        return _mt_report(study, results, plot, offsets, target)
+        summary, table = _mt_report(study, results, plot, offsets, target)
+        return summary, "\n\n".join(filter(None, [table, report_mt.plateau_line(plateau)]))
     if study == "depth":
         arms = list(arms or dict.fromkeys(r["arm"] for r in results))
         arms = [a for a in arms if any(r["arm"] == a for r in results)]

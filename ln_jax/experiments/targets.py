@@ -1,5 +1,7 @@
-"""Steps to several target losses, the best cell of each arm, and the Pre-LN / Post-LN step ratio
-with a bootstrap confidence interval (the warm-up study's key result; Xiong et al.: 0.71).
+"""Steps to several target losses, the best cell of each arm, and the one interval method of
+every comparison the studies report: a 95% t-interval on paired per-seed differences (or ratios),
+with the sign count "k of n seeds" as the verdict below 5 seeds (`paired_t`, `describe`). The
+warm-up study's key result is the Pre-LN / Post-LN step ratio (Xiong et al.: 0.71).
 
 Targets sit below the unigram plateau by fixed offsets (0.3, 0.6, 1.0 nats by default), so they
 measure progress past the plateau rather than the escape from it alone. A cell is one grid
@@ -18,8 +20,9 @@ from ln_jax.experiments.runner import steps_to_target
 
 OFFSETS = (0.3, 0.6, 1.0)  # nats below the unigram plateau
 XIONG_RATIO = 0.71  # Pre-LN at 500k updates ~ Post-LN at 700k (Xiong et al. 2020, BERT)
-N_BOOT = 2000
-BOOT_SEED = 0
+# Below this many seeds a comparison's verdict is its sign count ("3 of 3 seeds"): a 95%
+# t-interval over 2-4 paired differences is wide, and a bootstrap over them is about their range.
+MIN_SEEDS_FOR_INTERVAL = 5
 
 Result = dict[str, Any]
 
@@ -60,55 +63,92 @@ def best_cell(cells: Sequence[dict[str, Any]], middle: str) -> dict[str, Any] | 
     return min(finite, key=lambda c: (c["sweep_final"], c["cell"])) if finite else None
 
 
-def bootstrap_ratio(
-    a: Sequence[float], b: Sequence[float], *, n_boot: int = N_BOOT, seed: int = BOOT_SEED
-) -> dict[str, Any]:
-    """mean(a) / mean(b) and its 95% percentile-bootstrap interval, resampling the seeds of a and
-    of b independently (numpy, fixed `seed`).
+def _t_interval(values: np.ndarray) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean of `values` and its two-sided 95% Student-t interval
+    (lo = hi = mean for a single value)."""
+    mean = float(values.mean())
+    if values.size < 2:
+        return mean, mean, mean
+    from scipy import stats  # jax's own dependency
 
-    Args:
-      a, b: [n_a], [n_b] steps to a target, one per seed (at least one each).
-
-    Returns:
-      {"ratio", "lo", "hi", "n_a", "n_b"}; lo = hi = ratio when both have one seed.
-    """
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.size == 0 or b.size == 0:
-        raise ValueError("bootstrap_ratio needs at least one value on each side.")
-    rng = np.random.default_rng(seed)
-    ia = rng.integers(0, a.size, (n_boot, a.size))
-    ib = rng.integers(0, b.size, (n_boot, b.size))
-    boot = a[ia].mean(1) / b[ib].mean(1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    ratio = float(a.mean() / b.mean())
-    return {"ratio": ratio, "lo": float(lo), "hi": float(hi), "n_a": a.size, "n_b": b.size}
+    half = stats.t.ppf(0.975, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size)
+    return mean, mean - float(half), mean + float(half)
 
 
-def paired_bootstrap_ratio(
-    a: Sequence[float], b: Sequence[float], *, n_boot: int = N_BOOT, seed: int = BOOT_SEED
-) -> dict[str, Any]:
-    """mean(a) / mean(b) and its 95% percentile-bootstrap interval, resampling seeds as pairs.
-
-    For two cells that share each seed's data order and initialisation key: a slow seed is slow
-    for both, and resampling the pairs keeps that shared part out of the interval (resampling
-    each side on its own, as `bootstrap_ratio` does, counts it twice).
-
-    Args:
-      a, b: [n] steps to a target, a[i] and b[i] from the same seed (n >= 1).
-
-    Returns:
-      {"ratio", "lo", "hi", "n"}; lo = hi = ratio for one pair.
-    """
+def _pairs(a: Sequence[float], b: Sequence[float], what: str) -> tuple[np.ndarray, np.ndarray]:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.size == 0 or a.shape != b.shape:
         raise ValueError(
-            f"paired_bootstrap_ratio needs two equally long, non-empty lists (got {a.size} and "
-            f"{b.size}); pair the seeds first."
+            f"{what} needs two equally long, non-empty lists, a[i] and b[i] from the same seed "
+            f"(got {a.size} and {b.size}); pair the seeds first."
         )
-    idx = np.random.default_rng(seed).integers(0, a.size, (n_boot, a.size))
-    boot = a[idx].mean(1) / b[idx].mean(1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"ratio": float(a.mean() / b.mean()), "lo": float(lo), "hi": float(hi), "n": a.size}
+    return a, b
+
+
+def paired_t(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """mean(a - b) over seeds and its 95% t-interval on the paired per-seed differences.
+
+    The cells of a study share each seed's data order and initialisation key, so the seed's
+    own luck cancels in a[i] - b[i]; the interval is the one-sample t-interval of those
+    differences (n - 1 degrees of freedom). With fewer than `MIN_SEEDS_FOR_INTERVAL` seeds a
+    verdict reads the sign count ("k of n seeds", `describe`), not the interval.
+
+    Args:
+      a, b: [n] per-seed values of two cells (final NLL, BLEU, ...), a[i] and b[i] from seed i.
+
+    Returns:
+      {"diff", "lo", "hi", "n", "above": seeds with a > b, "below": seeds with a < b,
+       "per_seed": [a_i - b_i], "method": "t"}; lo = hi = diff for one pair.
+    """
+    a, b = _pairs(a, b, "paired_t")
+    d = a - b
+    mean, lo, hi = _t_interval(d)
+    return {"diff": mean, "lo": lo, "hi": hi, "n": int(d.size), "above": int((d > 0).sum()),
+            "below": int((d < 0).sum()), "per_seed": d.tolist(), "method": "t"}  # fmt: skip
+
+
+def paired_t_ratio(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """The mean over seeds of a[i] / b[i] (steps to a target, Pre-LN over Post-LN) and its 95%
+    t-interval on those per-seed ratios.
+
+    Returns:
+      {"ratio", "lo", "hi", "n", "below_one": seeds with a < b, "per_seed", "method": "t"}.
+    """
+    a, b = _pairs(a, b, "paired_t_ratio")
+    r = a / b
+    mean, lo, hi = _t_interval(r)
+    return {"ratio": mean, "lo": lo, "hi": hi, "n": int(r.size), "below_one": int((r < 1).sum()),
+            "per_seed": r.tolist(), "method": "t"}  # fmt: skip
+
+
+def t_mean(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean of per-seed `values` and its 95% t-interval."""
+    v = np.asarray(values, np.float64)
+    if v.size == 0:
+        raise ValueError("t_mean needs at least one value.")
+    return _t_interval(v)
+
+
+def excludes(d: dict[str, Any], value: float = 0.0) -> bool:
+    """Whether a comparison (`paired_t` / `paired_t_ratio`) is a verdict that `value` is not
+    the truth: at least `MIN_SEEDS_FOR_INTERVAL` seeds and a 95% t-interval without it."""
+    return d["n"] >= MIN_SEEDS_FOR_INTERVAL and not d["lo"] <= value <= d["hi"]
+
+
+def describe(d: dict[str, Any] | None, digits: int = 2) -> str:
+    """A paired difference as a table reads it: "+0.34 [−0.06, +0.73] t, 3 of 3 seeds > 0"
+    ("(1 seed)" alone; below 5 seeds the sign count is the verdict, the interval is shown)."""
+    if not d:
+        return "–"
+    if d["n"] < 2:
+        return f"{d['diff']:+.{digits}f} (1 seed)"
+    f = f"+.{digits}f"
+    text = f"{d['diff']:{f}} [{d['lo']:{f}}, {d['hi']:{f}}] t"
+    if d["n"] < MIN_SEEDS_FOR_INTERVAL:
+        sign = ">" if d["above"] >= d["below"] else "<"
+        k = max(d["above"], d["below"])
+        return f"{text}, {k} of {d['n']} seeds {sign} 0"
+    return text + (", excludes 0" if excludes(d) else ", includes 0")
 
 
 def paired_steps(
@@ -125,71 +165,22 @@ def paired_steps(
 def key_ratios(
     pre: dict[str, Any] | None, post: dict[str, Any] | None, labels: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """Per target: steps(Pre-LN) / steps(Post-LN) over every seed of the two chosen cells that
-    reached it, with its bootstrap interval and whether the interval holds Xiong's 0.71.
+    """Per target: steps(Pre-LN) / steps(Post-LN) of the two chosen cells, per seed over the
+    seeds both ran and both reached the target with, their mean and its 95% t-interval
+    (`paired_t_ratio`), and whether that interval holds Xiong's 0.71.
 
-    A seed that never reached the target is left out and counted ("pre_missing"), so a ratio
-    over fewer seeds than the cell has is visible as such. "paired" is the same ratio over the
-    seeds both cells reached it with, its interval from resampling seeds as pairs
-    (`paired_bootstrap_ratio`), or None when no seed is shared.
+    A seed where either cell never reached the target is left out and counted
+    ("pre_missing", "post_missing"), so a ratio over fewer seeds than the cells have shows.
     """
     rows = []
     for label in labels:
         row: dict[str, Any] = {"target": label, "ratio": None}
         if pre and post:
-            a = [s for s in pre["steps"][label] if s is not None]
-            b = [s for s in post["steps"][label] if s is not None]
-            row["pre_missing"] = len(pre["steps"][label]) - len(a)
-            row["post_missing"] = len(post["steps"][label]) - len(b)
-            if a and b:
-                row.update(bootstrap_ratio(a, b))
+            row["pre_missing"] = sum(s is None for s in pre["steps"][label])
+            row["post_missing"] = sum(s is None for s in post["steps"][label])
+            pa, pb = paired_steps(pre, post, label)
+            if pa:
+                row.update(paired_t_ratio(pa, pb))
                 row["holds_xiong"] = bool(row["lo"] <= XIONG_RATIO <= row["hi"])
-                pa, pb = paired_steps(pre, post, label)
-                row["paired"] = paired_bootstrap_ratio(pa, pb) if pa else None
-                if row["paired"]:
-                    p = row["paired"]
-                    p["holds_xiong"] = bool(p["lo"] <= XIONG_RATIO <= p["hi"])
         rows.append(row)
     return rows
-
-
-def bootstrap_diff(
-    a: Sequence[float],
-    b: Sequence[float],
-    *,
-    paired: bool = True,
-    n_boot: int = N_BOOT,
-    seed: int = BOOT_SEED,
-) -> dict[str, Any]:
-    """mean(a) - mean(b) (e.g. final BLEU of two cells) and its 95% percentile-bootstrap
-    interval: seeds resampled as pairs (`paired`, a[i] and b[i] from the same seed, which the
-    cells share data order and initialisation key with) or each side on its own.
-
-    Returns:
-      {"diff", "lo", "hi", "n_a", "n_b", "paired"}; lo = hi = diff with one seed a side.
-    """
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.size == 0 or b.size == 0 or (paired and a.shape != b.shape):
-        raise ValueError(
-            f"bootstrap_diff needs non-empty lists (equally long when paired); got {a.size} "
-            f"and {b.size}."
-        )
-    rng = np.random.default_rng(seed)
-    ia = rng.integers(0, a.size, (n_boot, a.size))
-    ib = ia if paired else rng.integers(0, b.size, (n_boot, b.size))
-    boot = a[ia].mean(1) - b[ib].mean(1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    diff = float(a.mean() - b.mean())
-    return {"diff": diff, "lo": float(lo), "hi": float(hi), "n_a": a.size, "n_b": b.size,
-            "paired": paired}  # fmt: skip
-
-
-def bootstrap_mean(values: Sequence[float], *, n_boot: int = N_BOOT, seed: int = BOOT_SEED):
-    """(mean, lo, hi): the mean of `values` (one per seed) and its 95% percentile-bootstrap
-    interval (lo = hi = mean for a single value)."""
-    v = np.asarray(values, np.float64)
-    if v.size == 0:
-        raise ValueError("bootstrap_mean needs at least one value.")
-    idx = np.random.default_rng(seed).integers(0, v.size, (n_boot, v.size))
-    lo, hi = np.percentile(v[idx].mean(1), [2.5, 97.5])
-    return float(v.mean()), float(lo), float(hi)
