@@ -113,14 +113,27 @@ def _number(value: Any) -> float:
 
 
 def _study_steps(result: dict[str, Any]) -> list[tuple[int, dict[str, float]]]:
-    """A study run's train losses with its collapse measure (of the encoder output) merged in
-    at the steps it was measured."""
+    """A study run's train losses with its monitor measurements merged in at the steps they
+    were measured: a BERT study's collapse of the encoder output (`collapse_curve`), a
+    translation study's every trace (`monitor_traces`: per-layer collapse and gradient norms of
+    both stacks, under the names the trainer gives `EarlyWarning`)."""
     steps: dict[int, dict[str, float]] = {}
     for step, loss, *_ in result.get("train_curve") or []:
         steps.setdefault(int(step), {})["loss"] = _number(loss)
     for step, value, *_ in result.get("collapse_curve") or []:
         steps.setdefault(int(step), {})["collapse/output"] = _number(value)
+    for name, trace in (result.get("monitor_traces") or {}).items():
+        for step, value, *_ in trace:
+            steps.setdefault(int(step), {})[name] = _number(value)
     return sorted(steps.items())
+
+
+def _not_below(result: dict[str, Any]) -> bool:
+    """Whether a study run ended on its plateau: a translation run's "stuck" (within the
+    studies' margin of the unigram plateau, `runner.stuck`), a BERT run's not `below_plateau`."""
+    if result.get("stuck") is not None:
+        return bool(result["stuck"])
+    return not result.get("below_plateau", True)
 
 
 def stall_step(evals: Sequence[tuple[int, float]], plateau: float) -> int | None:
@@ -147,7 +160,7 @@ def load_study_run(path: Path, plateau: float | None) -> Recorded:
     name = f"{path.parent.parent.parent.name}/{result['name']}"
     if result.get("diverged"):
         return Recorded(name, steps, "diverged", _divergence_step(steps))
-    if plateau is not None and not result.get("below_plateau", True):
+    if plateau is not None and _not_below(result):
         evals = [(int(s), _number(v)) for s, v, *_ in result.get("eval_curve") or []]
         return Recorded(name, steps, "stalled", stall_step(evals, plateau))
     return Recorded(name, steps, "trained", None)
