@@ -208,7 +208,7 @@ def input_lines(path: str) -> list[str]:
         return read_lines(path)
     stdin = sys.stdin
     data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
-    fix = "pipe the text through `iconv -f latin1 -t utf-8` (its encoding for latin1) first"
+    fix = "convert the text to UTF-8 first (e.g. pipe it through `iconv -f latin1 -t utf-8`)"
     return split_lines(data, "stdin (--input=-)", fix)
 
 
