@@ -13,7 +13,7 @@ from scipy import stats
 
 from configs import study_mt
 from ln_jax.experiments import __main__ as cmd
-from ln_jax.experiments import mt_grids, report_mt, runner
+from ln_jax.experiments import mt_grids, report_mt, runner, two_by_two
 
 # --------------------------------------------------------------------------- grids
 
@@ -202,7 +202,7 @@ def test_the_2x2_separates_warmup_need_from_learning_rate_budget():
             if placement == "post" and not warmup:  # a rise of 1 nat at steps 120-200
                 r["train_curve"][5:10] = [[20 * i, 10.0, 0.0] for i in range(6, 11)]
             runs.append(r)
-    square = report_mt.two_by_two(runs, step=200)
+    square = two_by_two.two_by_two(runs, step=200)
     assert square["seeds"] == [0, 1, 2] and square["step"] == 200
     post, pre = square["gain"]["post"]["nll"], square["gain"]["pre"]["nll"]
     assert post["per_seed"] == pytest.approx([0.4, 0.5, 0.6]) and pre["diff"] == pytest.approx(1.4)
@@ -216,11 +216,11 @@ def test_the_2x2_separates_warmup_need_from_learning_rate_budget():
     assert rises[0] == pytest.approx(10.0 - np.mean([9.0 - 0.01 * i for i in range(1, 6)]))
     assert square["cells"]["pre/warmup"]["early_rise"] == [0.0, 0.0, 0.0]
     # Default step: the last one every run evaluated (300 is BLEU only, 200 the last NLL).
-    assert report_mt.two_by_two(runs)["step"] == 200
-    table = report_mt.two_by_two_table(square)
+    assert two_by_two.two_by_two(runs)["step"] == 200
+    table = two_by_two.two_by_two_table(square)
     assert "| Post-LN | 6.700, 6.700, 6.700 (1.00, 1.00, 1.00) | 6.300, 6.200, 6.100" in table
     assert "DiD (Post-LN's gain − Pre-LN's): NLL -0.900 [" in table and "3 of 3 seeds < 0" in table
-    assert report_mt.two_by_two([r for r in runs if r["arm"] != "pre"]) is None
+    assert two_by_two.two_by_two([r for r in runs if r["arm"] != "pre"]) is None
     # The depth study's report carries it when its runs hold the four cells at one depth.
     for r in runs:
         r["tags"].update(num_layers=6, decoder_layers=6)

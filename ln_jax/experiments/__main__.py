@@ -36,7 +36,7 @@ mt_2x2 trains nothing: it reads finished translation runs (each RUNDIR holds a r
 globs allowed), sorts them by placement x warm-up, and writes Xiong Fig. 2's 2 x 2 at one step
 (default: the last step every run evaluated) to OUT/table.md and OUT/results.json: each cell's
 NLL and BLEU per seed, warm-up's gain per placement and the difference-in-differences, with
-t-intervals over the shared seeds (`report_mt.two_by_two`).
+t-intervals over the shared seeds (`ln_jax.experiments.two_by_two`).
 
 The default config is `configs/study.py:depth` or `:warmup`. Warm-up lengths are absolute steps
 (0 = none); the default schedule, a linear warm-up then a constant rate, does not depend on the
@@ -431,11 +431,11 @@ def _downstream(inv: cli.Invocation, base: dict, out: str) -> int:
 
 
 def _mt_2x2(inv: cli.Invocation, base: dict, out: str) -> int:
-    """Xiong Fig. 2's 2 x 2 of finished runs (`report_mt.two_by_two`): OUT/table.md and
+    """Xiong Fig. 2's 2 x 2 of finished runs (`two_by_two.two_by_two`): OUT/table.md and
     OUT/results.json (the runs read, their one-line records, the 2 x 2)."""
     import glob
 
-    from ln_jax.experiments import report_mt, runner
+    from ln_jax.experiments import report_mt, runner, two_by_two
     from ln_jax.results import write_json
 
     try:
@@ -455,7 +455,7 @@ def _mt_2x2(inv: cli.Invocation, base: dict, out: str) -> int:
                 r = runner.task_named(json.load(f))
             r["stuck"] = runner.stuck(r["final_nll"], r["diverged"], plateau)
             results.append(r)
-        square = report_mt.two_by_two(results, steps[0] if steps else None)
+        square = two_by_two.two_by_two(results, steps[0] if steps else None)
         if square is None:
             raise UserError(
                 "mt_2x2: the runs do not hold Post-LN and Pre-LN each without and with warm-up "
@@ -463,7 +463,7 @@ def _mt_2x2(inv: cli.Invocation, base: dict, out: str) -> int:
             )
     except (UserError, ValueError) as err:
         return inv.report(err)
-    table = "\n\n".join([report_mt.two_by_two_table(square), report_mt.plateau_line(plateau)])
+    table = "\n\n".join([two_by_two.two_by_two_table(square), report_mt.plateau_line(plateau)])
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(table + "\n")
