@@ -471,8 +471,9 @@ def _ratio_rows(ratios: Sequence[dict[str, Any]]) -> list[str]:
             continue
         gone = row["pre_missing"] or row["post_missing"]
         missing = f" ({row['pre_missing']} / {row['post_missing']} never reached)" if gone else ""
+        interval = f"[{row['lo']:.2f}, {row['hi']:.2f}]" if row["n"] > 1 else "– (1 seed)"
         lines.append(
-            f"| {row['target']} | {row['ratio']:.2f} | [{row['lo']:.2f}, {row['hi']:.2f}] | "
+            f"| {row['target']} | {row['ratio']:.2f} | {interval} | "
             f"{row['n']}{missing} | {row['below_one']} of {row['n']} | "
             f"{'yes' if row['holds_xiong'] else 'no'} |"
         )
