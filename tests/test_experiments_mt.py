@@ -221,6 +221,8 @@ def test_the_2x2_separates_warmup_need_from_learning_rate_budget():
     assert "| Post-LN | 6.700, 6.700, 6.700 (1.00, 1.00, 1.00) | 6.300, 6.200, 6.100" in table
     assert "DiD (Post-LN's gain − Pre-LN's): NLL -0.900 [" in table and "3 of 3 seeds < 0" in table
     assert two_by_two.two_by_two([r for r in runs if r["arm"] != "pre"]) is None
+    with pytest.raises(ValueError, match="both post/warmup with seed 0; give one run per cell"):
+        two_by_two.two_by_two([*runs, {**runs[1], "name": "L6-post_warmup-lr5e-4-s0"}])
     # The depth study's report carries it when its runs hold the four cells at one depth.
     for r in runs:
         r["tags"].update(num_layers=6, decoder_layers=6)

@@ -65,9 +65,15 @@ def two_by_two(results: Sequence[Result], step: float | None = None) -> dict[str
     """
     by: dict[tuple[str, bool], dict[int, Result]] = {k: {} for k in TWO_BY_TWO}
     for r in results:
-        key = placement_warmup(r)
+        key, seed = placement_warmup(r), r["tags"].get("seed", 0)
+        if key in by and seed in by[key]:
+            raise ValueError(
+                f"2 x 2: runs {by[key][seed]['name']!r} and {r['name']!r} are both "
+                f"{_two_name(key)} with seed {seed}; give one run per cell and seed (one rate, "
+                "one depth)."
+            )
         if key in by:
-            by[key][r["tags"].get("seed", 0)] = r
+            by[key][seed] = r
     seeds = sorted(set.intersection(*(set(v) for v in by.values())))
     if not seeds:
         return None
