@@ -23,7 +23,8 @@
 #        layout of the residual stream, the GPU default before 2026-11-27; "auto" pins it
 #        row-major), cublas (XLA's Triton GEMMs off for its compile), no_dot_merge (XLA's
 #        merging of GEMMs that share an operand off), cublas_no_merge (both), stacked (the
-#        layers' parameters stacked, the scan unrolled), graphs_off (XLA's CUDA graphs off
+#        layers' parameters stacked, the scan unrolled: "auto"'s choice on a GPU since issue
+#        67), unstacked (the layers as a list), graphs_off (XLA's CUDA graphs off
 #        for its compile), main (default at the main job's
 #        vocabulary, 8000: the step the main job is compared with); each also with
 #        --pipeline=5 (5 steps in flight, one wait); a profile of $PROFILE_ARM (default:
@@ -41,7 +42,7 @@
 #     no GPU tests, cuDNN facts, cudnn_nodrop arm, HLO dump or torch.compile (the pallas
 #     arms run Pallas's interpreter).
 #   --quick: the suite as bench/gpu_call.sh runs it before the studies, about 4 minutes on an
-#     H200 with --arms default,stacked: no GPU tests, kernel tuning or cuDNN facts (skipped),
+#     H200 with --arms default,unstacked: no GPU tests, kernel tuning or cuDNN facts (skipped),
 #     10 timed steps an arm, the PyTorch anchor as torch.compile with MLM at the masked
 #     positions only (the like-for-like one), translation on the recipe's batch (128 x 32) and
 #     beam 5 once, the main job for 100 steps. With --cpu: the CPU mode's shapes, same skips.
@@ -187,6 +188,10 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 # H200 without one, 1,016 -> 780 kernels a step at the same bytes (each stacked parameter's
 # AdamW update and cast one kernel for all 12 layers; docs/gpu/journal.md, sessions 29 and 34)
 [ "$MODE" = gpu ] && ARMS+=(--arm=stacked:model.scan_layers=true,model.scan_unroll=12)
+# The layers as a list: the default's layout before issue 67 ("auto" stacks them on a GPU
+# since: H200 2026-12-04, 56.2 -> 52.3 ms blocked, 49.8 -> 49.4 in flight); the two layouts
+# side by side again in each GPU call
+[ "$MODE" = gpu ] && ARMS+=(--arm=unstacked:model.scan_layers=false)
 # XLA's CUDA graphs off for this arm's compile (`xla_gpu_enable_command_buffer` empty): each
 # kernel launched by the host. Between two blocked steps the H200 of 2026-11-27 idled 7-8 ms;
 # this arm's blocked time and launch_ms against the default's say how much of that is the

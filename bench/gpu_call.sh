@@ -2,7 +2,8 @@
 # Issue 67 item 5: the next GPU call, one command of at most --budget seconds (480) on one
 # H100/H200 that serves the benchmarks and the science, in one results folder (--out):
 #   1. OUT/suite/: bench/accelerator_suite.sh --quick (the arms that answer an open question,
-#      default: --arms default,stacked; the like-for-like PyTorch anchor; translation; the main
+#      default: --arms default,unstacked: the stacked layers "auto" chooses on a GPU since
+#      issue 67 against the list; the like-for-like PyTorch anchor; translation; the main
 #      job) in at most --suite_budget seconds (240; 0: no suite);
 #   2. OUT/fig2/: bench/gpu_mt_fig2.sh (Xiong et al.'s Fig. 2 as a 2x2 at the IWSLT width) with
 #      the time left;
@@ -33,7 +34,7 @@ SUITE_BUDGET=240
 STUDY_MIN=""
 WHEELS=""
 COLLECT=""
-ARMS=default,stacked
+ARMS=default,unstacked
 SUITE_SKIP=""
 STUDIES=fig2,liu
 CPU=0

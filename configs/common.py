@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ml_collections
-from ml_collections.config_dict import placeholder
+from ml_collections.config_dict import FieldReference, placeholder
 
 VARIANTS = ("base", "mini", "tiny")
 
@@ -28,6 +28,8 @@ RECIPE = {
     "grad_accum_steps": 0,  # auto: the fewest micro-batches that fit (the dataclass: 1)
     "model.size": "base",
     "model.vocab_multiple": 128,  # GPU/TPU tiles (the library's modules: unpadded, 1)
+    "model.scan_layers": "auto",  # stacked on a GPU (the library's modules: a list, False)
+    "model.scan_unroll": "auto",  # straight-line when stacked (the library's modules: 1)
     "data.global_batch_size": 256,
     "optim.warmup_steps": 10_000,
 }
@@ -97,10 +99,15 @@ def base_config() -> ml_collections.ConfigDict:
     # (row_major on a GPU, measured faster there, docs/gpu/journal.md; xla elsewhere)
     c.model.activation_layout = "auto"
     c.model.remat = "none"  # none | full | dots: recompute activations in the backward pass
-    c.model.scan_layers = False  # lax.scan over stacked layers (fast compiles for deep stacks)
+    # the layers' parameters stacked [num_layers, ...] under lax.scan (True) or a list (False);
+    # auto: stacked on a GPU (measured faster on an H200, docs/gpu.md) unless a per-layer
+    # placement list or dlcl needs a list; a list on a CPU or TPU. config.json records the
+    # choice, and a workdir resumes with the layout its run recorded
+    c.model.scan_layers = FieldReference("auto", field_type=object)  # True | False | auto
     # with scan_layers: layers per scan iteration; num_layers = straight-line code on stacked
-    # parameters (fewer optimizer kernels on a GPU); 1 = a loop (fastest compile)
-    c.model.scan_unroll = 1
+    # parameters (fewer optimizer kernels on a GPU); 1 = a loop (fastest compile); auto:
+    # num_layers when stacked, else 1
+    c.model.scan_unroll = FieldReference("auto", field_type=object)  # N | auto
     c.model.nsp_head = True  # build the NSP head (its loss counts only when data.nsp is True)
 
     c.optim = ml_collections.ConfigDict()

@@ -60,3 +60,85 @@ def _pallas_gpu_problem(cfg: Any) -> str | None:
     from ln_jax.nn import flash
 
     return flash.supported_reason(cfg.head_dim) or flash.triton_missing()
+
+
+# --------------------------------------------------------------------------- the layers' layout
+#
+# model.scan_layers / model.scan_unroll "auto" (issue 67): on a GPU the layers' parameters
+# stacked [num_layers, ...] and the scan unrolled into straight-line code, wherever every
+# feature of the config works stacked; a list of layers elsewhere. One H200, BERT-base 256 x
+# 128, bf16, arms in one process (docs/gpu/journal.md, 2026-12-04): 56.2 -> 52.3 ms a step
+# blocked, 49.8 -> 49.4 with 5 steps in flight, the host's launch 12.1 -> 7.6 ms. What a
+# stacked model cannot have, so "auto" keeps the list for it: a per-layer placement list
+# (mixln, "post*3,pre*9": one compiled layer body has one placement) and DLCL (each layer reads
+# every earlier layer's output). Per-layer monitor records, Admin's profiling, the HuggingFace
+# import/export, fine-tuning from a workdir and beam search work either way
+# (tests/test_auto_layout.py). A CPU keeps the list (the stacked float32 step was slower there,
+# bench/README.md); a TPU too (unmeasured). A workdir resumes with the layout its run recorded
+# (`ln_jax.train.run_identity.keep_recorded_layout`): its checkpoints hold that layout.
+LAYOUT_FIELDS = ("scan_layers", "scan_unroll")
+AUTO_CHOSEN = "auto_chosen"  # the attribute naming the fields "auto" resolved in a config
+
+
+def stacking_problem(cfg: Any) -> str | None:
+    """Why `cfg`'s layers cannot be stacked (None if they can): the features a stacked model
+    lacks."""
+    if len(set(cfg.layer_placements)) > 1:
+        return "a per-layer placement list"
+    if cfg.dlcl:
+        return "DLCL"
+    return None
+
+
+def auto_scan_layers(cfg: Any, on: str) -> bool:
+    """model.scan_layers="auto": stacked on a GPU unless `stacking_problem(cfg)`; a list on a
+    CPU or TPU (the block above)."""
+    return on == "gpu" and stacking_problem(cfg) is None
+
+
+def auto_scan_unroll(scan_layers: bool, num_layers: int) -> int:
+    """model.scan_unroll="auto": every layer (straight-line code, the measured arm) when
+    stacked; 1 (the only valid value) for a list."""
+    return num_layers if scan_layers else 1
+
+
+def layout_value(name: str, value: Any) -> Any:
+    """A layout field's value as the typed config holds it: "auto", a bool (scan_layers) or
+    an int (scan_unroll); a command line's text ("true", "12") is parsed.
+
+    Raises:
+      ValueError: naming the field and what it takes.
+    """
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    if name == "scan_layers":
+        if isinstance(value, bool | int):
+            return bool(value)
+        if text in ("true", "false", "1", "0"):
+            return text in ("true", "1")
+    elif isinstance(value, int) or text.isdigit():
+        return int(value)
+    kind = "True or False" if name == "scan_layers" else "a number of layers"
+    raise ValueError(f"model.{name}={value!r}: give {kind}, or auto.")
+
+
+def resolve_layout(cfg: Any, on: Any) -> frozenset[str]:
+    """Sets `cfg`'s layout fields (a ModelConfig being built) to typed values, "auto" to the
+    platform's choice (`on()`, asked only if needed); returns the names "auto" resolved."""
+    chosen = set()
+    for name in LAYOUT_FIELDS:
+        object.__setattr__(cfg, name, layout_value(name, getattr(cfg, name)))
+    if cfg.scan_layers == "auto":
+        object.__setattr__(cfg, "scan_layers", auto_scan_layers(cfg, on()))
+        chosen.add("scan_layers")
+    if cfg.scan_unroll == "auto":
+        object.__setattr__(cfg, "scan_unroll", auto_scan_unroll(cfg.scan_layers, cfg.num_layers))
+        chosen.add("scan_unroll")
+    return frozenset(chosen)
+
+
+def auto_chosen(cfg: Any) -> frozenset[str]:
+    """The fields of a typed config that "auto" resolved when it was built (empty for one
+    built from resolved values, e.g. a workdir's config.json)."""
+    return getattr(cfg, AUTO_CHOSEN, frozenset())

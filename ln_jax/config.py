@@ -17,10 +17,13 @@ import jax.numpy as jnp
 
 from ln_jax import compile_cache, platforms
 from ln_jax.auto_fields import (
+    AUTO_CHOSEN,
     auto_activation_layout,
     auto_attention,
+    auto_chosen,
     auto_dropout_rng,
     auto_dtype,
+    resolve_layout,
 )
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
@@ -157,18 +160,17 @@ class ModelConfig:
       remat: "none", "full" (recompute each layer in the backward pass from its input) or
         "dots" (keep the projections' and the attention's outputs, XLA's, Pallas's or
         cuDNN's, and recompute the rest: the attention probabilities, norms, activations,
-        dropout masks). Compiled for a v6e-1
-        and an H200 without them, BERT-base 256 x 128: "dots" needs less than half the
-        temporaries (docs/tpu.md); on a CPU XLA's estimate does not move (docs/usage.md).
-      scan_layers: stack layer parameters [num_layers, ...] and lax.scan over them.
+        dropout masks). Compiled for a v6e-1 and an H200 without them, BERT-base 256 x 128:
+        "dots" needs less than half the temporaries (docs/tpu.md; a CPU's: docs/usage.md).
+      scan_layers: stack layer parameters [num_layers, ...] and lax.scan over them; "auto": on
+        a GPU stacked unless a per-layer placement list or DLCL needs a list, elsewhere a list
+        (`ln_jax.auto_fields.auto_scan_layers`: measured on an H200).
       scan_unroll: with scan_layers, the layers each iteration of the scan runs (lax.scan's
         `unroll`); num_layers or more runs them as straight-line code that keeps the stacked
         parameters, so the optimizer updates, casts and norms each one in a kernel for all
-        layers (BERT-base compiled for an H200 without one: 1,334 kernels a step as a list
-        of layers, 850 stacked and unrolled, the same bytes; docs/gpu/journal.md), and the host
-        launches a step faster (on a 2-core CPU 15.5 -> 1.9 ms); on a CPU in float32 the
-        step itself is slower (no cast for the weights' slices to fuse into). 1: a loop (one
-        compiled layer body: the fastest compile).
+        layers, and the host launches a step faster (docs/gpu/journal.md); on a CPU in
+        float32 the step itself is slower. 1: a loop (one compiled layer body: the fastest
+        compile). "auto": num_layers when stacked, else 1.
       nsp_head: build the next-sentence-prediction head.
     """
 
@@ -198,8 +200,8 @@ class ModelConfig:
     attention_impl: str = AUTO
     activation_layout: str = AUTO
     remat: str = "none"
-    scan_layers: bool = False
-    scan_unroll: int = 1
+    scan_layers: bool | str = False
+    scan_unroll: int | str = 1
     nsp_head: bool = True
 
     def __post_init__(self) -> None:
@@ -216,6 +218,7 @@ class ModelConfig:
         _check_model_choice("remat", self.remat, REMAT_POLICIES)
         self._check_shapes()
         self._resolve_admin_init()
+        object.__setattr__(self, AUTO_CHOSEN, resolve_layout(self, platform))
         self._check_layouts()
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -301,16 +304,8 @@ class ModelConfig:
             )
 
     def _check_shapes(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "mlp_dim",
-            "max_position_embeddings",
-            "type_vocab_size",
-            "vocab_multiple",
-        ):
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+                     "max_position_embeddings", "type_vocab_size", "vocab_multiple"):  # fmt: skip
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be positive.")
         if self.hidden_size % self.num_heads:
@@ -356,7 +351,11 @@ class ModelConfig:
         return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     def replace(self, **changes: Any) -> ModelConfig:
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`; the fields "auto" chose stay marked so (`auto_chosen`)."""
+        new = dataclasses.replace(self, **changes)
+        kept = auto_chosen(self) - set(changes)
+        object.__setattr__(new, AUTO_CHOSEN, auto_chosen(new) | kept)
+        return new
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ModelConfig:

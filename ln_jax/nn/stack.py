@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from ln_jax.nn import flash
@@ -249,6 +250,32 @@ def layer_state(stack: Stack, index: int) -> nnx.State:
         return nnx.state(stack.layers[index], nnx.Param)
     stacked = nnx.state(stack.layers, nnx.Param)
     return jax.tree.map(lambda a: a[index], stacked)
+
+
+def relayout(arrays: dict[tuple, Any], wanted: list[tuple]) -> dict[tuple, Any]:
+    """A model's parameters ({path: array}, as `nnx.to_flat_state` names them) in the layers'
+    layout of `wanted` (the paths of the model to fill): where `wanted` has a stack's layers
+    as a list, (..., "layers", i, ...), and `arrays` has them stacked, (..., "layers", ...)
+    [num_layers, ...], each layer's slice; where the other way round, the layers stacked. A
+    path in both layouts passes as it is; a path found in neither is left out (the caller
+    names it). Arrays come back on the host (numpy) where they were sliced or stacked."""
+    out = {}
+    for path in wanted:
+        if path in arrays:
+            out[path] = arrays[path]
+        elif "layers" in path:
+            at = path.index("layers") + 1
+            if at < len(path) and isinstance(path[at], int):  # a list from a stacked array
+                stacked = arrays.get(path[:at] + path[at + 1 :])
+                if stacked is not None:
+                    out[path] = np.asarray(jax.device_get(stacked))[path[at]]
+                continue
+            layers = []  # stacked from a list
+            while (one := path[:at] + (len(layers),) + path[at:]) in arrays:
+                layers.append(np.asarray(jax.device_get(arrays[one])))
+            if layers:
+                out[path] = np.stack(layers)
+    return out
 
 
 @runtime_checkable

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from typing import Any
 from ln_jax import paths
 from ln_jax.validate import Fix, UserError
 
+log = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 
 # What may change when a run resumes, decided field by field from the typed configs
@@ -296,6 +298,41 @@ def check_resume(
     raise RunMismatchError(
         f"workdir {workdir} holds a run of another config {where}: {listed}. {advice}", fix=fix
     )
+
+
+def keep_recorded_layout(cfg: Any, old: Mapping[str, Any] | None) -> Any:
+    """`cfg` (a TrainConfig) with the layers' layout the workdir's run recorded, where "auto"
+    chose it (`ln_jax.auto_fields.LAYOUT_FIELDS`): the run's checkpoints hold its parameters
+    in that layout (stacked [num_layers, ...] or a list), so "auto" resolves for an existing
+    workdir as it did when the run began (a run begun before "auto" stacked the layers on a
+    GPU resumes as a list). A layout given explicitly is left as given (a change is a
+    mismatch, as before).
+
+    Raises:
+      RunMismatchError: the recorded layout does not fit the fields given explicitly.
+    """
+    from ln_jax.auto_fields import LAYOUT_FIELDS, auto_chosen
+
+    recorded = {**ADDED_FIELDS, **flatten(old)} if old is not None else {}
+    changes = {
+        name: recorded[f"model.{name}"]
+        for name in sorted(auto_chosen(cfg.model) & set(LAYOUT_FIELDS))
+        if f"model.{name}" in recorded and recorded[f"model.{name}"] != getattr(cfg.model, name)
+    }
+    if not changes:
+        return cfg
+    try:
+        kept = dataclasses.replace(cfg, model=cfg.model.replace(**changes))
+    except ValueError as err:
+        raise RunMismatchError(
+            f"the workdir's run has model layout {changes} (its checkpoints' layout), which "
+            f"the fields given do not fit: {err}"
+        ) from None
+    shown = ", ".join(f"model.{k}={v!r}" for k, v in changes.items())
+    logging.getLogger(__name__).info(
+        "auto keeps the layers as the workdir's run has them: %s", shown
+    )
+    return kept
 
 
 def fresh_workdir(workdir: str) -> str:

@@ -342,12 +342,12 @@ def train_and_evaluate(
 
 def _train_and_evaluate(cfg, workdir, hooks, accept_changes, preemption, scope) -> dict:
     """`train_and_evaluate` while this process holds the workdir's lock."""
-    config_dict = run_identity.as_dict(cfg)
     is_main = jax.process_index() == 0
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.checkpoint)
     writer = run = None
     try:
-        latest = _check_identity(config_dict, workdir, ckpt, accept_changes)
+        cfg, latest = _check_identity(cfg, workdir, ckpt, accept_changes)
+        config_dict = run_identity.as_dict(cfg)
         finished = latest is not None and latest >= cfg.total_steps
         if finished and (latest > cfg.total_steps or evaluated_at(workdir, latest)):
             return _already_done(cfg, workdir, latest)  # else: its final evaluation was cut
@@ -409,9 +409,10 @@ def tokens_per_step(task: Task) -> int:
     return task.cfg.data.global_batch_size * task.cfg.data.max_seq_length
 
 
-def _check_identity(config_dict, workdir, ckpt, accept_changes) -> int | None:
-    """Checks `cfg` against the run the workdir holds (`ln_jax.train.run_identity`); returns the
-    latest checkpointed step (None if none)."""
+def _check_identity(cfg, workdir, ckpt, accept_changes) -> tuple[TrainConfig, int | None]:
+    """Checks `cfg` against the run the workdir holds (`ln_jax.train.run_identity`), with the
+    layers' layout that run recorded where "auto" chose it (`keep_recorded_layout`); returns
+    (that config, the latest checkpointed step or None)."""
     latest = ckpt.latest_step()
     old = run_identity.read_config(workdir)
     if old is None and latest is not None:  # a workdir from before config.json
@@ -419,9 +420,11 @@ def _check_identity(config_dict, workdir, ckpt, accept_changes) -> int | None:
             old = ckpt.restore_config(latest)
         except Exception:  # an unreadable checkpoint: the restore will say so
             old = None
+    cfg = run_identity.keep_recorded_layout(cfg, old)
+    config_dict = run_identity.as_dict(cfg)
     for note in run_identity.check_resume(old, config_dict, latest, workdir, accept_changes):
         log.info("continuing %s with a changed config: %s", workdir, note)
-    return latest
+    return cfg, latest
 
 
 def _already_done(cfg: TrainConfig, workdir: str, step: int) -> dict[str, Any]:

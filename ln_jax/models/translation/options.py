@@ -128,11 +128,17 @@ class TranslationOptions:
 
     def decoder_config(self, cfg: ModelConfig) -> ModelConfig:
         """The decoder stack's ModelConfig: the model's, `decoder_layers` deep, no DLCL (Wang
-        et al. combine the encoder's layers only)."""
+        et al. combine the encoder's layers only); an encoder scanned as straight-line code
+        (scan_unroll >= its depth) has a decoder scanned so too."""
         placement = cfg.placement
         if isinstance(placement, tuple) or "*" in str(placement) or "," in str(placement):
             placement = cfg.layer_placements[-1]  # a per-layer list describes the encoder
-        return cfg.replace(num_layers=self.decoder_layers, dlcl=False, placement=placement)
+        unroll = cfg.scan_unroll
+        if cfg.scan_layers and unroll >= cfg.num_layers:
+            unroll = max(unroll, self.decoder_layers)
+        return cfg.replace(
+            num_layers=self.decoder_layers, dlcl=False, placement=placement, scan_unroll=unroll
+        )
 
 
 def auto_skip_padding(on: str) -> str:

@@ -27,7 +27,7 @@ from ln_jax.models.translation.model import Translator
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.models.translation.search import Search, translate
 from ln_jax.nn.blocks import DecoderLayer, EncoderLayer
-from ln_jax.nn.stack import stack_sublayers
+from ln_jax.nn.stack import relayout, stack_sublayers
 from ln_jax.train import monitor
 from ln_jax.validate import ConfigError
 
@@ -299,11 +299,15 @@ def _workdir_arrays(workdir: str) -> dict:
 
 
 def _set_params(model: Translator, arrays: Mapping, source: str) -> None:
-    """Every parameter of `model` from `arrays` ({path: array or Variable}), in its sharding; a
-    missing path or a shape that differs is a ConfigError naming it."""
+    """Every parameter of `model` from `arrays` ({path: array or Variable}), in its sharding,
+    the layers restacked where the source has the other layout (a workdir trained with its
+    layers as a list into a stacked model, or back: `stack.relayout`); a missing path or a
+    shape that differs is a ConfigError naming it."""
     from flax import nnx
 
     state = nnx.state(model, nnx.Param)
+    values = {p: v.get_value() if hasattr(v, "get_value") else v for p, v in arrays.items()}
+    arrays = relayout(values, [path for path, _ in nnx.to_flat_state(state)])
     for path, var in nnx.to_flat_state(state):
         name = "/".join(map(str, path))
         if path not in arrays:
