@@ -34,18 +34,23 @@
 #        all positions and at the masked ones (bench_torch_anchor.py)
 #     5. translation (bench_mt_accel.py): the `iwslt` model's train step (configs/mt.py:iwslt,
 #        6-6, 512/1024/4, bf16) on the recipe's 4,096-token batch (128 x 32) and a larger one
-#        (512 x 64): target tokens/s and MFU by counted FLOPs; beam 5 on 256 sources
+#        (512 x 64), the layers stacked and as a list, blocked and 5 in flight: target tokens/s
+#        and MFU by counted FLOPs; HuggingFace Marian + torch.compile of the same shape on the
+#        recipe's batch, side by side; beam 5 on 256 sources, and against Marian's generate on
+#        the same weights and sources (targets: >= 1.25x and >= 1.5x)
 #     6. the main job: train.py, configs/bert_preln.py for 300 steps on the embedded corpus
 #        (prepared in a fresh TFDS dir), loader, monitor and checkpoint at their defaults
 #     7. cuDNN dropout facts (cudnn_dropout_facts.py), then the table (suite_report.py)
 #   --cpu: the same steps at tiny shapes on the CPU (CI runs this so the suite never rots);
 #     no GPU tests, cuDNN facts, cudnn_nodrop arm, HLO dump or torch.compile (the pallas
 #     arms run Pallas's interpreter).
-#   --quick: the suite as bench/gpu_call.sh runs it before the studies, about 4 minutes on an
-#     H200 with --arms default,unstacked: no GPU tests, kernel tuning or cuDNN facts (skipped),
+#   --quick: the suite as bench/gpu_call.sh runs it before the studies, about 6 minutes on an
+#     H200 with --arms default,unstacked (estimated: arms 110 s, profile 15 s, torch 45 s,
+#     translation 125 s, main job 110 s): no GPU tests, kernel tuning or cuDNN facts (skipped),
 #     10 timed steps an arm, the PyTorch anchor as torch.compile with MLM at the masked
-#     positions only (the like-for-like one), translation on the recipe's batch (128 x 32) and
-#     beam 5 once, the main job for 100 steps. With --cpu: the CPU mode's shapes, same skips.
+#     positions only (the like-for-like one), translation on the recipe's batch (128 x 32),
+#     stacked and as a list, against Marian + torch.compile, and beam 5 against Marian's
+#     generate once, the main job for 100 steps. With --cpu: the CPU mode's shapes, same skips.
 #
 # It installs nothing from a network: it uses the python3 on PATH (or $PYTHON) and its
 # packages, plus the wheels in --wheels DIR if given (pip --no-index into a temporary folder).
@@ -139,14 +144,21 @@ if [ "$MODE" = gpu ]; then
   SHAPE=(--size=base --batch=256 --steps=20 --warmup=3 --pipeline=5)
   TORCH=(--size=base --batch=256 --steps=10 --warmup=2 --pipeline=5)
   MAIN=(--config=configs/bert_preln.py --config.total_steps=300 --config.eval_batches=10)
-  MT=(--batches=128x32,512x64 --steps=10 --warmup=2 --sentences=256 --rounds=2)
+  # translation: the layers stacked ("auto" on a GPU) and as a list, 5 steps in flight, against
+  # HuggingFace Marian + torch.compile on the recipe's batch, beam 5 against its generate
+  MT=(--batches=128x32,512x64 --steps=10 --warmup=2 --sentences=256 --rounds=2
+      --layouts=auto,list --pipeline=5 --marian=compile)
   if [ "$QUICK" = 1 ]; then
     # H200, 2026-12-04: four arms compiled in 214 s, torch's four modes 99 s, the two
     # translation shapes and the search 141 s, the main job 110 s (81.5 s of set-up)
     SHAPE=(--size=base --batch=256 --steps=10 --warmup=2 --pipeline=5)
     TORCH=(--size=base --batch=256 --steps=10 --warmup=2 --pipeline=5 --modes=compile_masked)
     MAIN=(--config=configs/bert_preln.py --config.total_steps=100 --config.eval_batches=10)
-    MT=(--batches=128x32 --steps=10 --warmup=2 --sentences=256 --rounds=1)
+    # the translation anchors (issue 67 item 4), estimated 125 s: start 20 s, the two layouts'
+    # steps compiled in parallel 45 s (one took 40 s), Marian's torch.compile 30-40 s, the
+    # searches on one Marian model's weights 15 s
+    MT=(--batches=128x32 --steps=10 --warmup=2 --sentences=256 --rounds=1 --layouts=auto,list
+        --pipeline=5 --marian=compile --decodes=marian)
   fi
   # tests/conftest.py defaults JAX to the CPU and XLA to fast (unoptimised) compiles: not here.
   # pyproject's addopts ask for pytest-xdist's workers, which the GPU image may lack: dropped
@@ -160,7 +172,7 @@ else
   MAIN=(--config=configs/bert_preln.py:tiny --config.total_steps=6 --config.log_every=2
         --config.eval_every=0 --config.eval_batches=1 --config.checkpoint_every=0)
   MT=(--config=configs/mt.py:tiny --batches=8x16 --steps=2 --warmup=1 --sentences=4
-      --max_length=8 --rounds=1)
+      --max_length=8 --rounds=1 --layouts=auto,stacked --pipeline=2 --marian=eager)
 fi
 ARMS=(--arm=default)  # the config as a user runs it (its "auto" choices)
 ARMS+=(--arm=pallas:model.attention_impl=pallas)  # fused attention, dropout keyed by the step
@@ -234,8 +246,10 @@ HLO_ARGS=()
 step profile 60 "$PY" bench/profile_summary.py "$OUT/trace" --steps=3 "${HLO_ARGS[@]}" \
   --out="$OUT/profile.json"
 step torch 200 "$PY" bench/bench_torch_anchor.py "${TORCH[@]}" --out="$OUT/torch.json"
-# on an H100 the two train shapes and the search compiled in 42 + 37 + 12 s, the whole step 147 s
-step mt 200 "$PY" bench/bench_mt_accel.py "${MT[@]}" --out="$OUT/mt.json"
+# on an H100 the two train shapes and the search compiled in 42 + 37 + 12 s, the whole step 147 s;
+# with the list arm and Marian (torch.compile, generate) about 100 s more. It writes mt.json
+# after each part, so a step cut by its limit keeps the train steps it timed
+step mt 260 "$PY" bench/bench_mt_accel.py "${MT[@]}" --out="$OUT/mt.json"
 rm -rf "$OUT/main_job"
 # 200 s: on an H200 110 s passed before the first step (the auto accumulation's compile
 # among them) and the monitored first step compiled for 35 s (docs/gpu/journal.md, 2026-11-27)

@@ -76,18 +76,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def hf_config(pad: int, activation: str, dropout: float):
+def hf_config(
+    pad: int, activation: str, dropout: float, shape: dict | None = None,
+    attention_dropout: float | None = None,
+):  # fmt: skip
+    """A MarianConfig of `shape` (default SHAPE; "decoder_layers" and "positions" optional),
+    Marian's ids (pad = vocab - 1, EOS 0) when `pad` is non-zero, else ln_jax's (pad 0, BOS 2,
+    EOS 3)."""
     from transformers import MarianConfig
 
-    v = SHAPE["vocab"]
+    s = {**SHAPE, **(shape or {})}
+    v = s["vocab"]
+    attention_dropout = dropout if attention_dropout is None else attention_dropout
     return MarianConfig(
-        vocab_size=v, decoder_vocab_size=v, d_model=SHAPE["width"],
-        encoder_layers=SHAPE["layers"], decoder_layers=SHAPE["layers"],
-        encoder_attention_heads=SHAPE["heads"], decoder_attention_heads=SHAPE["heads"],
-        encoder_ffn_dim=SHAPE["ffn"], decoder_ffn_dim=SHAPE["ffn"], max_position_embeddings=256,
+        vocab_size=v, decoder_vocab_size=v, d_model=s["width"],
+        encoder_layers=s["layers"], decoder_layers=s.get("decoder_layers", s["layers"]),
+        encoder_attention_heads=s["heads"], decoder_attention_heads=s["heads"],
+        encoder_ffn_dim=s["ffn"], decoder_ffn_dim=s["ffn"],
+        max_position_embeddings=s.get("positions", 256),
         pad_token_id=pad, eos_token_id=0 if pad else 3, decoder_start_token_id=pad if pad else 2,
         activation_function=activation, scale_embedding=True, dropout=dropout,
-        attention_dropout=dropout,
+        attention_dropout=attention_dropout,
     )  # fmt: skip
 
 

@@ -179,16 +179,30 @@ def fastest_recipe_arm(arms: dict) -> str | None:
     return min(recipe, key=recipe.get) if recipe else None
 
 
-def translation_lines(mt: dict | None) -> list[str]:
-    """The translation model's rates (`mt.json` of bench_mt_accel.py), one line each."""
+MARIAN = {"marian_compile": "HF Marian + torch.compile", "marian_eager": "HF Marian eager"}
+
+
+def translation_lines(mt: dict | None, verdict: dict) -> list[str]:
+    """The translation model's rates (`mt.json` of bench_mt_accel.py), one line each: every
+    layout's train step (blocked, and in flight with --pipeline), HuggingFace Marian's on the
+    same batch, the searches; then the targets against Marian (issue 67), judged on a GPU
+    (into `verdict`)."""
     if not mt:
         return []
     out = []
     for name, r in mt["train"]["arms"].items():
         mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ""
+        piped = r.get("pipelined")
+        flight = (
+            f"; {piped['steps_in_flight']} in flight {piped['median_ms']:.2f} ms" if piped else ""
+        )
+        what = (
+            f"{MARIAN[name]} train step" if name in MARIAN else f"{mt['config']} train step {name}"
+        )
+        layout = f", layers {r['layout']}" if r.get("layout") else ""
         out.append(
-            f"- translation {mt['config']} train step {name} ({mt['dtype']}): "
-            f"{r['median_ms']:.2f} ms, {r['target_tokens_per_s']:,.0f} target tokens/s{mfu}"
+            f"- translation {what} ({mt['dtype']}){layout}: {r['median_ms']:.2f} ms, "
+            f"{r['target_tokens_per_s']:,.0f} target tokens/s{mfu}{flight}"
         )
     if "decode" in mt:
         d = mt["decode"]
@@ -196,12 +210,23 @@ def translation_lines(mt: dict | None) -> list[str]:
             f"- translation beam {d['beam']}: {d['sentences_per_s']:,.1f} sentences/s "
             f"({d['sentences']} sources, {d['max_length']} tokens each)"
         )
-    return out
+    if "marian_decode" in mt:
+        d = mt["marian_decode"]
+        rates = ", ".join(f"{n} {r:,.1f}" for n, r in d["sentences_per_s"].items())
+        out.append(
+            f"- translation beam {d['beam']} on one Marian model's weights, sentences/s: {rates} "
+            f"({d['sentences']} sources; the same tokens in {d['same_fraction']:.0%} of them)"
+        )
+    checks = {n: (t["value"], t["target"], t["anchor"]) for n, t in mt.get("targets", {}).items()}
+    platform = mt.get("platform") or ("cpu" if mt.get("device") == "cpu" else "gpu")
+    return out + target_lines(checks, platform, verdict)
 
 
-ANCHORS = {  # bench_torch_anchor.py's modes, as the target lines name them
+ANCHORS = {  # bench_torch_anchor.py's modes and bench_mt_accel.py's, as target lines name them
     "compile_masked": "HF + torch.compile, MLM at the masked positions",
     "compile_all": "HF + torch.compile, MLM at every position",
+    **MARIAN,
+    "hf_generate": "HF Marian's generate",
 }
 
 
@@ -299,7 +324,7 @@ def render(folder: str) -> tuple[str, dict]:
     start = main_job_start(folder)
     if start:
         lines.append(f"- main job: {start}")
-    lines += translation_lines(load(folder, "mt.json"))
+    lines += translation_lines(load(folder, "mt.json"), verdict)
     for name, err in ((load(folder, "arms.json") or {}).get("failed") or {}).items():
         lines.append(f"- arm {name} FAILED: {err[:300]}")
     status = os.path.join(folder, "status.txt")
