@@ -30,9 +30,12 @@ EARLY_STEPS = 500  # the largest train-loss rise is read over these first steps
 RISE_WINDOW = 5
 
 
-def placement_warmup(r: Result) -> tuple[str, bool]:
-    """A run's (placement, whether it warms up), from its overrides."""
+def placement_warmup(r: Result) -> tuple[str, bool] | None:
+    """A run's (placement, whether it warms up), from its overrides; None for an arm with more
+    than a placement and a warm-up (DLCL, qk_norm: `+dlcl`, `+qk`), which is no cell."""
     o = r["overrides"]
+    if "+" in r["arm"] or o.get("model.dlcl") or o.get("model.qk_norm"):
+        return None
     return o.get("model.placement", ""), int(o.get("optim.warmup_steps", 0) or 0) > 0
 
 
