@@ -33,6 +33,7 @@ from ln_jax.models.translation.load import (  # noqa: F401 (TranslateError: the 
     DEFAULT_DATASET,
     HF_PREFIX,
     TranslateError,
+    check_source,
     hf_translator,
     load_translator,
 )
@@ -146,7 +147,8 @@ def _run(args: argparse.Namespace) -> int:
     from ln_jax.models.translation.search import Search
     from ln_jax.models.translation.task import bleu
 
-    given = None if args.input is None else input_lines(args.input)  # its errors come first
+    check_source(args.workdir, args.step, args.average_last)  # a wrong source is said first,
+    given = None if args.input is None else input_lines(args.input)  # then a wrong input
     model, cfg, used = load_translator(args.workdir, args.step, args.average_last)
     search = Search(
         beam=args.beam,

@@ -39,6 +39,7 @@ ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
         "init": "xavier",
         "max_position_embeddings": 128,
         "scan_layers": True,
+        "scan_unroll": 1,  # one layer a scan iteration: one program whatever the depth
     },
     "data": {"max_seq_length": 64, "max_predictions_per_seq": 10, "global_batch_size": 16},
 }
@@ -179,8 +180,12 @@ def arm_model(settings: Settings, placement: str, num_layers: int) -> ModelConfi
     # A scanned stack compiles once whatever the depth; it needs one placement for all layers.
     scan = base.scan_layers and len(set(parse_placement(placement, num_layers))) == 1
     if settings.setting == "bert":
+        scan = scan and not base.dlcl
         return base.replace(
-            placement=placement, num_layers=num_layers, scan_layers=scan and not base.dlcl
+            placement=placement,
+            num_layers=num_layers,
+            scan_layers=scan,
+            scan_unroll=base.scan_unroll if scan else 1,
         )
     cfg = ModelConfig(
         size="custom",

@@ -25,21 +25,24 @@ class TranslateError(UserError):
     """What the user asked cannot be translated (the message says why and what to do)."""
 
 
-def load_translator(workdir: str, step: int | None = None, average_last: int = 1):
-    """(Translator with the run's parameters, the run's TrainConfig, the saved steps used).
+def check_source(workdir: str, step: int | None = None, average_last: int = 1) -> dict | None:
+    """What `load_translator` checks before it loads anything (a command calls it before it
+    reads its input, so that a wrong source is said first): the run's recorded config values,
+    or None for "hf:PATH" (an existing folder, without --step / --average_last).
 
-    The parameters are those of checkpoint `step` (None = the latest), or the average of the
-    last `average_last` checkpoints up to it. `workdir` "hf:PATH" loads a HuggingFace Marian
-    folder instead (`hf_translator`; steps [] used).
+    Raises:
+      TranslateError: no such folder, no run, not a translation run, or options for a workdir.
     """
     if workdir.startswith(HF_PREFIX):
+        path = workdir[len(HF_PREFIX) :]
         if step is not None or average_last != 1:
             raise TranslateError("--step and --average_last apply to workdirs, not hf:PATH.")
-        return (*hf_translator(workdir[len(HF_PREFIX) :]), [])
-    from ln_jax import sharding
-    from ln_jax.config_front import build_config
-    from ln_jax.train import run_identity, steps
-    from ln_jax.train.checkpoint import Checkpointer
+        if not os.path.isdir(path):
+            raise TranslateError(
+                f"hf:{path}: no such folder; give a local HuggingFace Marian folder."
+            )
+        return None
+    from ln_jax.train import run_identity
 
     values = run_identity.read_config(workdir)
     if values is None:
@@ -49,6 +52,24 @@ def load_translator(workdir: str, step: int | None = None, average_last: int = 1
             f"{workdir} is a {values.get('task', 'bert_pretraining')!r} run, not a translation "
             "run; give the workdir of python train.py --config=configs/mt.py."
         )
+    return values
+
+
+def load_translator(workdir: str, step: int | None = None, average_last: int = 1):
+    """(Translator with the run's parameters, the run's TrainConfig, the saved steps used).
+
+    The parameters are those of checkpoint `step` (None = the latest), or the average of the
+    last `average_last` checkpoints up to it. `workdir` "hf:PATH" loads a HuggingFace Marian
+    folder instead (`hf_translator`; steps [] used).
+    """
+    values = check_source(workdir, step, average_last)
+    if values is None:
+        return (*hf_translator(workdir[len(HF_PREFIX) :]), [])
+    from ln_jax import sharding
+    from ln_jax.config_front import build_config
+    from ln_jax.train import steps
+    from ln_jax.train.checkpoint import Checkpointer
+
     values = {**values, "mesh": {"data": -1, "fsdp": 1, "tensor": 1}}
     cfg = build_config(values)
     mesh = sharding.make_mesh(-1, 1, 1)
