@@ -110,18 +110,22 @@ def test_the_translate_command_errors_are_one_line(copy_run, tmp_path, capsys):
 def test_translate_input_that_is_not_utf8_is_one_line_before_any_model_is_loaded(
     tmp_path, capsys, monkeypatch
 ):
-    """Non-UTF-8 bytes on stdin were a 25-line pybind11 error from the tokenizer."""
+    """Non-UTF-8 bytes on stdin were a 25-line pybind11 error from the tokenizer. The source
+    is checked first (cheaply: an existing folder here, nothing loaded), then the input."""
     stdin = io.TextIOWrapper(io.BytesIO(b"Guten Tag\r\nsch\xf6n\n"), encoding="utf-8")
     monkeypatch.setattr("sys.stdin", stdin)
-    assert translate_cli.main([f"--workdir={tmp_path / 'none'}", "--input=-"]) == 2
+    source = f"--workdir=hf:{tmp_path}"  # a folder without a model: loading it would fail
+    assert translate_cli.main([source, "--input=-"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: stdin (--input=-), line 2: not UTF-8 (byte 0xf6, byte 4")
     assert "iconv -f latin1 -t utf-8" in err and err.count("\n") == 1
     (tmp_path / "in.txt").write_bytes(b"eins\xa0zwei\n")
-    assert translate_cli.main([f"--workdir={tmp_path}", f"--input={tmp_path / 'in.txt'}"]) == 2
+    assert translate_cli.main([source, f"--input={tmp_path / 'in.txt'}"]) == 2
     assert f"{tmp_path / 'in.txt'}, line 1: not UTF-8" in capsys.readouterr().err
-    assert translate_cli.main([f"--workdir={tmp_path}", "--input=nope.txt"]) == 2
+    assert translate_cli.main([source, "--input=nope.txt"]) == 2
     assert "--input=nope.txt: no such file" in capsys.readouterr().err
+    assert translate_cli.main([f"--workdir={tmp_path / 'none'}", "--input=nope.txt"]) == 2
+    assert "none holds no run (no config.json)" in capsys.readouterr().err  # the source first
     monkeypatch.setattr("sys.stdin", io.StringIO("eins\u2028zwei\ndrei"))  # one line each
     assert translate_cli.input_lines("-") == ["eins\u2028zwei", "drei"]
 
