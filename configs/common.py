@@ -81,7 +81,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.type_vocab_size = 2  # segment ids (sentence A / B)
     c.model.activation = "gelu"  # gelu (BERT) | relu (the papers' theory) | gelu_tanh
     # bert (truncated normal, init_std) | bert_scaled (std init_std * sqrt(768 / hidden_size),
-    # BERT-base's scale relative to width) | xavier (Xiong et al. 3.3)
+    # BERT-base's scale relative to width) | xavier (Xiong et al. 3.3) | fairseq (xavier, q/k/v
+    # as fairseq's packed [3d, d] projection: Var 1/(2d))
     c.model.init = "bert"
     c.model.init_std = 0.02  # std of the "bert" initialiser (at width 768 for "bert_scaled")
     c.model.layer_norm_eps = 1e-12  # epsilon in every LayerNorm (BERT: 1e-12)

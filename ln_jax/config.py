@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-INITS = ("bert", "bert_scaled", "xavier", "admin")
+INITS = ("bert", "bert_scaled", "xavier", "fairseq", "admin")
 NORMS = ("layernorm", "rmsnorm")
 ADMIN_OMEGAS = ("profile", "closed_form")
 
@@ -132,7 +132,9 @@ class ModelConfig:
       attention_dropout: dropout on attention probabilities.
       init: weight initialiser, "bert" (truncated normal, std init_std), "bert_scaled" (the
         same with std init_std * sqrt(768 / hidden_size): BERT-base's scale relative to its
-        width, kept at other widths) or "xavier" (Xiong et al. section 3.3). "admin" is
+        width, kept at other widths), "xavier" (Xiong et al. section 3.3: Var 1/d) or
+        "fairseq" (the papers' translation code: Xavier, with q, k and v drawn as one packed
+        [3d, d] matrix, Var 1/(2d); embeddings N(0, 1/d)). "admin" is
         accepted as shorthand for Admin initialisation: it needs placement "post" or "admin"
         and becomes placement="admin" with BERT's initialiser (for Admin on Xavier weights
         say placement="admin", init="xavier").

@@ -4,6 +4,7 @@ search (beam 1 = greedy; exhaustive on a toy model), the search's errors."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ def _one_device_mesh():
 
 def make(vocab=13, layers=2, seed=0, scale=1.0, **kw) -> Translator:
     options = kw.pop("options", {})
-    cfg = ModelConfig(
+    defaults = dict(
         size="custom",
         vocab_size=vocab,
         hidden_size=16,
@@ -41,8 +42,8 @@ def make(vocab=13, layers=2, seed=0, scale=1.0, **kw) -> Translator:
         activation="relu",
         max_position_embeddings=32,
         embedding_layernorm=False,
-        **kw,
     )
+    cfg = ModelConfig(**{**defaults, **kw})
     opts = TranslationOptions.from_mapping(
         {"max_source_length": 8, "max_target_length": 8, **options}, cfg
     )
@@ -187,3 +188,23 @@ def test_search_sharded_over_data_equals_one_device(beam):
     np.testing.assert_allclose(np.asarray(out["scores"]), np.asarray(one["scores"]), atol=1e-5)
     assert out["tokens"].sharding.spec[0] == sharding.batch_spec()[0]
     assert len({str(s.index) for s in out["tokens"].addressable_shards}) == 8
+
+
+def test_fairseq_init_halves_the_qkv_variance_and_keeps_the_rest_xavier():
+    """init="fairseq": q, k, v as slices of fairseq's packed [3d, d] in-projection (uniform,
+    bound sqrt(6 / 4d), Var 1/(2d)), every other kernel Xavier (Var 2 / (fan_in + fan_out))."""
+    d, ffn = 64, 256
+    kw = dict(hidden_size=d, num_heads=4, mlp_dim=ffn)
+    fair, xav = make(vocab=40, init="fairseq", **kw), make(vocab=40, **kw)
+    attn = fair.encoder.layers[0].attention.branch
+    cross = fair.decoder.layers[0].cross_attention.branch
+    for dense in (attn.query, attn.key, attn.value, cross.key, cross.value):
+        w = np.asarray(dense.kernel[...])
+        assert np.abs(w).max() <= math.sqrt(6 / (4 * d)) + 1e-7
+        assert w.var() == pytest.approx(1 / (2 * d), rel=0.1)
+    assert np.asarray(attn.out.kernel[...]).var() == pytest.approx(1 / d, rel=0.1)
+    ffn_in = np.asarray(fair.encoder.layers[0].ffn.branch.wi.kernel[...])
+    assert ffn_in.var() == pytest.approx(2 / (d + ffn), rel=0.1)
+    # "xavier" keeps Var 1/d on q, k and v
+    q = np.asarray(xav.encoder.layers[0].attention.branch.query.kernel[...])
+    assert q.var() == pytest.approx(1 / d, rel=0.1)

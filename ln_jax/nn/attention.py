@@ -111,11 +111,12 @@ class Attention(nnx.Module):
             raise ValueError(f"attention kind {kind!r}: give one of {', '.join(KINDS)}.")
         d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
         qkv_names = ("embed", "heads", "kv")
-        kw = dict(init=init_scheme(cfg), dtype=cfg.compute_dtype, rngs=rngs)
-        self.query = Dense((d,), (n, h), qkv_names, **kw)
-        self.key = Dense((d,), (n, h), qkv_names, **kw)
-        self.value = Dense((d,), (n, h), qkv_names, **kw)
-        self.out = Dense((n, h), (d,), ("heads", "kv", "embed"), **kw)
+        scheme = init_scheme(cfg)
+        kw = dict(dtype=cfg.compute_dtype, rngs=rngs)
+        self.query = Dense((d,), (n, h), qkv_names, init=scheme.qkv(), **kw)
+        self.key = Dense((d,), (n, h), qkv_names, init=scheme.qkv(), **kw)
+        self.value = Dense((d,), (n, h), qkv_names, init=scheme.qkv(), **kw)
+        self.out = Dense((n, h), (d,), ("heads", "kv", "embed"), init=scheme, **kw)
         self.query_norm, self.key_norm = head_norm(cfg), head_norm(cfg)
         self.dropout_rate = cfg.attention_dropout
         self.impl = cfg.attention_impl

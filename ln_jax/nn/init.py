@@ -1,5 +1,6 @@
-"""Initialisers: BERT's truncated normal (fixed or width-scaled) and the Xavier scheme of Xiong et
-al. (section 3.3).
+"""Initialisers: BERT's truncated normal (fixed or width-scaled), the Xavier scheme of Xiong et
+al. (section 3.3), and fairseq's Xavier (the papers' translation code: q, k and v drawn as one
+packed [3d, d] matrix, so their variance is 2 / (d + 3d) = 1 / (2d), half of Xavier's 1 / d).
 
 Each returns a `jax.nn.initializers.Initializer` for a kernel whose leading `n_in` axes are
 contracted with the input and whose trailing `n_out` axes are produced.
@@ -10,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
+import jax.numpy as jnp
 from jax.nn import initializers
 
 from ln_jax.nn.spec import StackConfig
@@ -35,6 +38,14 @@ class InitScheme:
 
     std: float | None
     width: int
+    # fairseq's packed q/k/v projection: the q, k and v kernels take Xavier's bound with a
+    # fan-out 3 times their own (`qkv`); 1 everywhere else
+    fan_out_factor: int = 1
+    packed_qkv: bool = False
+
+    def qkv(self) -> InitScheme:
+        """The scheme of the attention's q, k and v kernels (fairseq's packed projection)."""
+        return dataclasses.replace(self, fan_out_factor=3) if self.packed_qkv else self
 
     def dense(self, n_in: int = 1, n_out: int = 1) -> initializers.Initializer:
         """Kernel initialiser of a dense layer with `n_in` input and `n_out` output axes."""
@@ -43,6 +54,8 @@ class InitScheme:
             return initializers.truncated_normal(self.std)
         in_axis = tuple(range(n_in))
         out_axis = tuple(range(n_in, n_in + n_out))
+        if self.fan_out_factor != 1:
+            return _xavier_packed(in_axis, out_axis, self.fan_out_factor)
         # Xavier: Var = 2 / (fan_in + fan_out), i.e. 1/d for the d x d matrices of the theory.
         return initializers.xavier_uniform(in_axis=in_axis, out_axis=out_axis)
 
@@ -55,7 +68,20 @@ class InitScheme:
 
 def init_scheme(cfg: StackConfig) -> InitScheme:
     """The initialisers of `cfg` (`init`, `init_std`, `hidden_size`)."""
-    return InitScheme(bert_std(cfg), cfg.hidden_size)
+    return InitScheme(bert_std(cfg), cfg.hidden_size, packed_qkv=cfg.init == "fairseq")
+
+
+def _xavier_packed(in_axis: tuple, out_axis: tuple, factor: int) -> initializers.Initializer:
+    """Xavier-uniform of a kernel that is one of `factor` slices of a packed matrix: bound
+    sqrt(6 / (fan_in + factor * fan_out)), Var = 2 / (fan_in + factor * fan_out)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        fan_in = math.prod(shape[a] for a in in_axis)
+        fan_out = math.prod(shape[a] for a in out_axis)
+        bound = math.sqrt(6.0 / (fan_in + factor * fan_out))
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
 
 
 def admin_closed_form(num_sublayers: int) -> float:
