@@ -19,9 +19,8 @@ from ln_jax.nn.layers import (
     logsumexp,
     split_key,
 )
-from ln_jax.nn.stack import Encoder
+from ln_jax.nn.stack import Encoder, StackView
 from ln_jax.sharding import constrain
-from ln_jax.train import monitor
 
 Array = jax.Array
 # The logit of a padded vocabulary row: exp() of it is 0 after any softmax's max-subtraction,
@@ -223,9 +222,9 @@ class BertForPreTraining(nnx.Module):
             out["intermediates"] = rec
         return out
 
-    def stacks(self) -> list[tuple[str, Encoder]]:
+    def stack_views(self) -> list[StackView]:
         """The model's layer stacks in order (`ln_jax.nn.stack.Stacked`)."""
-        return [("encoder", self.bert.encoder)]
+        return [encoder_view(self.cfg)]
 
     def stack_records(self, batch: dict, dropout_key: Array | None) -> dict[str, Record]:
         """A training-mode forward pass's records of each stack (`ln_jax.nn.stack.Stacked`);
@@ -287,17 +286,11 @@ def pretraining_loss(
     return loss, metrics
 
 
-def encoder_view(cfg: ModelConfig) -> monitor.StackView:
-    """Where the monitor finds the encoder's layers in BertForPreTraining's parameters (and
-    the classifier's: both hold the encoder under "bert")."""
-    rules = [cfg.layer_rule(i) for i in range(cfg.num_layers)]
-    alpha = StackDepth.of("encoder", cfg.num_layers).alpha
-    return monitor.StackView(
-        path=("bert", "encoder", "layers"),
-        num_layers=cfg.num_layers,
-        sublayers=EncoderLayer.names,
-        deepnorm_alpha=alpha if any(r.skip == "alpha" for r in rules) else None,
-    )
+def encoder_view(cfg: ModelConfig) -> StackView:
+    """The encoder's view (`ln_jax.nn.stack.StackView`) in BertForPreTraining's parameters
+    (and the classifier's: both hold the encoder under "bert")."""
+    depth = StackDepth.of("encoder", cfg.num_layers)
+    return StackView.of(cfg, EncoderLayer, ("bert", "encoder", "layers"), depth=depth)
 
 
 def create_model(

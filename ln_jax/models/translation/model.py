@@ -22,10 +22,10 @@ from ln_jax import sharding
 from ln_jax.config import ModelConfig
 from ln_jax.models.translation.loss import token_losses
 from ln_jax.models.translation.options import TranslationOptions
-from ln_jax.nn.blocks import ACT, Record, StackDepth
+from ln_jax.nn.blocks import ACT, DecoderLayer, EncoderLayer, Record, StackDepth
 from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, LayerNorm, dropout, float32_einsum, split_key
-from ln_jax.nn.stack import Decoder, Encoder
+from ln_jax.nn.stack import Decoder, Encoder, StackView
 from ln_jax.nn.tokens import TokenLayout
 from ln_jax.sharding import constrain
 
@@ -216,15 +216,24 @@ class Translator(nnx.Module):
             out["memory"] = memory
         return out
 
-    # `ln_jax.nn.stack.Stacked`: Admin's profiling and the analyses see both stacks.
-    def stacks(self) -> list[tuple[str, Any]]:
-        return [("encoder", self.encoder), ("decoder", self.decoder)]
+    # `ln_jax.nn.stack.Stacked`: Admin's profiling, the monitor and the analyses see both.
+    def stack_views(self) -> list[StackView]:
+        return translator_views(self.cfg, self.options)
 
     def stack_records(self, batch: dict, dropout_key: Array | None) -> dict[str, Record]:
         out = self(
             batch["src"], batch["src_mask"], batch["tgt_in"], dropout_key=dropout_key, record=True
         )
         return out["intermediates"]
+
+
+def translator_views(cfg: ModelConfig, options: TranslationOptions) -> list[StackView]:
+    """The views of the encoder and the decoder (`ln_jax.nn.stack.StackView`), named
+    "encoder" and "decoder" in the monitor's names."""
+    return [
+        StackView.of(cfg, EncoderLayer, ("encoder", "layers"), "encoder"),
+        StackView.of(options.decoder_config(cfg), DecoderLayer, ("decoder", "layers"), "decoder"),
+    ]
 
 
 def tied_projection(h: Array, table: Array) -> Array:
