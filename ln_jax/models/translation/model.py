@@ -1,12 +1,13 @@
 """The encoder-decoder Transformer for translation, on the same placement table as BERT.
 
 `Translator(cfg, options)`: a shared source/target vocabulary with tied embeddings and output
-projection (optionally untied), embeddings (`ln_jax.nn.embed`) scaled by sqrt(d), sinusoidal positions (Vaswani
-et al.; learned as an option), an `Encoder` of `cfg.num_layers` and a `Decoder` of
-`options.decoder_layers` layers (`ln_jax.nn.stack`), each with every placement row (Pre-LN: a
-final norm on each stack; DeepNorm: the encoder-decoder constants; Admin: 2 and 3 sub-layers
-per layer). Special ids from the options (ln_jax's vocabularies: PAD 0, UNK 1, BOS 2, EOS 3;
-an imported Marian model its own); an optional output bias (Marian's final_logits_bias).
+projection (optionally untied), embeddings (`ln_jax.nn.embed`) scaled by sqrt(d), sinusoidal
+positions (Vaswani et al.; learned as an option), an `Encoder` of `cfg.num_layers` and a
+`Decoder` of `options.decoder_layers` layers (`ln_jax.nn.stack`), each with every placement
+row (Pre-LN: a final norm on each stack; DeepNorm: the encoder-decoder constants; Admin: 2 and
+3 sub-layers per layer). Special ids from the options (ln_jax's vocabularies: PAD 0, UNK 1,
+BOS 2, EOS 3; an imported Marian model its own); an optional output bias (Marian's
+final_logits_bias).
 """
 
 from __future__ import annotations
