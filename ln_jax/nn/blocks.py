@@ -21,7 +21,8 @@ from flax import nnx
 
 from ln_jax.nn.attention import Attention
 from ln_jax.nn.init import admin_closed_form, deepnorm_constants
-from ln_jax.nn.layers import DyT, FeedForward, LayerNorm, RMSNorm, dropout, split_key
+from ln_jax.nn.layers import FeedForward, dropout, split_key
+from ln_jax.nn.norms import DyT, LayerNorm, RMSNorm
 from ln_jax.nn.placements import PlacementRule
 from ln_jax.nn.spec import StackConfig
 from ln_jax.sharding import ACT, constrain

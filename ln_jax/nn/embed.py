@@ -18,7 +18,8 @@ import numpy as np
 from flax import nnx
 
 from ln_jax.nn.init import init_scheme
-from ln_jax.nn.layers import LayerNorm, dropout
+from ln_jax.nn.layers import dropout
+from ln_jax.nn.norms import LayerNorm
 from ln_jax.sharding import ACT, constrain
 
 Array = jax.Array
@@ -66,14 +67,20 @@ class Embed(nnx.Module):
         if pad_id is not None:
             table = table.at[pad_id].set(0.0)
         self.word = nnx.Param(table, out_sharding=("vocab", "embed"))
-        self.position = None
-        if positions == "learned":
-            table = init(rngs.params(), (cfg.max_position_embeddings, d))
-            self.position = nnx.Param(table, out_sharding=("position", "embed"))
-        self.segment = None
-        if types:
-            table = init(rngs.params(), (types, d))
-            self.segment = nnx.Param(table, out_sharding=("segment", "embed"))
+        learned = positions == "learned"
+        self.position = (
+            nnx.Param(
+                init(rngs.params(), (cfg.max_position_embeddings, d)),
+                out_sharding=("position", "embed"),
+            )
+            if learned
+            else None
+        )
+        self.segment = (
+            nnx.Param(init(rngs.params(), (types, d)), out_sharding=("segment", "embed"))
+            if types
+            else None
+        )
         # The embedding output starts the residual stream: in the residual dtype.
         self.norm = (
             LayerNorm(d, eps=cfg.layer_norm_eps, dtype=cfg.residual_dtype)

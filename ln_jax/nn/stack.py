@@ -84,7 +84,6 @@ class Stack(nnx.Module):
         depth: StackDepth | None = None,
     ):
         self.cfg = cfg
-        self.layer_class = layer
         self.decoding = False
         if cfg.scan_layers:
             self.layers = _stacked_layers(cfg, layer, depth, rngs)
@@ -124,10 +123,6 @@ class Stack(nnx.Module):
                 rec["final_norm_in"], rec["final_norm_out"] = y, out
             y = out
         return y, rec
-
-    def sublayer_names(self) -> tuple[str, ...]:
-        """The names of a layer's residual sub-layers, in order (e.g. ("attention", "ffn"))."""
-        return self.layer_class.names
 
 
 class Encoder(Stack):

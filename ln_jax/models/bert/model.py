@@ -11,7 +11,8 @@ from ln_jax.config import ModelConfig
 from ln_jax.nn.blocks import EncoderLayer, Record, StackDepth
 from ln_jax.nn.embed import Embed
 from ln_jax.nn.init import init_scheme
-from ln_jax.nn.layers import Dense, LayerNorm, activation, float32_einsum, logsumexp, split_key
+from ln_jax.nn.layers import Dense, activation, float32_einsum, logsumexp, split_key
+from ln_jax.nn.norms import LayerNorm
 from ln_jax.nn.stack import Encoder, StackView
 from ln_jax.sharding import constrain
 
