@@ -334,10 +334,6 @@ class ModelConfig:
         return self.layer_rule(self.num_layers - 1)
 
     @property
-    def num_sublayers(self) -> int:
-        return 2 * self.num_layers
-
-    @property
     def compute_dtype(self) -> Any:
         return DTYPES[self.dtype]
 

@@ -33,16 +33,21 @@ Optional methods (a task without them trains as before; see `OPTIONAL`):
     def check_config(cfg) -> None:
         # Raises ValueError for settings the task cannot run (its task_options), when the
         # TrainConfig is built: a command line's error before anything is set up.
-    def sublayers(self, model) -> list[tuple[str, Any]]:
-        # Every residual sub-layer in order, ("[stack/]layer_NN/<name>", ResidualSublayer), for
-        # monitoring, Admin profiling and analyses (`ln_jax.nn.stack.stack_sublayers`).
     def eval_description(self) -> str | None:
         # What an evaluation does that takes a while (decoding for BLEU), for the lines the
         # trainer shows before it and with its time after; None: nothing to say.
+    def random_batch(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        # One training batch of random tokens on the host (numpy, `abstract_batch`'s shapes),
+        # for the analyses' measurements on random data (`ln_jax.analysis`).
+    def host_batches(self) -> Iterator[dict[str, np.ndarray]]:
+        # The training corpus's batches on the host (one process, no loader threads), for the
+        # analyses' measurements on real data.
 
 Fine-tuning (`ln_jax.models.bert.finetune.task.GlueClassification`, "glue_classification")
-has the first two; translation (`ln_jax.models.translation.task.Translation`) the last four,
-BERT pretraining `sublayers`; the toy of tests/toy_task.py none.
+has the first two; translation (`ln_jax.models.translation.task.Translation`) `tokens_per_step`,
+`check_config` and `eval_description`; BERT pretraining the last two; the toy of
+tests/toy_task.py none. The model a task builds may also be `ln_jax.nn.stack.Stacked` (its
+stacks seen by Admin's profiling and the analyses).
 """
 
 from __future__ import annotations
@@ -69,8 +74,9 @@ OPTIONAL = (
     "run_result",
     "tokens_per_step",
     "check_config",
-    "sublayers",
     "eval_description",
+    "random_batch",
+    "host_batches",
 )
 
 

@@ -7,6 +7,7 @@ thresholds were set from measurements at these sizes with a margin.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -208,7 +209,8 @@ def assert_layer_norms_of_batches(settings, init):
     arm = Arm("post", arm_model(settings, "post", 3), settings.config.data)
     batches = models.take_batches(settings, arm, settings.batches)
     ((_, model),) = models.instances(settings, arm, batches[0])
-    grad_fn = models.jit_model_fn(gradients._ffn_grads)
+    task = models.arm_task(settings, arm)
+    grad_fn = models.jit_model_fn(functools.partial(gradients._ffn_grads, task))
     grads = [[np.asarray(g, np.float64) for g in grad_fn(model, b)] for b in batches]
     flat = lambda g: g.reshape(3, -1)  # [layers, d * mlp]
     for k, matrix in enumerate(("W1", "W2")):
@@ -217,7 +219,8 @@ def assert_layer_norms_of_batches(settings, init):
         np.testing.assert_allclose(init["mean_of_norm"][matrix]["mean"], norms, rtol=1e-4)
         np.testing.assert_allclose(init["norm_of_mean"][matrix]["mean"], of_mean, rtol=1e-4)
     one = gradients.stack_batches(batches[:1])
-    per_batch, of_mean = models.jit_model_fn(gradients._ffn_grad_moments)(model, one)
+    moments = functools.partial(gradients._ffn_grad_moments, task)
+    per_batch, of_mean = models.jit_model_fn(moments)(model, one)
     np.testing.assert_allclose(per_batch[0], of_mean, rtol=1e-6)
 
 
@@ -262,7 +265,8 @@ def checkpoint_run(tmp_path_factory):
     """A saved run (parameters shifted from their initialisation, as training would)."""
     workdir = tmp_path_factory.mktemp("run")
     cfg = analysis_config(overrides={**SMALL_BERT, "model.placement": "post"})
-    model = models.fresh_model(cfg.model, False, 0, batch={})  # what trainer.init_state builds
+    task = models.analysis_task(cfg, theory=False)
+    model = models.fresh_model(task, 0, batch={})  # what trainer.init_state builds
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(1), len(leaves))
@@ -319,8 +323,9 @@ def test_stacked_fresh_models_and_admin_profile_match_ln_jax():
     settings = bert_settings()
     cfg = arm_model(settings, "admin", 3)
     assert cfg.scan_layers  # the analysis stacks the layers of a list-initialised model
-    batch = models.take_batches(settings, Arm("admin", cfg, settings.config.data), 1)[0]
-    model = models.fresh_model(cfg, False, 4, batch)
+    arm = Arm("admin", cfg, settings.config.data)
+    batch = models.take_batches(settings, arm, 1)[0]
+    model = models.fresh_model(models.arm_task(settings, arm), 4, batch)
     with nnx.use_eager_sharding(False):  # what create_model(cfg, seed=4) builds, uncompiled
         reference = ln_jax.BertForPreTraining(cfg.replace(scan_layers=False), rngs=nnx.Rngs(4))
     omegas = admin.admin_profile(reference, batch, None)

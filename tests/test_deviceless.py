@@ -89,12 +89,12 @@ def test_the_census_finds_every_flop_the_lowered_step_multiplies(two_h100s):
 
 @needs_plugin
 def test_a_gpu_s_layer_norms_read_their_input_once(two_h100s, monkeypatch):
-    """On a GPU each LayerNorm's statistics are one reduction (`layers.row_moments`:
+    """On a GPU each LayerNorm's statistics are one reduction (`norms.row_moments`:
     Welford's), fused into the kernel that writes its input; the two-pass form read that input
     again for the variance, in a kernel of its own, plus its small follow-ups."""
-    from ln_jax.nn import layers
+    from ln_jax.nn import norms
 
-    monkeypatch.setattr(layers, "row_moments", layers._two_pass_moments)
+    monkeypatch.setattr(norms, "row_moments", norms._two_pass_moments)
     two_pass = compile_check.gpu_report(tiny, "h100", (2, 1, 1), num_devices=2)["kernel_census"]
     one_pass = two_h100s["kernel_census"]
     norms = 2 * 2 + 2  # BERT-tiny: two per layer, the embeddings', the MLM head's

@@ -426,6 +426,7 @@ def test_ffn_gradient_norms_by_layer_of_both_stacks():
     from flax import nnx
 
     from ln_jax.analysis import gradients
+    from ln_jax.nn.stack import StackView
 
     class Leaf(nnx.Module):
         def __init__(self, value):
@@ -452,9 +453,11 @@ def test_ffn_gradient_norms_by_layer_of_both_stacks():
         def __init__(self):
             self.encoder, self.decoder = Stack([1.0, 2.0]), Stack([3.0])
 
-    norms = gradients.translation_ffn_grads(
-        nnx.state(Model(), nnx.Param), [("encoder", 2), ("decoder", 1)]
-    )
+    views = [
+        StackView(("encoder", "layers"), 2, ("ffn",)),
+        StackView(("decoder", "layers"), 1, ("ffn",)),
+    ]
+    norms = gradients.ffn_grad_norms(nnx.state(Model(), nnx.Param), views)
     # ||c * ones(2, 3)||_F = c * sqrt(6)
     np.testing.assert_allclose(norms["encoder/W1"], [np.sqrt(6), 2 * np.sqrt(6)], rtol=1e-6)
     np.testing.assert_allclose(norms["encoder/W2"], [2 * np.sqrt(6), 4 * np.sqrt(6)], rtol=1e-6)

@@ -368,11 +368,11 @@ def test_named_sizes():
 
 @pytest.mark.parametrize("which", ["layernorm", "rmsnorm"])
 def test_closed_form_norm_backward_matches_autodiff(which):
-    """layers.normalize / rms_normalize: hand-written VJPs equal autodiff of their forward."""
-    from ln_jax.nn import layers
+    """norms.normalize / rms_normalize: hand-written VJPs equal autodiff of their forward."""
+    from ln_jax.nn import layers, norms
 
     eps = 1e-12 if which == "layernorm" else 1e-6
-    fn = layers.normalize if which == "layernorm" else layers.rms_normalize
+    fn = norms.normalize if which == "layernorm" else norms.rms_normalize
 
     def plain(x):
         if which == "layernorm":
@@ -404,10 +404,10 @@ def test_closed_form_norm_backward_matches_autodiff(which):
 
 
 def test_layer_norm_closed_form_gradients_match_autodiff():
-    """layers.layer_norm: its hand-written backward gives the input's, the scale's and the
+    """norms.layer_norm: its hand-written backward gives the input's, the scale's and the
     bias's gradients of autodiff of normalize(x) * scale + bias; the row statistics reach it
     through an optimisation barrier (XLA then reads them instead of re-deriving the mean)."""
-    from ln_jax.nn import layers
+    from ln_jax.nn import norms
 
     kx, kg, ks = jax.random.split(jax.random.key(1), 3)
     x = 3.0 * jax.random.normal(kx, (4, 5, 32)) + 1.5
@@ -418,7 +418,7 @@ def test_layer_norm_closed_form_gradients_match_autodiff():
         c = x - x.mean(-1, keepdims=True)
         return c * jax.lax.rsqrt(jnp.square(c).mean(-1, keepdims=True) + 1e-12) * scale + bias
 
-    ours = lambda x, s, b: layers.layer_norm(x, s, b, 1e-12)  # noqa: E731
+    ours = lambda x, s, b: norms.layer_norm(x, s, b, 1e-12)  # noqa: E731
     y, vjp = jax.vjp(ours, x, scale, bias)
     y_ref, vjp_ref = jax.vjp(plain, x, scale, bias)
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
@@ -431,15 +431,15 @@ def test_layer_norm_closed_form_gradients_match_autodiff():
 
 @pytest.mark.parametrize("offset", [0.0, 1.5, 300.0])
 def test_one_pass_row_moments_equal_the_two_pass_form(offset, monkeypatch):
-    """`layers.row_moments` on a GPU is Welford's one pass: its mean and variance, their
+    """`norms.row_moments` on a GPU is Welford's one pass: its mean and variance, their
     gradients and forward-mode tangents equal the two-pass form's, also on rows whose mean is
     100 standard deviations from zero; a LayerNorm on it keeps its closed-form gradients. On
     this CPU row_moments is the two-pass form, bit for bit."""
-    from ln_jax.nn import layers
+    from ln_jax.nn import norms
 
     kx, kg, kt = jax.random.split(jax.random.key(2), 3)
     x = offset + 3.0 * jax.random.normal(kx, (4, 5, 768))
-    one, two = layers._one_pass_moments, layers._two_pass_moments
+    one, two = norms._one_pass_moments, norms._two_pass_moments
     x64 = np.asarray(x, np.float64)
     mean64 = x64.mean(-1, keepdims=True)
     var64 = np.square(x64 - mean64).mean(-1, keepdims=True)
@@ -449,7 +449,7 @@ def test_one_pass_row_moments_equal_the_two_pass_form(offset, monkeypatch):
     mean, var = one(x)
     assert np.abs(mean - mean64).max() < 2e-6 * (offset + 12.0)
     assert np.abs(var / var64 - 1.0).max() < 2e-5
-    for a, b in zip(layers.row_moments(x), two(x), strict=True):
+    for a, b in zip(norms.row_moments(x), two(x), strict=True):
         assert np.array_equal(a, b)
     cot = tuple(jax.random.normal(k, (4, 5, 1)) for k in jax.random.split(kg))
     for a, b in zip(jax.vjp(one, x)[1](cot), jax.vjp(two, x)[1](cot), strict=True):
@@ -460,9 +460,9 @@ def test_one_pass_row_moments_equal_the_two_pass_form(offset, monkeypatch):
 
     scale, bias = 1.0 + 0.1 * jax.random.normal(kt, (768,)), jnp.linspace(-1.0, 1.0, 768)
     g = jax.random.normal(kg, x.shape)
-    ln = lambda x, s, b: layers.layer_norm(x, s, b, 1e-12)  # noqa: E731
+    ln = lambda x, s, b: norms.layer_norm(x, s, b, 1e-12)  # noqa: E731
     y_two, vjp_two = jax.vjp(ln, x, scale, bias)
-    monkeypatch.setattr(layers, "row_moments", one)  # as a GPU's trace takes it
+    monkeypatch.setattr(norms, "row_moments", one)  # as a GPU's trace takes it
     y_one, vjp_one = jax.vjp(ln, x, scale, bias)
     tol = 1e-4 * (1.0 + offset / 100.0)  # the mean's error over the spread, 3
     np.testing.assert_allclose(y_one, y_two, rtol=tol, atol=tol)

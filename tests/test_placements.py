@@ -17,7 +17,7 @@ from ln_jax.models.bert.fold import fold_admin
 from ln_jax.models.bert.model import encoder_view
 from ln_jax.nn import admin
 from ln_jax.nn.init import bert_std
-from ln_jax.nn.layers import DyT, RMSNorm
+from ln_jax.nn.norms import DyT, RMSNorm
 from ln_jax.nn.placements import PlacementRule
 from tests import reference
 from tests.test_models import ODD, batch, build, flat_params, randomize
@@ -380,7 +380,7 @@ def test_each_norm_decomposes_itself_as_the_residual_analysis_needs():
 
 
 def _check_decompositions():
-    from ln_jax.nn.layers import LayerNorm
+    from ln_jax.nn.norms import LayerNorm
 
     rng = np.random.default_rng(0)
     x = jax.numpy.asarray(rng.normal(size=(3, 5, 8)), jax.numpy.float32)

@@ -20,6 +20,7 @@ from flax import nnx
 from ln_jax import sharding
 from ln_jax import translate as translate_cli
 from ln_jax.config_front import build_config, load_config, override
+from ln_jax.nn.stack import model_sublayers
 from ln_jax.task import make_task
 from ln_jax.train import trainer
 
@@ -195,7 +196,7 @@ def test_translation_settings_are_checked():
     task = make_task(mt_config(**{"optim.warmup_steps": 1}))
     assert task.name == "translation" and task.options.decoder_layers == 2
     with sharding.use_mesh(sharding.single_device_mesh()):
-        names = [n for n, _ in task.sublayers(task.build(nnx.Rngs(0)))]
+        names = [n for n, _ in model_sublayers(task.build(nnx.Rngs(0)))]
     assert names[:2] == ["encoder/layer_00/attention", "encoder/layer_00/ffn"]
     assert names[-3:] == [
         f"decoder/layer_01/{n}" for n in ("self_attention", "cross_attention", "ffn")

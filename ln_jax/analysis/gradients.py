@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,10 +21,12 @@ import numpy as np
 import optax
 from flax import nnx
 
+from ln_jax import sharding
 from ln_jax.analysis.models import (
     AnyModel,
     Batch,
     all_arms,
+    arm_task,
     batch_stream,
     checkpoint_arm,
     checkpoint_info,
@@ -34,6 +37,9 @@ from ln_jax.analysis.models import (
 )
 from ln_jax.analysis.settings import Arm, Settings, depth_arms, describe, one_depth
 from ln_jax.analysis.stats import seed_mean_std
+from ln_jax.nn.placement_setup import setup_placements
+from ln_jax.nn.stack import StackView
+from ln_jax.task import Task, make_task
 from ln_jax.train import optim
 
 # What `layers` measures, beside what the papers measured.
@@ -44,36 +50,53 @@ ENCODER_ONLY_NOTE = (
 )
 
 
-def ffn_kernels(tree: Any, model: AnyModel) -> tuple[jax.Array, jax.Array]:
-    """W^1 [num_layers, d, mlp] and W^2 [num_layers, mlp, d] of every layer from a tree shaped
-    like the model's parameters (the parameters themselves, or their gradients)."""
-    cfg = model.cfg
-    encoder = tree["encoder"] if "encoder" in tree else tree["bert"]["encoder"]
-    layers = encoder["layers"]
-    if cfg.scan_layers:
-        ffn = layers["ffn"]["branch"]
-        return ffn["wi"]["kernel"][...], ffn["wo"]["kernel"][...]
-    stack = lambda name: jnp.stack(
-        [layers[i]["ffn"]["branch"][name]["kernel"][...] for i in range(cfg.num_layers)]
-    )
-    return stack("wi"), stack("wo")
+def ffn_kernels(tree: Any, view: StackView) -> tuple[jax.Array, jax.Array]:
+    """W^1 [num_layers, d, mlp] and W^2 [num_layers, mlp, d] of every layer of the stack of
+    `view` from a tree shaped like the model's parameters (the parameters themselves, or their
+    gradients); the layers a list or scanned."""
+    tree = nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
+    layers = functools.reduce(lambda node, part: node[part], view.path, tree)
+    kernel = lambda ffn, name: jnp.asarray(ffn["branch"][name]["kernel"])
+    if all(i in layers for i in range(view.num_layers)):  # a list of layers
+        stack = lambda name: jnp.stack(
+            [kernel(layers[i]["ffn"], name) for i in range(view.num_layers)]
+        )
+        return stack("wi"), stack("wo")
+    return kernel(layers["ffn"], "wi"), kernel(layers["ffn"], "wo")
 
 
-def _ffn_grads(model: AnyModel, batch: Batch) -> tuple[jax.Array, jax.Array]:
-    """dL/dW^1 [num_layers, d, mlp] and dL/dW^2 [num_layers, mlp, d] on one batch."""
-    grads = nnx.grad(model_loss)(model, batch)
-    return ffn_kernels(grads, model)
+def ffn_grad_norms(grads: Any, views: Sequence[StackView]) -> dict[str, jax.Array]:
+    """{"<stack>/W1": [L], "<stack>/W2": [L]} per view (the stack's attribute name:
+    "encoder", "decoder"): ||dL/dW||_F of each layer's FFN matrices from a gradient tree."""
+    out = {}
+    for view in views:
+        for matrix, g in zip(("W1", "W2"), ffn_kernels(grads, view), strict=True):
+            out[f"{view.attribute}/{matrix}"] = jnp.sqrt(jnp.sum(g * g, axis=(1, 2)))
+    return out
 
 
-def _last_w2_norm(model: AnyModel, batch: Batch) -> jax.Array:
+def _encoder_view(model: AnyModel) -> StackView:
+    return model.stack_views()[0]
+
+
+def _ffn_grads(task: Task, model: AnyModel, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    """dL/dW^1 [num_layers, d, mlp] and dL/dW^2 [num_layers, mlp, d] of the first stack on
+    one batch."""
+    grads = nnx.grad(lambda m: model_loss(task, m, batch))(model)
+    return ffn_kernels(grads, _encoder_view(model))
+
+
+def _last_w2_norm(task: Task, model: AnyModel, batch: Batch) -> jax.Array:
     """||dL/dW^{2,L}||_F on one batch (a scalar)."""
-    return jnp.linalg.norm(_ffn_grads(model, batch)[1][-1])
+    return jnp.linalg.norm(_ffn_grads(task, model, batch)[1][-1])
 
 
 def _per_model_per_batch(
-    settings: Settings, arm: Arm, fn: Callable[[AnyModel, Batch], Any]
+    settings: Settings, arm: Arm, measure: Callable[[Task, AnyModel, Batch], Any]
 ) -> list[list[np.ndarray]]:
-    """fn(model, batch) for every model of the arm and every measurement batch."""
+    """measure(task, model, batch) for every model of the arm and every measurement batch
+    (jitted once for the arm's models)."""
+    fn = jit_model_fn(functools.partial(measure, arm_task(settings, arm)))
     batches = take_batches(settings, arm, settings.batches)
     return [
         [np.asarray(fn(model, b)) for b in batches]
@@ -97,7 +120,7 @@ def grad_norm_by_depth(
     """
     arms = depth_arms(settings, placements, num_layers)
     ckpt = checkpoint_arm(settings)  # a bad path fails before anything is measured
-    fn = jit_model_fn(_last_w2_norm)
+    fn = _last_w2_norm
     results = {
         label: {
             str(n): seed_mean_std(_per_model_per_batch(settings, a, fn)) for n, a in by_n.items()
@@ -122,11 +145,12 @@ def stack_batches(batches: Sequence[Batch]) -> Batch:
     return jax.tree.map(lambda *xs: np.stack(xs), *batches)
 
 
-def _ffn_grad_moments(model: AnyModel, stacked: Batch) -> tuple[jax.Array, jax.Array]:
+def _ffn_grad_moments(task: Task, model: AnyModel, stacked: Batch) -> tuple[jax.Array, jax.Array]:
     """Per-batch and expected FFN gradient norms over n stacked batches, in one compiled scan.
 
     Args:
-      model: the model at which the gradients are taken.
+      task: the task whose loss is differentiated.
+      model: the model at which the gradients are taken (its first stack is measured).
       stacked: `stack_batches` of n batches (arrays [n, ...]).
 
     Returns:
@@ -134,10 +158,11 @@ def _ffn_grad_moments(model: AnyModel, stacked: Batch) -> tuple[jax.Array, jax.A
        of_mean [2, num_layers]: ||mean over the n batches of dL/dW||_F).
     """
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    view = _encoder_view(model)
 
     def kernel_grads(batch: Batch) -> tuple[jax.Array, jax.Array]:
-        loss = lambda p: model_loss(nnx.merge(graphdef, p, rest), batch)
-        return ffn_kernels(jax.grad(loss)(params), model)
+        loss = lambda p: model_loss(task, nnx.merge(graphdef, p, rest), batch)
+        return ffn_kernels(jax.grad(loss)(params), view)
 
     def layer_norms(g1: jax.Array, g2: jax.Array) -> jax.Array:  # -> [2, num_layers]
         return jnp.stack([jnp.sqrt(jnp.sum(g * g, axis=(1, 2))) for g in (g1, g2)])
@@ -147,7 +172,7 @@ def _ffn_grad_moments(model: AnyModel, stacked: Batch) -> tuple[jax.Array, jax.A
         total = jax.tree.map(jnp.add, total, grads)
         return total, layer_norms(*grads)
 
-    zeros = jax.tree.map(jnp.zeros_like, ffn_kernels(params, model))
+    zeros = jax.tree.map(jnp.zeros_like, ffn_kernels(params, view))
     total, per_batch = jax.lax.scan(body, zeros, stacked)
     n = jax.tree.leaves(stacked)[0].shape[0]
     return per_batch, layer_norms(*(t / n for t in total))
@@ -164,15 +189,16 @@ def _warmup_optimizer(settings: Settings, steps: int, lr: float) -> optim.OptimC
     )
 
 
-def make_trainer(cfg: optim.OptimConfig) -> Callable[[AnyModel, Any, int], AnyModel]:
-    """(model, batch iterator, steps) -> the model after `steps` in-place optimizer updates.
+def make_trainer(cfg: optim.OptimConfig, task: Task) -> Callable[[AnyModel, Any, int], AnyModel]:
+    """(model, batch iterator, steps) -> the model after `steps` in-place optimizer updates of
+    the task's loss.
 
     The update is compiled once per model structure, shared by every seed.
     """
     tx = optim.make_optimizer(cfg, {})
 
     def step(m: AnyModel, state: Any, batch: Batch) -> tuple[Any, Any]:
-        grads = nnx.grad(model_loss)(m, batch)
+        grads = nnx.grad(lambda model: model_loss(task, model, batch))(m)
         current = nnx.state(m, nnx.Param)
         updates, state = tx.update(grads, state, current)
         return optax.apply_updates(current, updates), state
@@ -189,7 +215,10 @@ def make_trainer(cfg: optim.OptimConfig) -> Callable[[AnyModel, Any, int], AnyMo
     return train
 
 
-def _layer_arm(settings: Settings, arm: Arm, moments_fn, train_steps: int, train) -> dict:
+def _layer_arm(settings: Settings, arm: Arm, optim_cfg, train_steps: int) -> dict:
+    task = arm_task(settings, arm)
+    moments_fn = jit_model_fn(functools.partial(_ffn_grad_moments, task))
+    train = make_trainer(optim_cfg, task)
     stacked = stack_batches(take_batches(settings, arm, settings.batches))
     measure = lambda m: [np.asarray(x, np.float64) for x in moments_fn(m, stacked)]
     init, trained = [], []
@@ -246,9 +275,8 @@ def grad_norm_by_layer(
     if train_steps < 0:
         raise ValueError(f"train_steps={train_steps} must be >= 0 (0 skips the training).")
     optim_cfg = _warmup_optimizer(settings, train_steps, train_lr)
-    moments_fn, train = jit_model_fn(_ffn_grad_moments), make_trainer(optim_cfg)
     results = {
-        arm.label: _layer_arm(settings, arm, moments_fn, train_steps, train)
+        arm.label: _layer_arm(settings, arm, optim_cfg, train_steps)
         for arm in all_arms(settings, placements, depth)
     }
     return {
@@ -276,24 +304,6 @@ TRANSLATION_NOTE = (
     "of its corpus, at initialisation (placements' set-up hooks run first, e.g. Admin's "
     "profile), dropout off"
 )
-
-
-def translation_ffn_grads(grads: Any, stacks: Sequence[tuple[str, int]]) -> dict[str, jax.Array]:
-    """{"encoder/W1": [L_enc], "encoder/W2", "decoder/W1", "decoder/W2"}: ||dL/dW||_F of each
-    layer's FFN matrices from a Translator's gradient state (list or scanned layers)."""
-    flat = {"/".join(map(str, p)): v for p, v in nnx.to_flat_state(grads)}
-    out = {}
-    for stack, depth in stacks:
-        for matrix, name in (("W1", "wi"), ("W2", "wo")):
-            scanned = f"{stack}/layers/ffn/branch/{name}/kernel"
-            if scanned in flat:
-                g = flat[scanned].get_value()
-                out[f"{stack}/{matrix}"] = jnp.sqrt(jnp.sum(g * g, axis=(1, 2)))
-                continue
-            keys = [f"{stack}/layers/{i}/ffn/branch/{name}/kernel" for i in range(depth)]
-            norms = [jnp.linalg.norm(flat[k].get_value()) for k in keys]
-            out[f"{stack}/{matrix}"] = jnp.stack(norms)
-    return out
 
 
 def _with_seeds(per_seed: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -325,23 +335,15 @@ def translation_grad_norm_by_layer(
        ...}},
        "measurement", "architecture", "config"}.
     """
-    from ln_jax import sharding
-    from ln_jax.data import make_translation_pipeline
-    from ln_jax.models.translation.task import Translation
-    from ln_jax.nn.placement_setup import setup_placements
-
     if cfg.task != "translation" or batches < 1:
         raise ValueError(
             f"mt_gradients needs a translation config (task {cfg.task!r}) and --batches >= 1 "
             f"(got {batches}); use --config=configs/study_mt.py:gradients."
         )
-    mesh = sharding.single_device_mesh()
-    o = Translation(cfg).options
-    lengths = dict(max_source_length=o.max_source_length, max_target_length=o.max_target_length)
-    with sharding.use_mesh(mesh):
-        stream, _ = make_translation_pipeline(cfg.data, split="train", seed=0, mesh=mesh, **lengths)
-        data = [next(stream) for _ in range(batches)]
-        stream.close()
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seed=0))
+    stream = make_task(cfg).host_batches()
+    data = [next(stream) for _ in range(batches)]
+    getattr(stream, "close", lambda: None)()
     results: dict[str, Any] = {}
     for placement in placements:
         for depth in depths:
@@ -350,7 +352,7 @@ def translation_grad_norm_by_layer(
             run_cfg = dataclasses.replace(
                 run_cfg, task_options={**dict(cfg.task_options), "decoder_layers": depth}
             )
-            per_seed = _translation_seeds(run_cfg, mesh, data, seeds, setup_placements)
+            per_seed = _ffn_norms_per_seed(run_cfg, data, seeds)
             results[f"{placement} L{depth}"] = {k: _with_seeds(per_seed, k) for k in per_seed[0]}
     return {
         "measurement": "E_batches||dL/dW||_F of the FFN matrices of each encoder/decoder layer",
@@ -369,21 +371,18 @@ def translation_grad_norm_by_layer(
     }
 
 
-def _translation_seeds(cfg, mesh, data, seeds, setup_placements) -> list[dict[str, np.ndarray]]:
-    """Per seed: {stack/matrix: [L] mean over `data`'s batches of the FFN gradient norms}."""
-    from ln_jax import sharding
-    from ln_jax.models.translation.task import Translation
-
-    task = Translation(cfg)
-    stacks = [("encoder", cfg.model.num_layers), ("decoder", task.options.decoder_layers)]
+def _ffn_norms_per_seed(cfg, data, seeds) -> list[dict[str, np.ndarray]]:
+    """Per seed: {stack/matrix: [L] mean over `data`'s batches of the FFN gradient norms} of
+    every stack of a fresh model of `cfg`'s task (placements set up on `data[0]`)."""
+    task = make_task(cfg)
 
     def norms(model, batch):
-        loss = lambda m: task.loss(m, batch, None, task.normalizers(batch))[0]
-        return translation_ffn_grads(nnx.grad(loss)(model), stacks)
+        grads = nnx.grad(lambda m: model_loss(task, m, batch))(model)
+        return ffn_grad_norms(grads, model.stack_views())
 
     fn = nnx.jit(norms)
     out = []
-    with sharding.use_mesh(mesh):
+    with sharding.use_mesh(sharding.single_device_mesh()):
         for seed in seeds:
             model = task.build(nnx.Rngs(seed))
             setup_placements(model, lambda: data[0], None)

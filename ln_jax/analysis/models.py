@@ -1,7 +1,12 @@
-"""Models and batches of the measurements: the theory model, fresh seeds, checkpoints.
+"""Models and batches of the measurements, through the task: the theory model, fresh seeds,
+checkpoints.
 
-Every model-level function is jitted once per model structure (`jit_model_fn`) and then
-applied to the state of each seed, so a seed costs one initialisation, not a compilation.
+An arm's models are built by its task (`ln_jax.task.make_task` of the arm's config; the theory
+setting's own `TheoryTask`), its loss is the task's, its batches the task's `random_batch` /
+`host_batches`, and its layers are read through the model's stacks (`ln_jax.nn.stack.Stacked`):
+nothing here names a model family. Every model-level function is jitted once per model
+structure (`jit_model_fn`) and then applied to the state of each seed, so a seed costs one
+initialisation, not a compilation.
 """
 
 from __future__ import annotations
@@ -21,16 +26,15 @@ from flax import nnx
 
 from ln_jax.analysis.settings import Arm, Settings, make_arms
 from ln_jax.config import CheckpointConfig, ModelConfig, TrainConfig
-from ln_jax.data.config import DataConfig
-from ln_jax.models.bert.model import BertForPreTraining, pretraining_loss
-from ln_jax.nn.blocks import Record
+from ln_jax.nn.blocks import EncoderLayer, Record
 from ln_jax.nn.placement_setup import setup_placements
-from ln_jax.nn.stack import Encoder
+from ln_jax.nn.stack import Encoder, Stack, Stacked, StackView, stack_output, stacks
+from ln_jax.task import Task, make_task
 
 log = logging.getLogger(__name__)
 Array = jax.Array
 Batch = dict[str, Any]
-FIRST_ORDINARY_TOKEN = 5  # ids 0-4 are [PAD] [UNK] [CLS] [SEP] [MASK]
+AnyModel = Stacked
 
 
 class TheoryModel(nnx.Module):
@@ -66,49 +70,91 @@ class TheoryModel(nnx.Module):
         logp = jax.nn.log_softmax(logits.astype(jnp.float32))
         return -jnp.take_along_axis(logp, batch["labels"][..., None], axis=-1).mean()
 
+    def stack_views(self) -> list[StackView]:
+        """Its one stack (`ln_jax.nn.stack.Stacked`)."""
+        return [StackView.of(self.cfg, EncoderLayer, ("encoder", "layers"))]
 
-AnyModel = BertForPreTraining | TheoryModel
+    def stack_records(self, batch: Batch, dropout_key: Array | None) -> dict[str, Record]:
+        """The encoder's records, with "embeddings": the Gaussian inputs it reads."""
+        _, rec = self.encoder(batch["inputs"], dropout_key=dropout_key, record=True)
+        return {"encoder": {**rec, "embeddings": batch["inputs"]}}
 
 
-def encoder_of(model: AnyModel) -> Encoder:
-    return model.encoder if isinstance(model, TheoryModel) else model.bert.encoder
+class TheoryTask:
+    """The theory setting as the analyses see a task: its model, loss and Gaussian batches."""
+
+    name = "theory"
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+
+    def build(self, rngs: nnx.Rngs) -> TheoryModel:
+        return TheoryModel(self.cfg.model, rngs=rngs)
+
+    def normalizers(self, batch: Batch) -> dict[str, Array]:
+        return {}
+
+    def loss(self, model: TheoryModel, batch: Batch, key, normalizers, record: bool = False):
+        loss = model.loss(batch)
+        return loss, {"loss": loss}, {}
+
+    def random_batch(self, rng: np.random.Generator) -> Batch:
+        """{"inputs": [B, T, d] N(0, 1) float32, "labels": [B, T] uniform in the vocabulary}."""
+        data, cfg = self.cfg.data, self.cfg.model
+        shape = (data.global_batch_size, data.max_seq_length)
+        return {
+            "inputs": rng.standard_normal((*shape, cfg.hidden_size), dtype=np.float32),
+            "labels": rng.integers(0, cfg.vocab_size, shape, dtype=np.int32),
+        }
 
 
-def encode(model: AnyModel, batch: Batch, record: bool = False) -> tuple[Array, Record]:
-    """Deterministic encoder pass: (output [batch, length, d], intermediates).
+def analysis_task(cfg: TrainConfig, theory: bool) -> Task:
+    """The task of `cfg`: the theory setting's, or `make_task(cfg)`."""
+    return TheoryTask(cfg) if theory else make_task(cfg)
 
-    With `record`, the intermediates also hold "embeddings" [batch, length, d], the encoder's
+
+def arm_config(settings: Settings, arm: Arm) -> TrainConfig:
+    """The run config of the arm: the checkpoint's own or the settings' config, with the
+    arm's model and data."""
+    base = load_checkpoint(arm.checkpoint)[0] if arm.checkpoint else settings.config
+    data = arm.data
+    if data.vocab_size != arm.model.vocab_size:  # the theory setting's own softmax
+        data = dataclasses.replace(data, vocab_size=arm.model.vocab_size)
+    return dataclasses.replace(base, model=arm.model, data=data)
+
+
+def arm_task(settings: Settings, arm: Arm) -> Task:
+    """The task that builds, trains and feeds the arm's models."""
+    return analysis_task(arm_config(settings, arm), settings.setting == "theory")
+
+
+def first_stack(model: Stacked) -> tuple[StackView, Stack]:
+    """(view, module) of the model's first stack (the encoder: what the measurements read)."""
+    return stacks(model)[0]
+
+
+def encode(model: Stacked, batch: Batch, record: bool = False) -> tuple[Array, Record]:
+    """Deterministic pass of the model's first stack: (output [batch, length, d],
+    intermediates).
+
+    With `record`, the intermediates also hold "embeddings" [batch, length, d], the stack's
     input (the Gaussian inputs in the theory setting).
     """
-    if isinstance(model, TheoryModel):
-        hidden, rec = model(batch["inputs"], record=record)
-        if record:
-            rec["embeddings"] = batch["inputs"]
-        return hidden, rec
-    return model.bert(
-        batch["input_ids"], batch["segment_ids"], batch["attention_mask"], record=record
-    )
+    view = model.stack_views()[0]
+    rec = model.stack_records(batch, None)[view.attribute]
+    return stack_output(rec, view), (rec if record else {})
 
 
-def model_loss(model: AnyModel, batch: Batch) -> Array:
-    """The training loss at a deterministic forward pass.
-
-    MLM, plus NSP when the model has the head and the batch has labels (as the trainer:
-    `data.nsp and model.nsp_head`; batches of a config without NSP carry no "nsp_label").
-    """
-    if isinstance(model, TheoryModel):
-        return model.loss(batch)
-    keys = ("input_ids", "segment_ids", "attention_mask", "masked_positions")
-    outputs = model(*(batch[k] for k in keys))
-    use_nsp = model.nsp is not None and "nsp_label" in batch
-    return pretraining_loss(outputs, batch, use_nsp=use_nsp)[0]
+def model_loss(task: Task, model: AnyModel, batch: Batch) -> Array:
+    """The task's training loss at a deterministic forward pass (dropout off)."""
+    return task.loss(model, batch, None, task.normalizers(batch))[0]
 
 
 def real_tokens(batch: Batch) -> Array:
     """[batch, length] bool: the positions that hold tokens (not padding)."""
-    if "inputs" in batch:
-        return jnp.ones(batch["inputs"].shape[:2], bool)
-    return batch["attention_mask"] > 0
+    if "attention_mask" in batch:
+        return batch["attention_mask"] > 0
+    return jnp.ones(next(iter(batch.values())).shape[:2], bool)
 
 
 def jit_model_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -131,40 +177,52 @@ def jit_model_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
 # --------------------------------------------------------------------------- fresh models
 
 
-def _build(cfg: ModelConfig, theory: bool, seed: int) -> AnyModel:
+def _build(task: Task, seed: int) -> AnyModel:
     with nnx.use_eager_sharding(False):
-        return (TheoryModel if theory else BertForPreTraining)(cfg, rngs=nnx.Rngs(params=seed))
+        return task.build(nnx.Rngs(params=seed))
 
 
 @functools.cache
-def _scanned_skeleton(cfg: ModelConfig, theory: bool) -> tuple[Any, nnx.State]:
+def _scanned_skeleton(cfg: TrainConfig, theory: bool) -> tuple[Any, nnx.State]:
     """(graphdef, abstract state) of the scanned model of `cfg`."""
+    task = analysis_task(cfg, theory)
     with nnx.use_eager_sharding(False):
-        return nnx.split(nnx.eval_shape(lambda: _build(cfg, theory, 0)))
+        return nnx.split(nnx.eval_shape(lambda: _build(task, 0)))
 
 
-def _stack_layers(model: AnyModel, cfg: ModelConfig, theory: bool) -> AnyModel:
-    """The same model with its layers' parameters stacked [num_layers, ...] (scan_layers)."""
-    graphdef, abstract = _scanned_skeleton(cfg, theory)
+def _stack_layers(model: AnyModel, task: Task) -> AnyModel:
+    """The same model with each stack's layers' parameters stacked [num_layers, ...]
+    (scan_layers)."""
+    graphdef, abstract = _scanned_skeleton(task.cfg, isinstance(task, TheoryTask))
     values = nnx.to_pure_dict(nnx.state(model))
-    encoder = values["encoder"] if theory else values["bert"]["encoder"]
-    layers = [encoder["layers"][i] for i in range(cfg.num_layers)]
-    encoder["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+    for view in model.stack_views():
+        parent = functools.reduce(lambda tree, part: tree[part], view.path[:-1], values)
+        layers = parent[view.path[-1]]
+        layers = [layers[i] for i in range(view.num_layers)]
+        parent[view.path[-1]] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
     state = jax.tree.map(lambda x: x, abstract)  # a fresh copy of the cached skeleton
     nnx.replace_by_pure_dict(state, values)
     return nnx.merge(graphdef, state)
 
 
-def fresh_model(cfg: ModelConfig, theory: bool, seed: int, batch: Batch) -> AnyModel:
-    """A fresh model: `create_model(cfg, seed=seed)` with the layers as a list.
+def _with_list_layers(task: Task) -> Task:
+    """The task of the same config with the layers as a list."""
+    cfg = task.cfg
+    listed = dataclasses.replace(cfg, model=cfg.model.replace(scan_layers=False))
+    return analysis_task(listed, isinstance(task, TheoryTask))
 
-    It is initialised eagerly (nothing to compile per config); with `cfg.scan_layers` its
-    layers' parameters are then stacked for the scanned encoder, which compiles once whatever
-    the depth. Admin's omega is profiled on `batch` when the config asks for it.
+
+def fresh_model(task: Task, seed: int, batch: Batch) -> AnyModel:
+    """A fresh model: the task's model of seed `seed`, built with its layers as a list.
+
+    It is initialised eagerly (nothing to compile per config); with `scan_layers` its layers'
+    parameters are then stacked for the scanned stacks, which compile once whatever the depth.
+    Admin's omega is profiled on `batch` when the config asks for it.
     """
-    model = _build(cfg.replace(scan_layers=False), theory, seed)
-    if cfg.scan_layers:
-        model = _stack_layers(model, cfg, theory)
+    scanned = task.cfg.model.scan_layers
+    model = _build(_with_list_layers(task) if scanned else task, seed)
+    if scanned:
+        model = _stack_layers(model, task)
     setup_placements(model, lambda: batch, None)  # Admin: omega profiled on `batch`
     return model
 
@@ -175,9 +233,9 @@ def instances(settings: Settings, arm: Arm, batch: Batch) -> Iterator[tuple[str,
     if arm.checkpoint is not None:
         yield "checkpoint", nnx.clone(load_checkpoint(arm.checkpoint)[1])  # the cache stays
     else:
-        theory = settings.setting == "theory"
+        task = arm_task(settings, arm)
         for seed in settings.seeds:
-            yield f"seed {seed}", fresh_model(arm.model, theory, seed, batch)
+            yield f"seed {seed}", fresh_model(task, seed, batch)
     log.info(
         "%s setting, %s, %d layers: measured in %.0f s",
         settings.setting,
@@ -190,71 +248,44 @@ def instances(settings: Settings, arm: Arm, batch: Batch) -> Iterator[tuple[str,
 # --------------------------------------------------------------------------- batches
 
 
+def _from_corpus(settings: Settings) -> bool:
+    return settings.data == "corpus" and settings.setting != "theory"
+
+
 def batch_stream(settings: Settings, arm: Arm) -> Iterator[Batch]:
     """Endless numpy batches for the arm, the same sequence for every model of it.
 
-    theory: {"inputs": [B, T, d] N(0, 1), "labels": [B, T]}; bert: the pretraining batch keys
-    (input_ids, segment_ids, attention_mask [B, T]; masked_positions/ids/weights [B, P];
-    nsp_label [B]) from the corpus or drawn uniformly at random.
+    The task's corpus batches (`host_batches`), or its `random_batch`es (theory: Gaussian
+    inputs; BERT: uniformly random tokens) from a generator seeded by the data seed.
     """
-    data = arm.data
-    if settings.data == "corpus" and settings.setting == "bert":
-        from ln_jax.data import make_host_pipeline
-
-        iterator, _ = make_host_pipeline(data, split="train", seed=data.seed, threads=0)
-        yield from (_without_unused_labels(b, data) for b in iterator)
+    task = arm_task(settings, arm)
+    if _from_corpus(settings):
+        yield from task.host_batches()
         return
-    rng = np.random.default_rng([data.seed, 0xA7A])
-    make = _gaussian_batch if settings.setting == "theory" else _random_token_batch
+    rng = np.random.default_rng([arm.data.seed, 0xA7A])
     while True:
-        yield make(rng, data, arm.model)
+        yield task.random_batch(rng)
 
 
 def take_batches(settings: Settings, arm: Arm, n: int) -> list[Batch]:
     """The first `n` batches of `batch_stream` (cached for the corpus: loading costs seconds)."""
-    if settings.data == "corpus" and settings.setting == "bert":
-        return list(_corpus_batches(arm.data, n))
+    if _from_corpus(settings):
+        return list(_corpus_batches(arm_config(settings, arm), n))
     stream = batch_stream(settings, arm)
     return [next(stream) for _ in range(n)]
 
 
-@functools.cache
-def _corpus_batches(data: DataConfig, n: int) -> tuple[Batch, ...]:
-    from ln_jax.data import make_host_pipeline
-
-    iterator, _ = make_host_pipeline(data, split="train", seed=data.seed, threads=0)
-    return tuple(_without_unused_labels(next(iterator), data) for _ in range(n))
+_CORPUS_BATCHES: dict[tuple, tuple[Batch, ...]] = {}
 
 
-def _without_unused_labels(batch: Batch, data: DataConfig) -> Batch:
-    """Drops "nsp_label" when the data has no sentence pairs (the trainer skips NSP then)."""
-    return batch if data.nsp else {k: v for k, v in batch.items() if k != "nsp_label"}
-
-
-def _gaussian_batch(rng: np.random.Generator, data: DataConfig, cfg: ModelConfig) -> Batch:
-    shape = (data.global_batch_size, data.max_seq_length)
-    return {
-        "inputs": rng.standard_normal((*shape, cfg.hidden_size), dtype=np.float32),
-        "labels": rng.integers(0, cfg.vocab_size, shape, dtype=np.int32),
-    }
-
-
-def _random_token_batch(rng: np.random.Generator, data: DataConfig, cfg: ModelConfig) -> Batch:
-    b, t, p = data.global_batch_size, data.max_seq_length, data.max_predictions_per_seq
-    positions = np.sort(
-        np.stack([rng.choice(np.arange(1, t), p, replace=False) for _ in range(b)]), axis=1
-    )
-    ids = rng.integers(FIRST_ORDINARY_TOKEN, cfg.vocab_size, (b, t), dtype=np.int32)
-    batch = {
-        "input_ids": ids,
-        "segment_ids": (np.arange(t)[None, :] >= t // 2).repeat(b, 0).astype(np.int32),
-        "attention_mask": np.ones((b, t), np.int32),
-        "masked_positions": positions.astype(np.int32),
-        "masked_ids": rng.integers(FIRST_ORDINARY_TOKEN, cfg.vocab_size, (b, p), dtype=np.int32),
-        "masked_weights": np.ones((b, p), np.float32),
-        "nsp_label": rng.integers(0, 2, (b,), dtype=np.int32),
-    }
-    return _without_unused_labels(batch, data)
+def _corpus_batches(cfg: TrainConfig, n: int) -> tuple[Batch, ...]:
+    """The first `n` corpus batches of `cfg`'s task, kept per (task, data): every arm of one
+    data config reads the same batches."""
+    key = (cfg.task, cfg.data, n)
+    if key not in _CORPUS_BATCHES:
+        iterator = make_task(cfg).host_batches()
+        _CORPUS_BATCHES[key] = tuple(next(iterator) for _ in range(n))
+    return _CORPUS_BATCHES[key]
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -272,7 +303,7 @@ def checkpoint_dir(path: str) -> str:
 
 
 @functools.cache
-def load_checkpoint(path: str) -> tuple[TrainConfig, BertForPreTraining, int]:
+def load_checkpoint(path: str) -> tuple[TrainConfig, Any, int]:
     """(the run's config, its model with the latest saved parameters, the step) of a run.
 
     The config comes from the checkpoint itself; the parameters are restored onto one device.

@@ -31,7 +31,7 @@ from ln_jax.analysis.models import (
     checkpoint_arm,
     checkpoint_info,
     encode,
-    encoder_of,
+    first_stack,
     instances,
     jit_model_fn,
     real_tokens,
@@ -44,8 +44,11 @@ from ln_jax.nn.stack import layer_module
 # --------------------------------------------------------------------------- output change
 
 
-def perturb(params: nnx.State, key: jax.Array, epsilon: float, stacked: bool) -> nnx.State:
-    """Adds to every encoder-layer kernel W a Gaussian delta with ||delta||_F = eps ||W||_F.
+def perturb(
+    params: nnx.State, key: jax.Array, epsilon: float, stacked: bool, layers: tuple[str, ...]
+) -> nnx.State:
+    """Adds to every encoder-layer kernel W (under the path `layers`, the stack's layers) a
+    Gaussian delta with ||delta||_F = eps ||W||_F.
 
     With `stacked` (scan_layers) kernels are [num_layers, ...] and the size is per layer.
     Embeddings, norms, biases and Admin's omega are left unchanged.
@@ -53,8 +56,8 @@ def perturb(params: nnx.State, key: jax.Array, epsilon: float, stacked: bool) ->
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     out = []
     for i, (path, w) in enumerate(leaves):
-        name = jax.tree_util.keystr(path)
-        if "['encoder']" not in name or "['layers']" not in name or "['kernel']" not in name:
+        keys = tuple(getattr(k, "key", getattr(k, "idx", None)) for k in path)
+        if keys[: len(layers)] != layers or "kernel" not in keys:
             out.append(w)
             continue
         axes = tuple(range(1 if stacked else 0, w.ndim))
@@ -69,7 +72,8 @@ def _output_change(model: AnyModel, batch: Batch, key: jax.Array, epsilon: float
     """Mean over real tokens of ||F(x, theta) - F(x, theta + delta)||^2 (a scalar)."""
     before, _ = encode(model, batch)
     params = nnx.state(model, nnx.Param)
-    nnx.update(model, perturb(params, key, epsilon, model.cfg.scan_layers))
+    view, stack = first_stack(model)
+    nnx.update(model, perturb(params, key, epsilon, stack.cfg.scan_layers, view.path))
     after, _ = encode(model, batch)
     mask = real_tokens(batch).astype(jnp.float32)
     change = jnp.square((after - before).astype(jnp.float32)).sum(-1)
@@ -156,9 +160,9 @@ def dependency_shares(model: AnyModel, batch: Batch) -> dict[str, jax.Array]:
     _, rec = encode(model, batch, record=True)
     mask = real_tokens(batch)
     x0 = rec["embeddings"].astype(jnp.float32)
-    stack = encoder_of(model)
-    names = stack.sublayer_names()
-    n_sub = cfg.num_layers * len(names)
+    view, stack = first_stack(model)
+    names = view.sublayers
+    n_sub = view.num_sublayers
     comps = jnp.zeros((n_sub + 1, *x0.shape), jnp.float32).at[0].set(x0)
     const = jnp.zeros_like(x0)
     shares, biases, errors = [], [], []

@@ -7,9 +7,10 @@ Since x_i (the sub-layer input) depends on the earlier omegas through the LayerN
 only known once omega_1..omega_{i-1} are set: `admin_profile` runs one (jitted) forward pass per
 sub-layer on the same batch and dropout key.
 
-Sub-layers are numbered stack by stack (`model.stacks()`: the encoder, then a decoder), layer by
-layer, in each layer's order: in BERT 2l is layer l's attention, 2l + 1 its feed-forward; in a
-decoder layer self-attention, cross-attention, feed-forward. Exporting a profiled BERT as plain
+Sub-layers are numbered stack by stack (`model.stack_views()`: the encoder, then a decoder),
+layer by layer, in each layer's order (`StackView.sublayers`): in BERT 2l is layer l's
+attention, 2l + 1 its feed-forward; in a decoder layer self-attention, cross-attention,
+feed-forward. Exporting a profiled BERT as plain
 Post-LN: `ln_jax.models.bert.fold.fold_admin`.
 """
 
@@ -29,7 +30,7 @@ from flax import nnx
 
 from ln_jax import paths
 from ln_jax.nn.init import admin_closed_form
-from ln_jax.nn.stack import Stacked
+from ln_jax.nn.stack import Stacked, stacks
 
 __all__ = [
     "ADMIN_PROFILE",
@@ -59,9 +60,9 @@ def _omega_params(model: Stacked) -> list[tuple[nnx.Param, int | None]]:
     in order: stack by stack, layer by layer, sub-layer by sub-layer."""
     _check_admin(model)
     out = []
-    for _, stack in model.stacks():
-        for layer in range(stack.cfg.num_layers):
-            for name in stack.sublayer_names():
+    for view, stack in stacks(model):
+        for layer in range(view.num_layers):
+            for name in view.sublayers:
                 if stack.cfg.scan_layers:
                     out.append((getattr(stack.layers, name).omega, layer))
                 else:
@@ -111,14 +112,12 @@ def _variances(graphdef, state, batch: Mapping[str, Any], key) -> tuple[jax.Arra
     """
     model = nnx.merge(graphdef, state)
     records = model.stack_records(batch, key)
-    pairs = [
-        sublayer_variances(records[name], stack.sublayer_names()) for name, stack in model.stacks()
-    ]
+    pairs = [sublayer_variances(records[v.attribute], v.sublayers) for v in model.stack_views()]
     return tuple(jnp.concatenate([p[i].reshape(-1) for p in pairs]) for i in (0, 1))
 
 
 def sublayer_variances(
-    rec: Mapping[str, jax.Array], names: tuple[str, ...] = ("attention", "ffn")
+    rec: Mapping[str, jax.Array], names: tuple[str, ...]
 ) -> tuple[jax.Array, jax.Array]:
     """(Var(x_i), Var(F_i(x_i))), each [num_layers, len(names)], from a stack's `record=True`
     intermediates ("layer_in", "<name>/output", "<name>/branch_out", each [num_layers, ...]);

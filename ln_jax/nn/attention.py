@@ -24,7 +24,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ln_jax.nn import flash
 from ln_jax.nn.init import init_scheme
-from ln_jax.nn.layers import Dense, LayerNorm, RMSNorm, dropout, float32_einsum
+from ln_jax.nn.layers import Dense, dropout, float32_einsum
+from ln_jax.nn.norms import LayerNorm, RMSNorm
 from ln_jax.nn.spec import StackConfig
 from ln_jax.sharding import constrain
 

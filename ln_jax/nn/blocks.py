@@ -21,7 +21,8 @@ from flax import nnx
 
 from ln_jax.nn.attention import Attention
 from ln_jax.nn.init import admin_closed_form, deepnorm_constants
-from ln_jax.nn.layers import DyT, FeedForward, LayerNorm, RMSNorm, dropout, split_key
+from ln_jax.nn.layers import FeedForward, dropout, split_key
+from ln_jax.nn.norms import DyT, LayerNorm, RMSNorm
 from ln_jax.nn.placements import PlacementRule
 from ln_jax.nn.spec import StackConfig
 from ln_jax.sharding import ACT, constrain
@@ -60,7 +61,8 @@ class StackDepth:
 
     Attributes:
       sublayers: residual sub-layers in the stack (Admin's closed-form N; Liu et al. count each
-        stack's own: 2 per encoder layer, 3 per decoder layer).
+        stack's own: its layers x the layer's sub-layer names, `Layer.names`: 2 per encoder
+        layer, 3 per decoder layer).
       alpha, beta: DeepNet's skip scale and init scale for the stack
         (`ln_jax.nn.init.deepnorm_constants`: encoder-only or the encoder-decoder formulas).
     """
@@ -75,8 +77,8 @@ class StackDepth:
         (M = 0: encoder only)."""
         alpha, beta = deepnorm_constants(encoder_layers, decoder_layers)[stack]
         if stack == "encoder":
-            return cls(2 * encoder_layers, alpha, beta)
-        return cls(3 * decoder_layers, alpha, beta)
+            return cls(encoder_layers * len(EncoderLayer.names), alpha, beta)
+        return cls(decoder_layers * len(DecoderLayer.names), alpha, beta)
 
 
 def _admin_omega(cfg: StackConfig, depth: StackDepth) -> nnx.Param:

@@ -12,6 +12,7 @@ attention branch its cache (the cross-attention keys/values computed once here),
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
 import jax
@@ -83,7 +84,6 @@ class Stack(nnx.Module):
         depth: StackDepth | None = None,
     ):
         self.cfg = cfg
-        self.layer_class = layer
         self.decoding = False
         if cfg.scan_layers:
             self.layers = _stacked_layers(cfg, layer, depth, rngs)
@@ -123,10 +123,6 @@ class Stack(nnx.Module):
                 rec["final_norm_in"], rec["final_norm_out"] = y, out
             y = out
         return y, rec
-
-    def sublayer_names(self) -> tuple[str, ...]:
-        """The names of a layer's residual sub-layers, in order (e.g. ("attention", "ffn"))."""
-        return self.layer_class.names
 
 
 class Encoder(Stack):
@@ -278,29 +274,108 @@ def relayout(arrays: dict[tuple, Any], wanted: list[tuple]) -> dict[tuple, Any]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class StackView:
+    """A model's stack as Admin, the monitor and the analyses see it: the one view of its
+    sub-layers, from the config alone (the monitor reads parameter-shaped trees, no model).
+
+    Attributes:
+      path: where the stack's layers sit in the model's parameter tree (e.g. ("bert",
+        "encoder", "layers")); a list of layers or one scanned layer ([num_layers, ...] leaves).
+        `path[:-1]` leads to the `Stack` module (`module`), whose attribute name `path[-2]`
+        keys its records in `Stacked.stack_records`.
+      num_layers: layers in the stack.
+      sublayers: the names of a layer's residual sub-layers, in order (`Layer.names`).
+      deepnorm_alpha: DeepNorm's skip scale, if a layer's rule has one (the monitor logs it).
+      name: the stack's part in measure names ("" for a model of one stack; e.g. "decoder":
+        grad_norm/layer_03/decoder/ffn).
+    """
+
+    path: tuple[str, ...]
+    num_layers: int
+    sublayers: tuple[str, ...]
+    deepnorm_alpha: float | None = None
+    name: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        cfg: StackConfig,
+        layer: type[Layer],
+        path: tuple[str, ...],
+        name: str = "",
+        depth: StackDepth | None = None,
+    ) -> StackView:
+        """The view of a stack of `cfg.num_layers` layers of class `layer` at `path`;
+        `deepnorm_alpha` is `depth`'s alpha where a layer's rule has the alpha skip."""
+        rules = [cfg.layer_rule(i) for i in range(cfg.num_layers)]
+        alpha = depth.alpha if depth and any(r.skip == "alpha" for r in rules) else None
+        return cls(path, cfg.num_layers, layer.names, alpha, name)
+
+    @property
+    def attribute(self) -> str:
+        """The stack's attribute name in its parent module ("encoder", "decoder")."""
+        return self.path[-2]
+
+    @property
+    def num_sublayers(self) -> int:
+        """Residual sub-layers in the stack: layers x the layer's sub-layer names."""
+        return self.num_layers * len(self.sublayers)
+
+    def module(self, model: nnx.Module) -> Stack:
+        """The `Stack` this view describes in `model`."""
+        node = model
+        for part in self.path[:-1]:
+            node = getattr(node, part)
+        return node
+
+    def key(self, measure: str, part: str = "") -> str:
+        """The stats key of a measure: "<measure>[/<stack name>][/<part>]" (the monitor's
+        `named` puts the layer after the measure)."""
+        return "/".join(filter(None, (measure, self.name, part)))
+
+
 @runtime_checkable
 class Stacked(Protocol):
-    """A model whose placement set-up (Admin's profiling) and analyses see its stacks: BERT's
-    models, the translation model. `cfg` is the StackConfig the placement is read from."""
+    """A model whose placement set-up (Admin's profiling), monitor and analyses see its
+    stacks: BERT's models, the translation model, the analyses' theory model. `cfg` is the
+    StackConfig the placement is read from."""
 
     cfg: Any
 
-    def stacks(self) -> list[tuple[str, Stack]]:
-        """(name, stack) in the order a signal goes through them (encoder, then decoder)."""
+    def stack_views(self) -> list[StackView]:
+        """Its stacks in the order a signal goes through them (encoder, then decoder)."""
 
     def stack_records(self, batch: dict, dropout_key: Array | None) -> dict[str, Record]:
-        """Each stack's records (`Stack.__call__` with record=True) of one training-mode
-        forward pass on `batch`, by stack name."""
+        """Each stack's records (`Stack.__call__` with record=True) of one forward pass on
+        `batch` (dropout_key None: deterministic), by `StackView.attribute`. A stack's
+        records may also hold "embeddings", the stack's input [batch, length, embed]."""
 
 
-def stack_sublayers(stack: Stack, prefix: str = "") -> list[tuple[str, Any]]:
-    """Every residual sub-layer of the stack in order, as ("[prefix/]layer_NN/<name>",
-    sub-layer); scanned layers give copies holding their slice (read them, do not train them)."""
-    width = max(2, len(str(stack.cfg.num_layers - 1)))
+def stacks(model: Stacked) -> list[tuple[StackView, Stack]]:
+    """(view, stack module) of each of the model's stacks, in order."""
+    return [(view, view.module(model)) for view in model.stack_views()]
+
+
+def stack_output(rec: Record, view: StackView) -> Array:
+    """A stack's output [batch, length, embed] from its records: the final norm's, else the
+    last sub-layer's output in the last layer."""
+    if "final_norm_out" in rec:
+        return rec["final_norm_out"]
+    return rec[f"{view.sublayers[-1]}/output"][-1]
+
+
+def model_sublayers(model: Stacked) -> list[tuple[str, Any]]:
+    """Every residual sub-layer of the model in order, as ("[stack/]layer_NN/<name>",
+    sub-layer), the stack named as in the monitor's names; scanned layers give copies holding
+    their slice (read them, do not train them)."""
     out = []
-    for i in range(stack.cfg.num_layers):
-        for name, sublayer in layer_module(stack, i).sublayers():
-            out.append((f"{prefix}layer_{i:0{width}d}/{name}", sublayer))
+    for view, stack in stacks(model):
+        width = max(2, len(str(view.num_layers - 1)))
+        prefix = f"{view.name}/" if view.name else ""
+        for i in range(view.num_layers):
+            for name, sublayer in layer_module(stack, i).sublayers():
+                out.append((f"{prefix}layer_{i:0{width}d}/{name}", sublayer))
     return out
 
 

@@ -22,7 +22,8 @@ that metrics.jsonl (records with split "monitor") and TensorBoard (as monitor/NA
   dyt_alpha/layer_03/ffn          DyT's learned α of the sub-layer's input norm (placement dyt)
 
 Sub-layer names are the layer's own (`Layer.sublayers()`: "attention" and "ffn" in BERT's
-encoder). In a model of several stacks (`StackView.name`), the stack's name follows the layer:
+encoder). Each stack is seen through its `ln_jax.nn.stack.StackView`; in a model of several
+stacks (`StackView.name`), the stack's name follows the layer:
 grad_norm/layer_03/decoder/cross_attention. RMS and means are over the real (unpadded) tokens
 of the batch, with dropout as trained; with gradient accumulation the activation measures are
 the mean over micro-batches.
@@ -30,7 +31,6 @@ the mean over micro-batches.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any
 
@@ -39,6 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ln_jax.nn.attention import Attention
+from ln_jax.nn.stack import StackView, layer_module
+
 Array = jax.Array
 NORMS = ("pre_norm", "branch_norm", "post_norm")
 # A per-layer name: measure/layer_NN[/part].
@@ -46,7 +49,6 @@ LAYER_NAME = re.compile(r"^(?P<measure>[a-z_]+)/layer_(?P<layer>\d+)(?:/(?P<part
 
 __all__ = [
     "LAYER_NAME",
-    "StackView",
     "forward_stats",
     "mean_pairwise_cosine",
     "named",
@@ -91,32 +93,6 @@ def _entropy(probs: Array, mask: Array) -> Array:
     logp = jnp.log(jnp.maximum(probs, 1e-30))
     entropy = -(probs * logp).sum(-1)  # [b, n, t]
     return _token_mean(entropy.mean(1), mask)
-
-
-@dataclasses.dataclass(frozen=True)
-class StackView:
-    """What the parameter measures need to know of a stack (`ln_jax.nn.stack.Stack`).
-
-    Attributes:
-      path: where the stack's layers sit in the model's parameter tree (e.g. ("bert",
-        "encoder", "layers")); a list of layers or one scanned layer ([num_layers, ...] leaves).
-      num_layers: layers in the stack.
-      sublayers: the names of a layer's residual sub-layers, in order.
-      deepnorm_alpha: DeepNorm's skip scale, if a layer's rule has one.
-      name: the stack's part in measure names ("" for a model of one stack; e.g. "decoder":
-        grad_norm/layer_03/decoder/ffn).
-    """
-
-    path: tuple[str, ...]
-    num_layers: int
-    sublayers: tuple[str, ...]
-    deepnorm_alpha: float | None = None
-    name: str = ""
-
-    def key(self, measure: str, part: str = "") -> str:
-        """The stats key of a measure: "<measure>[/<stack name>][/<part>]" (`named` puts
-        the layer after the measure)."""
-        return "/".join(filter(None, (measure, self.name, part)))
 
 
 def _layer_dicts(params: Any, view: StackView) -> list[dict]:
@@ -192,9 +168,6 @@ def _branch_inputs(rec: dict, names: tuple[str, ...]) -> dict[str, Array]:
 def _attention_entropies(rec, stack, mask, view: StackView, inputs) -> dict[str, Array]:
     """Entropy per layer of each attention sub-layer's probabilities, as the module computes
     them (`Attention.probabilities`), one layer at a time."""
-    from ln_jax.nn.attention import Attention
-    from ln_jax.nn.stack import layer_module
-
     branch_in = _branch_inputs(rec, view.sublayers)
     per_name: dict[str, list] = {}
     for i in range(view.num_layers):

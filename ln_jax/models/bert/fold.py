@@ -9,23 +9,27 @@ from flax import nnx
 
 from ln_jax.models.bert.model import BertForPreTraining, create_model
 from ln_jax.nn.admin import _check_admin, get_admin_omega
+from ln_jax.nn.attention import Attention
+from ln_jax.nn.blocks import EncoderLayer
 
 __all__ = ["fold_admin"]
 
 
 def _fold_sublayer(model: BertForPreTraining, index: int, omega: np.ndarray) -> None:
     """Moves omega_i of sub-layer `index` into the previous norm and F_i's input maps."""
-    layers = model.bert.encoder.layers
-    layer, kind = divmod(index, 2)
-    if kind == 1:
-        prev = layers[layer].attention.post_norm
+    layers, names = model.bert.encoder.layers, EncoderLayer.names  # attention, ffn
+    layer, kind = divmod(index, len(names))
+    if kind:
+        prev = getattr(layers[layer], names[kind - 1]).post_norm
     else:
-        prev = layers[layer - 1].ffn.post_norm if layer else model.bert.embeddings.norm
+        prev = (
+            getattr(layers[layer - 1], names[-1]).post_norm if layer else model.bert.embeddings.norm
+        )
     prev.scale[...] = prev.scale[...] * omega
     if getattr(prev, "bias", None) is not None:
         prev.bias[...] = prev.bias[...] * omega
-    branch = getattr(layers[layer], ("attention", "ffn")[kind]).branch
-    inputs = ("query", "key", "value") if kind == 0 else ("wi",)
+    branch = getattr(layers[layer], names[kind]).branch
+    inputs = ("query", "key", "value") if isinstance(branch, Attention) else ("wi",)
     for name in inputs:
         kernel = getattr(branch, name).kernel
         scale = omega.reshape((-1,) + (1,) * (kernel[...].ndim - 1))
@@ -58,6 +62,6 @@ def fold_admin(model: BertForPreTraining) -> BertForPreTraining:
     flat_target = dict(nnx.to_flat_state(target))
     for path, value in kept:
         flat_target[path][...] = jnp.asarray(value)
-    for index in range(cfg.num_sublayers):
+    for index in range(len(omegas)):  # one per sub-layer (`StackView.num_sublayers`)
         _fold_sublayer(folded, index, jnp.asarray(omegas[index]))
     return folded

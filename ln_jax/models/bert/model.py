@@ -8,20 +8,13 @@ import optax
 from flax import nnx
 
 from ln_jax.config import ModelConfig
-from ln_jax.nn.blocks import ACT, EncoderLayer, Record, StackDepth
+from ln_jax.nn.blocks import EncoderLayer, Record, StackDepth
+from ln_jax.nn.embed import Embed
 from ln_jax.nn.init import init_scheme
-from ln_jax.nn.layers import (
-    Dense,
-    LayerNorm,
-    activation,
-    dropout,
-    float32_einsum,
-    logsumexp,
-    split_key,
-)
-from ln_jax.nn.stack import Encoder
+from ln_jax.nn.layers import Dense, activation, float32_einsum, logsumexp, split_key
+from ln_jax.nn.norms import LayerNorm
+from ln_jax.nn.stack import Encoder, StackView
 from ln_jax.sharding import constrain
-from ln_jax.train import monitor
 
 Array = jax.Array
 # The logit of a padded vocabulary row: exp() of it is 0 after any softmax's max-subtraction,
@@ -29,79 +22,12 @@ Array = jax.Array
 MASKED_LOGIT = -1e9
 
 
-class Embeddings(nnx.Module):
-    """Token + position + segment embeddings, optional LayerNorm, dropout."""
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        init = init_scheme(cfg).embed()
-        d = cfg.hidden_size
-        self.word = nnx.Param(
-            init(rngs.params(), (cfg.padded_vocab_size, d)), out_sharding=("vocab", "embed")
-        )
-        self.position = nnx.Param(
-            init(rngs.params(), (cfg.max_position_embeddings, d)),
-            out_sharding=("position", "embed"),
-        )
-        self.segment = nnx.Param(
-            init(rngs.params(), (cfg.type_vocab_size, d)), out_sharding=("segment", "embed")
-        )
-        # The embedding output starts the residual stream: in the residual dtype.
-        self.norm = (
-            LayerNorm(d, eps=cfg.layer_norm_eps, dtype=cfg.residual_dtype)
-            if cfg.embedding_layernorm
-            else None
-        )
-        self.dropout_rate = cfg.hidden_dropout
-        self.max_len = cfg.max_position_embeddings
-        self.dtype = cfg.residual_dtype
-
-    def __call__(
-        self, input_ids: Array, segment_ids: Array | None, dropout_key: Array | None = None
-    ) -> Array:
-        """input_ids, segment_ids: [batch, length] int -> [batch, length, embed]."""
-        length = input_ids.shape[1]
-        if length > self.max_len:
-            raise ValueError(
-                f"sequence length {length} exceeds model.max_position_embeddings={self.max_len}."
-            )
-        if segment_ids is None:
-            segment_ids = jnp.zeros_like(input_ids)
-        x = _lookup(self.word[...], "vocab", input_ids)
-        x = x + self.position[...][None, :length] + _segment_rows(self.segment[...], segment_ids)
-        x = constrain(x.astype(self.dtype), ACT)
-        if self.norm is not None:
-            x = self.norm(x)
-        return dropout(x, self.dropout_rate, dropout_key)
-
-
-def _segment_rows(table: Array, ids: Array) -> Array:
-    """table [rows, embed], ids [batch, length] -> [batch, length, embed]. A table of a few
-    rows (BERT's 2 segments) by selects, not a gather: the gather's backward is a scatter-add
-    of every token into those rows (on a GPU, atomics on the same 2 x embed addresses), a
-    select's is a masked sum. Same values (ids outside the table give zeros)."""
-    if table.shape[0] > 8:
-        return _lookup(table, "segment", ids)
-    table = constrain(table, ("segment", "act_embed"))
-    out = jnp.zeros((), table.dtype)
-    for row in range(table.shape[0]):
-        out = jnp.where((ids == row)[..., None], table[row], out)
-    return out
-
-
-def _lookup(table: Array, rows: str, ids: Array) -> Array:
-    """table [rows, embed], ids [batch, length] -> [batch, length, embed].
-
-    The table's fsdp-sharded embed dim is gathered first (FSDP-style): a lookup in a table
-    sharded on its embed dim makes XLA rematerialise the whole table on every device.
-    """
-    return jnp.take(constrain(table, (rows, "act_embed")), ids, axis=0)
-
-
 class BertEncoder(nnx.Module):
     """Embeddings + Transformer encoder: ids -> contextual vectors [batch, length, embed]."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.embeddings = Embeddings(cfg, rngs=rngs)
+        # token + position + segment (`ln_jax.nn.embed`): word, position, segment, norm
+        self.embeddings = Embed(cfg, rngs=rngs, types=cfg.type_vocab_size)
         self.encoder = Encoder(cfg, rngs=rngs)
 
     def __call__(
@@ -118,7 +44,7 @@ class BertEncoder(nnx.Module):
         `attention_mask` is 1 for real tokens and 0 for padding (None = no padding).
         """
         k_emb, k_enc = split_key(dropout_key, 2)
-        x = self.embeddings(input_ids, segment_ids, k_emb)
+        x = self.embeddings(input_ids, segment_ids, dropout_key=k_emb)
         y, rec = self.encoder(x, mask=attention_mask, dropout_key=k_enc, record=record)
         if record:
             rec["embeddings"] = x
@@ -223,9 +149,9 @@ class BertForPreTraining(nnx.Module):
             out["intermediates"] = rec
         return out
 
-    def stacks(self) -> list[tuple[str, Encoder]]:
+    def stack_views(self) -> list[StackView]:
         """The model's layer stacks in order (`ln_jax.nn.stack.Stacked`)."""
-        return [("encoder", self.bert.encoder)]
+        return [encoder_view(self.cfg)]
 
     def stack_records(self, batch: dict, dropout_key: Array | None) -> dict[str, Record]:
         """A training-mode forward pass's records of each stack (`ln_jax.nn.stack.Stacked`);
@@ -287,17 +213,11 @@ def pretraining_loss(
     return loss, metrics
 
 
-def encoder_view(cfg: ModelConfig) -> monitor.StackView:
-    """Where the monitor finds the encoder's layers in BertForPreTraining's parameters (and
-    the classifier's: both hold the encoder under "bert")."""
-    rules = [cfg.layer_rule(i) for i in range(cfg.num_layers)]
-    alpha = StackDepth.of("encoder", cfg.num_layers).alpha
-    return monitor.StackView(
-        path=("bert", "encoder", "layers"),
-        num_layers=cfg.num_layers,
-        sublayers=EncoderLayer.names,
-        deepnorm_alpha=alpha if any(r.skip == "alpha" for r in rules) else None,
-    )
+def encoder_view(cfg: ModelConfig) -> StackView:
+    """The encoder's view (`ln_jax.nn.stack.StackView`) in BertForPreTraining's parameters
+    (and the classifier's: both hold the encoder under "bert")."""
+    depth = StackDepth.of("encoder", cfg.num_layers)
+    return StackView.of(cfg, EncoderLayer, ("bert", "encoder", "layers"), depth=depth)
 
 
 def create_model(

@@ -7,20 +7,21 @@ data pipelines and the monitor's measurements.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ln_jax import sharding
 from ln_jax.models.bert.model import BertForPreTraining, encoder_view, pretraining_loss
-from ln_jax.nn.stack import stack_sublayers
 from ln_jax.train import monitor
 from ln_jax.validate import ConfigError
 
 Array = jax.Array
 Batch = dict[str, Array]
+FIRST_ORDINARY_TOKEN = 5  # ids 0-4 are [PAD] [UNK] [CLS] [SEP] [MASK]
 
 
 class BertPretraining:
@@ -118,6 +119,43 @@ class BertPretraining:
         )
         return train_iter, eval_batches
 
+    # ----------------------------------------------------------------- the analyses' batches
+
+    def random_batch(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """A batch of uniformly random ordinary tokens, masked positions and labels: the
+        sentence-pair halves as segments, no padding; "nsp_label" only with `data.nsp`."""
+        d = self.cfg.data
+        b, t, p = d.global_batch_size, d.max_seq_length, d.max_predictions_per_seq
+        vocab = self.cfg.model.vocab_size
+        positions = np.sort(
+            np.stack([rng.choice(np.arange(1, t), p, replace=False) for _ in range(b)]), axis=1
+        )
+        ids = rng.integers(FIRST_ORDINARY_TOKEN, vocab, (b, t), dtype=np.int32)
+        batch = {
+            "input_ids": ids,
+            "segment_ids": (np.arange(t)[None, :] >= t // 2).repeat(b, 0).astype(np.int32),
+            "attention_mask": np.ones((b, t), np.int32),
+            "masked_positions": positions.astype(np.int32),
+            "masked_ids": rng.integers(FIRST_ORDINARY_TOKEN, vocab, (b, p), dtype=np.int32),
+            "masked_weights": np.ones((b, p), np.float32),
+            "nsp_label": rng.integers(0, 2, (b,), dtype=np.int32),
+        }
+        return self._without_unused_labels(batch)
+
+    def host_batches(self) -> Iterator[dict[str, np.ndarray]]:
+        """The training split's batches from `data`, on the host, without loader threads."""
+        from ln_jax.data import make_host_pipeline
+
+        data = self.cfg.data
+        iterator, _ = make_host_pipeline(data, split="train", seed=data.seed, threads=0)
+        return (self._without_unused_labels(b) for b in iterator)
+
+    def _without_unused_labels(self, batch: dict) -> dict:
+        """Drops "nsp_label" when the data has no sentence pairs (the loss skips NSP then)."""
+        return batch if self.cfg.data.nsp else {k: v for k, v in batch.items() if k != "nsp_label"}
+
+    # ----------------------------------------------------------------- measurements
+
     def forward_measures(self, model: BertForPreTraining, outputs: dict, batch: Batch) -> dict:
         rec = outputs["intermediates"]
         hidden = rec.get("final_norm_out", rec["ffn/output"][-1])  # what the heads read
@@ -126,10 +164,6 @@ class BertPretraining:
 
     def parameter_measures(self, grads: Any, updates: Any, params: Any) -> dict:
         return monitor.parameter_stats(grads, updates, params, encoder_view(self.cfg.model))
-
-    def sublayers(self, model: BertForPreTraining) -> list[tuple[str, Any]]:
-        """The residual sub-layers in order, named "layer_NN/attention", "layer_NN/ffn"."""
-        return stack_sublayers(model.bert.encoder)
 
     def _outputs(self, model, batch: Batch, key: Array | None, record: bool) -> dict:
         return model(

@@ -34,8 +34,9 @@ from flax import nnx
 
 from ln_jax.config import ModelConfig
 from ln_jax.models import hf_io
-from ln_jax.models.translation.model import Translator, sinusoidal
+from ln_jax.models.translation.model import Translator
 from ln_jax.models.translation.options import TranslationOptions
+from ln_jax.nn.embed import sinusoidal
 
 HF_PREFIX = "hf:"
 _ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu",

@@ -1,12 +1,13 @@
 """The encoder-decoder Transformer for translation, on the same placement table as BERT.
 
 `Translator(cfg, options)`: a shared source/target vocabulary with tied embeddings and output
-projection (optionally untied), embeddings scaled by sqrt(d), sinusoidal positions (Vaswani
-et al.; learned as an option), an `Encoder` of `cfg.num_layers` and a `Decoder` of
-`options.decoder_layers` layers (`ln_jax.nn.stack`), each with every placement row (Pre-LN: a
-final norm on each stack; DeepNorm: the encoder-decoder constants; Admin: 2 and 3 sub-layers
-per layer). Special ids from the options (ln_jax's vocabularies: PAD 0, UNK 1, BOS 2, EOS 3;
-an imported Marian model its own); an optional output bias (Marian's final_logits_bias).
+projection (optionally untied), embeddings (`ln_jax.nn.embed`) scaled by sqrt(d), sinusoidal
+positions (Vaswani et al.; learned as an option), an `Encoder` of `cfg.num_layers` and a
+`Decoder` of `options.decoder_layers` layers (`ln_jax.nn.stack`), each with every placement
+row (Pre-LN: a final norm on each stack; DeepNorm: the encoder-decoder constants; Admin: 2 and
+3 sub-layers per layer). Special ids from the options (ln_jax's vocabularies: PAD 0, UNK 1,
+BOS 2, EOS 3; an imported Marian model its own); an optional output bias (Marian's
+final_logits_bias).
 """
 
 from __future__ import annotations
@@ -15,70 +16,22 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from ln_jax import sharding
 from ln_jax.config import ModelConfig
 from ln_jax.models.translation.loss import token_losses
 from ln_jax.models.translation.options import TranslationOptions
-from ln_jax.nn.blocks import ACT, Record, StackDepth
+from ln_jax.nn.blocks import DecoderLayer, EncoderLayer, Record, StackDepth
+from ln_jax.nn.embed import Embed
 from ln_jax.nn.init import init_scheme
-from ln_jax.nn.layers import Dense, LayerNorm, dropout, float32_einsum, split_key
-from ln_jax.nn.stack import Decoder, Encoder
+from ln_jax.nn.layers import Dense, float32_einsum, split_key
+from ln_jax.nn.stack import Decoder, Encoder, StackView
 from ln_jax.nn.tokens import TokenLayout
 from ln_jax.sharding import constrain
 
 Array = jax.Array
 MASKED_LOGIT = -1e9  # the logit of a padded vocabulary row
-
-
-def sinusoidal(length: int, dim: int, offset: Array | int = 0) -> Array:
-    """Positions offset..offset+length-1 -> [length, dim] float32: sin of position / 10000^(2i
-    / dim) in the first half, cos in the second (Vaswani et al.; HF Marian's layout)."""
-    pos = (jnp.arange(length) + offset).astype(jnp.float32)[:, None]
-    inv = 1.0 / np.power(10000.0, 2.0 * np.arange(dim // 2) / dim)
-    angles = pos * jnp.asarray(inv, jnp.float32)[None, :]
-    out = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
-    return jnp.pad(out, ((0, 0), (0, dim % 2)))
-
-
-class TokenEmbedder(nnx.Module):
-    """Token embeddings x sqrt(d) (if `scale`) + positions, optional LayerNorm, dropout; one
-    table for source and target (and, tied, the output projection)."""
-
-    def __init__(self, cfg: ModelConfig, options: TranslationOptions, *, rngs: nnx.Rngs):
-        d = cfg.hidden_size
-        table = init_scheme(cfg).embed()(rngs.params(), (cfg.padded_vocab_size, d))
-        table = table.at[options.pad_id].set(0.0)
-        self.word = nnx.Param(table, out_sharding=("vocab", "embed"))
-        self.position = None
-        if options.positions == "learned":
-            init = init_scheme(cfg).embed()(rngs.params(), (cfg.max_position_embeddings, d))
-            self.position = nnx.Param(init, out_sharding=("position", "embed"))
-        self.scale = float(d**0.5) if options.scale_embeddings else 1.0
-        self.norm = (
-            LayerNorm(d, eps=cfg.layer_norm_eps, dtype=cfg.residual_dtype)
-            if cfg.embedding_layernorm
-            else None
-        )
-        self.max_len = cfg.max_position_embeddings
-        self.dropout_rate = cfg.hidden_dropout
-        self.dtype = cfg.residual_dtype
-
-    def __call__(self, ids: Array, key: Array | None, offset: Array | int = 0) -> Array:
-        """ids [batch, length] (positions offset..) -> [batch, length, embed]."""
-        length = ids.shape[1]
-        table = constrain(self.word[...], ("vocab", "act_embed"))
-        x = jnp.take(table, ids, axis=0) * self.scale
-        if self.position is None:
-            x = x + sinusoidal(length, x.shape[-1], offset)[None]
-        else:
-            x = x + jax.lax.dynamic_slice_in_dim(self.position[...], offset, length)[None]
-        x = constrain(x.astype(self.dtype), ACT)
-        if self.norm is not None:
-            x = self.norm(x)
-        return dropout(x, self.dropout_rate, key)
 
 
 class Translator(nnx.Module):
@@ -88,7 +41,15 @@ class Translator(nnx.Module):
         self.cfg = cfg
         self.options = options
         n, m = cfg.num_layers, options.decoder_layers
-        self.embed = TokenEmbedder(cfg, options, rngs=rngs)
+        # one table for source and target (and, tied, the output projection): word,
+        # position (learned positions only), norm (`ln_jax.nn.embed`)
+        self.embed = Embed(
+            cfg,
+            rngs=rngs,
+            positions=options.positions,
+            scale=float(cfg.hidden_size**0.5) if options.scale_embeddings else 1.0,
+            pad_id=options.pad_id,
+        )
         self.encoder = Encoder(cfg, rngs=rngs, depth=StackDepth.of("encoder", n, m))
         self.decoder = Decoder(
             options.decoder_config(cfg), rngs=rngs, depth=StackDepth.of("decoder", n, m)
@@ -127,7 +88,7 @@ class Translator(nnx.Module):
     ) -> tuple[Array, Record]:
         """src, src_mask [batch, src_len] -> (memory [batch, src_len, embed], records)."""
         k_emb, k_enc = split_key(key, 2)
-        x = self.embed(src, k_emb)
+        x = self.embed(src, dropout_key=k_emb)
         inputs = {"mask": src_mask}
         if (layout := self.layout(src_mask)) is not None:
             inputs["layout"] = layout
@@ -149,7 +110,7 @@ class Translator(nnx.Module):
         While decoding (`ln_jax.nn.stack.init_decoding`) memory and src_mask are in the
         caches."""
         k_emb, k_dec = split_key(key, 2)
-        y = self.embed(tgt_in, k_emb, offset)
+        y = self.embed(tgt_in, dropout_key=k_emb, offset=offset)
         inputs: dict[str, Any] = {}
         if memory is not None:  # the training form (decoding keeps memory in its caches)
             inputs = {"memory": memory, "memory_mask": src_mask}
@@ -216,15 +177,24 @@ class Translator(nnx.Module):
             out["memory"] = memory
         return out
 
-    # `ln_jax.nn.stack.Stacked`: Admin's profiling and the analyses see both stacks.
-    def stacks(self) -> list[tuple[str, Any]]:
-        return [("encoder", self.encoder), ("decoder", self.decoder)]
+    # `ln_jax.nn.stack.Stacked`: Admin's profiling, the monitor and the analyses see both.
+    def stack_views(self) -> list[StackView]:
+        return translator_views(self.cfg, self.options)
 
     def stack_records(self, batch: dict, dropout_key: Array | None) -> dict[str, Record]:
         out = self(
             batch["src"], batch["src_mask"], batch["tgt_in"], dropout_key=dropout_key, record=True
         )
         return out["intermediates"]
+
+
+def translator_views(cfg: ModelConfig, options: TranslationOptions) -> list[StackView]:
+    """The views of the encoder and the decoder (`ln_jax.nn.stack.StackView`), named
+    "encoder" and "decoder" in the monitor's names."""
+    return [
+        StackView.of(cfg, EncoderLayer, ("encoder", "layers"), "encoder"),
+        StackView.of(options.decoder_config(cfg), DecoderLayer, ("decoder", "layers"), "decoder"),
+    ]
 
 
 def tied_projection(h: Array, table: Array) -> Array:

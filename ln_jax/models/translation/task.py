@@ -23,11 +23,10 @@ from ln_jax import sharding
 from ln_jax.data import joint_tokenizer as tok_lib
 from ln_jax.models import hf_io
 from ln_jax.models.translation import convert
-from ln_jax.models.translation.model import Translator
+from ln_jax.models.translation.model import Translator, translator_views
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.models.translation.search import Search, translate
-from ln_jax.nn.blocks import DecoderLayer, EncoderLayer
-from ln_jax.nn.stack import relayout, stack_sublayers
+from ln_jax.nn.stack import StackView, relayout, stack_output
 from ln_jax.train import monitor
 from ln_jax.validate import ConfigError
 
@@ -241,19 +240,23 @@ class Translation:
         self.tokenizer, self.references = tokenizer, evals.references
         return train, evals
 
+    def host_batches(self) -> Any:
+        """The training split's batches on the host (numpy, one process): an endless
+        iterator with `close` (`ln_jax.analysis`' measurements)."""
+        from ln_jax.data import make_host_translation_pipeline
+
+        cfg, o = self.cfg, self.options
+        lengths = dict(max_source_length=o.max_source_length, max_target_length=o.max_target_length)
+        iterator, _ = make_host_translation_pipeline(
+            cfg.data, split="train", seed=cfg.data.seed, **lengths
+        )
+        return iterator
+
     # ----------------------------------------------------------------- measurements
 
-    def views(self) -> list[monitor.StackView]:
-        """The monitor's view of each stack (names encoder/..., decoder/...)."""
-        m, o = self.cfg.model, self.options
-        return [
-            monitor.StackView(
-                ("encoder", "layers"), m.num_layers, EncoderLayer.names, None, "encoder"
-            ),
-            monitor.StackView(
-                ("decoder", "layers"), o.decoder_layers, DecoderLayer.names, None, "decoder"
-            ),
-        ]
+    def views(self) -> list[StackView]:
+        """The view of each stack (names encoder/..., decoder/...), as the model's own."""
+        return translator_views(self.cfg.model, self.options)
 
     def forward_measures(self, model: Translator, outputs: dict, batch: Batch) -> dict:
         rec = outputs["intermediates"]
@@ -261,7 +264,7 @@ class Translation:
         memory, src_mask = outputs["memory"], batch["src_mask"]
         tgt_mask = batch["tgt_mask"]
         out = monitor.forward_stats(rec["encoder"], memory, model.encoder, src_mask, enc)
-        hidden = _stack_output(rec["decoder"], DecoderLayer.names[-1])
+        hidden = stack_output(rec["decoder"], dec)
         out.update(
             monitor.forward_stats(
                 rec["decoder"],
@@ -280,12 +283,6 @@ class Translation:
         for view in self.views():
             out.update(monitor.parameter_stats(grads, updates, params, view))
         return out
-
-    def sublayers(self, model: Translator) -> list[tuple[str, Any]]:
-        """Every residual sub-layer, "encoder/layer_NN/<name>" then "decoder/...", in order."""
-        return stack_sublayers(model.encoder, "encoder/") + stack_sublayers(
-            model.decoder, "decoder/"
-        )
 
 
 def _workdir_arrays(workdir: str) -> dict:
@@ -325,8 +322,3 @@ def _set_params(model: Translator, arrays: Mapping, source: str) -> None:
             jax.make_array_from_callback(host.shape, old.sharding, lambda i, x=host: x[i])
         )
     nnx.update(model, state)
-
-
-def _stack_output(rec: dict, last: str) -> Array:
-    """A stack's output from its records: the final norm's, else the last sub-layer's."""
-    return rec["final_norm_out"] if "final_norm_out" in rec else rec[f"{last}/output"][-1]
