@@ -166,9 +166,11 @@ if [ "$MODE" = gpu ]; then
     "$PY" -m pytest -q -o addopts= -p no:cacheprovider -rs tests/test_accelerator.py \
     ${TESTS:+-k "$TESTS"}
 else
-  SHAPE=(--size=tiny --batch=8 --steps=2 --warmup=1 --dtype=f32 --matmul=256 --pipeline=2)
-  TORCH=(--size=tiny --batch=8 --steps=2 --warmup=1 --vocab=8000 --modes=eager_all,eager_masked
+  # length 32, not 128: the steps' run time is a quarter, the same programs and checks
+  SHAPE=(--size=tiny --batch=8 --seq=32 --steps=2 --warmup=1 --dtype=f32 --matmul=256
          --pipeline=2)
+  TORCH=(--size=tiny --batch=8 --seq=32 --steps=2 --warmup=1 --vocab=8000
+         --modes=eager_all,eager_masked --pipeline=2)
   MAIN=(--config=configs/bert_preln.py:tiny --config.total_steps=6 --config.log_every=2
         --config.eval_every=0 --config.eval_batches=1 --config.checkpoint_every=0)
   MT=(--config=configs/mt.py:tiny --batches=8x16 --steps=2 --warmup=1 --sentences=4

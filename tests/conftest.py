@@ -40,6 +40,11 @@ for _refused in check_flags():
 os.environ["XLA_FLAGS"] = xla_flags(None if "device_count" in _flags else 8, _flags)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# One OpenMP thread (PyTorch's, for the HuggingFace comparisons and the suite's PyTorch
+# anchor; BLAS's): its threads spin while they wait, and on 2 cores shared with the other
+# worker that was most of their CPU time (bench_torch_anchor.py's CPU mode under load: 24.5 s
+# of CPU time, 8.6 s with one thread; 2026-12-05). XLA's own threads are not OpenMP's.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache_dir = tempfile.mkdtemp(prefix="ln_jax_tests_jit_cache_")
