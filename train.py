@@ -174,7 +174,7 @@ def _log_file_of_this_process(workdir: str) -> str:
 
 def command_config(argv: list[str]) -> tuple[dict, list[str]]:
     """(the nested config, the other arguments) of a train.py command line."""
-    from ln_jax.config_front import config_from_command_line
+    from ln_jax.config.load import config_from_command_line
 
     values, line = config_from_command_line(argv)
     return values, line.rest

@@ -14,9 +14,9 @@ _EXPORTS = {
     "BertForPreTraining": "ln_jax.models.bert.model",
     "create_model": "ln_jax.models.bert.model",
     "PLACEMENTS": "ln_jax.nn.placements",
-    "SIZES": "ln_jax.config",
-    "ModelConfig": "ln_jax.config",
-    "model_config": "ln_jax.config",
+    "SIZES": "ln_jax.config.run",
+    "ModelConfig": "ln_jax.config.run",
+    "model_config": "ln_jax.config.run",
 }
 # Modules the README names as `from ln_jax import X` / `ln_jax.X.f` before they moved into
 # nn/, train/ and models/bert/ (issue 31): importable from the package as before.

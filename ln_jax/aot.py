@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ln_jax import deviceless, kernel_census, matmul_census, platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.train import accumulation, steps, trainer
 
 GIB = 1024**3

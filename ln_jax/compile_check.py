@@ -67,7 +67,7 @@ from ln_jax.aot import (  # the library's names, as this module had them
     tpu_report,
     tree_bytes_per_device,
 )
-from ln_jax.config_front import config_from_command_line
+from ln_jax.config.load import config_from_command_line
 from ln_jax.validate import UserError
 
 __all__ = [

@@ -20,7 +20,7 @@ from bench.bench_translate_hf import train_batch
 from bench.measure import make_batch
 from configs import bert_preln, mt
 from ln_jax import platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.nn.stack import relayout
 from ln_jax.train import monitor, run_identity, steps, trainer
 from tests.test_trainer import tiny_config, train_losses

@@ -14,7 +14,7 @@ import pytest
 
 import ln_jax
 from ln_jax import cli
-from ln_jax.config_front import build_config, config_from_command_line, load_config, override
+from ln_jax.config.load import build_config, config_from_command_line, load_config, override
 from ln_jax.data import parallel, sources
 from ln_jax.data.config import DataConfig
 from ln_jax.train.preemption import EXIT_SIGTERM, SetupSignals

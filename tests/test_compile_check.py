@@ -10,7 +10,7 @@ import pytest
 
 from configs import bert_preln
 from ln_jax import aot, compile_check, sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.train import steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

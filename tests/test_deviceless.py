@@ -11,7 +11,7 @@ import pytest
 
 from configs import bert_preln
 from ln_jax import compile_check, deviceless, kernel_census, matmul_census, platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from tests.deviceless_support import needs, run_compile_check, without_the_extras
 
 needs_plugin = needs(deviceless.plugin)

@@ -15,7 +15,7 @@ import pytest
 
 from configs import bert_preln
 from ln_jax import aot, compile_check, deviceless, matmul_census, platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.train import accumulation
 from tests.deviceless_support import needs, run_compile_check
 

@@ -15,7 +15,7 @@ import pytest
 
 import ln_jax
 from ln_jax import platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.nn import flash, layers
 from ln_jax.nn import random as lnr
 from ln_jax.train import steps

@@ -230,7 +230,7 @@ def test_init_from_hf_starts_training_from_the_marian_parameters(one_device, mar
     from flax import nnx
 
     from configs import mt
-    from ln_jax.config_front import build_config
+    from ln_jax.config.load import build_config
     from ln_jax.models.translation.task import Translation
     from ln_jax.validate import ConfigError
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ln_jax import compile_check, matmul_census, platforms, sharding
-from ln_jax.config_front import build_config, load_config, override
+from ln_jax.config.load import build_config, load_config, override
 from ln_jax.nn import layers
 from ln_jax.train import steps
 from ln_jax.validate import ConfigError

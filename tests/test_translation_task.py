@@ -19,7 +19,7 @@ from flax import nnx
 
 from ln_jax import sharding
 from ln_jax import translate as translate_cli
-from ln_jax.config_front import build_config, load_config, override
+from ln_jax.config.load import build_config, load_config, override
 from ln_jax.task import make_task
 from ln_jax.train import trainer
 

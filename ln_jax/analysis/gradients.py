@@ -34,6 +34,7 @@ from ln_jax.analysis.models import (
 )
 from ln_jax.analysis.settings import Arm, Settings, depth_arms, describe, one_depth
 from ln_jax.analysis.stats import seed_mean_std
+from ln_jax.config.optim import OptimConfig
 from ln_jax.train import optim
 
 # What `layers` measures, beside what the papers measured.
@@ -153,7 +154,7 @@ def _ffn_grad_moments(model: AnyModel, stacked: Batch) -> tuple[jax.Array, jax.A
     return per_batch, layer_norms(*(t / n for t in total))
 
 
-def _warmup_optimizer(settings: Settings, steps: int, lr: float) -> optim.OptimConfig:
+def _warmup_optimizer(settings: Settings, steps: int, lr: float) -> OptimConfig:
     """The config's optimizer with a linear warm-up from 0 to `lr` over `steps` steps."""
     return dataclasses.replace(
         settings.config.optim,
@@ -164,7 +165,7 @@ def _warmup_optimizer(settings: Settings, steps: int, lr: float) -> optim.OptimC
     )
 
 
-def make_trainer(cfg: optim.OptimConfig) -> Callable[[AnyModel, Any, int], AnyModel]:
+def make_trainer(cfg: OptimConfig) -> Callable[[AnyModel, Any, int], AnyModel]:
     """(model, batch iterator, steps) -> the model after `steps` in-place optimizer updates.
 
     The update is compiled once per model structure, shared by every seed.

@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from ln_jax.analysis.settings import Arm, Settings, make_arms
-from ln_jax.config import CheckpointConfig, ModelConfig, TrainConfig
+from ln_jax.config.run import CheckpointConfig, ModelConfig, TrainConfig
 from ln_jax.data.config import DataConfig
 from ln_jax.models.bert.model import BertForPreTraining, pretraining_loss
 from ln_jax.nn.blocks import Record

@@ -36,7 +36,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ln_jax import deviceless, sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.nn.random import prng_impl
 from ln_jax.task import Task, make_task
 from ln_jax.train import flat, optim

@@ -27,7 +27,7 @@ import jax
 from flax import nnx
 
 from ln_jax import compile_cache, console, paths, platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.nn.placement_setup import setup_placements
 from ln_jax.task import Task, make_task
 from ln_jax.train import accumulation, monitor, optim, precompile, run_identity, steps
