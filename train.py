@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import sys
 
-from ln_jax import cli, paths
+from ln_jax import paths
+from ln_jax.cli import command as cli
 from ln_jax.validate import Fix
 
 COMMAND = cli.Command("python train.py", __doc__, cli.train_config_front())

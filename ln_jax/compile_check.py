@@ -52,7 +52,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ln_jax import cli, console, deviceless, kernel_census
+from ln_jax import console, deviceless, kernel_census
 from ln_jax.aot import (  # the library's names, as this module had them
     GIB,
     MIB,
@@ -67,6 +67,7 @@ from ln_jax.aot import (  # the library's names, as this module had them
     tpu_report,
     tree_bytes_per_device,
 )
+from ln_jax.cli import command as cli
 from ln_jax.config.load import config_from_command_line
 from ln_jax.validate import UserError
 

@@ -127,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command: translations (or the score) on stdout, a user error in one line (exit 2);
     the terminal shows what `train.py`'s does (`console.configure_logging`: ln_jax's lines and
     other libraries' warnings, not orbax's or TFDS's INFO lines)."""
-    from ln_jax import cli, console
+    from ln_jax import console
+    from ln_jax.cli import command as cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)

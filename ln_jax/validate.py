@@ -20,7 +20,7 @@ MAX_LISTED = 20  # more valid names than this are not listed in a message
 
 @dataclasses.dataclass(frozen=True)
 class Fix:
-    """The change to a command line that fixes a user error; `ln_jax.cli` applies it to the
+    """The change to a command line that fixes a user error; `ln_jax.cli.command` applies it to the
     user's own arguments and shows the whole command that works.
 
     Attributes:

@@ -230,7 +230,7 @@ def test_every_alias_names_a_declared_field():
 def test_a_mistyped_choice_names_the_field_as_typed_and_gives_the_whole_command(
     field, typo, closest
 ):
-    from ln_jax import cli
+    from ln_jax.cli import command as cli
 
     with pytest.raises(ConfigError) as err:
         build_config(override(common.base_config(), {field: typo}))
@@ -349,7 +349,7 @@ def test_mixln_is_rejected_inside_a_per_layer_list():
 
 
 def test_a_finetune_config_error_keeps_its_fix_of_the_command_line():
-    from ln_jax import cli
+    from ln_jax.cli import command as cli
     from ln_jax.models.bert.finetune.config import build_finetune_config
     from ln_jax.validate import Fix
 

@@ -401,7 +401,7 @@ def test_translation_study_flag_errors_are_one_line(tmp_path, capsys):
 
 
 def test_mt_specs_defaults_follow_the_plan():
-    from ln_jax.cli import Invocation  # noqa: F401  (the flags are parsed by COMMAND.run)
+    from ln_jax.cli.command import Invocation  # noqa: F401  (the flags are parsed by COMMAND.run)
 
     seen = {}
 

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ln_jax import cli
+from ln_jax.cli import command as cli
 from ln_jax.validate import ConfigError, UserError
 
 # Per subcommand: placements, depths, mini-batches per model, setting(s).

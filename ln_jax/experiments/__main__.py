@@ -76,7 +76,8 @@ import json
 import os
 import sys
 
-from ln_jax import cli, console
+from ln_jax import console
+from ln_jax.cli import command as cli
 from ln_jax.experiments.grids import B2, DEPTH_ARMS, SCHEDULE, STUDY_SCHEDULES
 from ln_jax.validate import UserError
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ln_jax import console
-from ln_jax.cli_fields import _row, config_fields
+from ln_jax.cli.help import _row, config_fields
 from ln_jax.config import load as config_front
 from ln_jax.validate import ConfigError, Fix, UserError, close_names, did_you_mean
 
