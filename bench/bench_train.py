@@ -196,8 +196,8 @@ def build_ln_jax(
     (`autodiff_ln`) applies to it and to nothing else.
     """
     from ln_jax import sharding
-    from ln_jax.compile_check import compile_report
     from ln_jax.train import steps
+    from ln_jax.xla.aot import compile_report
 
     cfg = ln_jax_config(args, s, placement)
     mesh = sharding.single_device_mesh()

@@ -297,7 +297,7 @@ ARGV = [
 
 def _command_configs(argv):
     """The typed config each of the four command lines builds from `argv`."""
-    from ln_jax import compile_check
+    from ln_jax.xla import compile_check
 
     experiments = importlib.import_module("ln_jax.experiments.__main__")
     built = {
