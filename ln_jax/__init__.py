@@ -49,7 +49,7 @@ def __dir__() -> list[str]:
 
 
 # JAX's CUDA plugin and libtpu, installed on a host that cannot run them (the deviceless
-# compiles' extras), start quietly: `ln_jax.host`.
-from ln_jax import host as _host  # noqa: E402  (no JAX import: data workers stay light)
+# compiles' extras), start quietly: `ln_jax.runtime.host`.
+from ln_jax.runtime import host as _host  # noqa: E402  (no JAX import: data workers stay light)
 
 _host.quiet_plugins()

@@ -10,8 +10,9 @@ import re
 import pytest
 
 from configs import bert_preln
-from ln_jax import platforms, sharding
+from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
+from ln_jax.runtime import platforms
 from ln_jax.xla import aot, deviceless, kernel_census, matmul_census
 from tests.deviceless_support import needs, run_compile_check, without_the_extras
 

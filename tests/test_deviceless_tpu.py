@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from configs import bert_preln
-from ln_jax import platforms, sharding
+from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
+from ln_jax.runtime import platforms
 from ln_jax.train import accumulation
 from ln_jax.xla import aot, deviceless, matmul_census
 from tests.deviceless_support import needs, run_compile_check
@@ -191,9 +192,9 @@ def test_each_slice_has_its_devices_on_one_host(name):
 @needs_libtpu
 def test_a_process_on_a_host_without_a_tpu_prints_no_libtpu_errors():
     """With libtpu installed and no TPU chip, a JAX process that lets JAX pick its platforms
-    starts on the CPU without libtpu's five lines about TPU VM settings (`ln_jax.host`); the
+    starts on the CPU without libtpu's five lines about TPU VM settings (`ln_jax.runtime.host`); the
     same process without ln_jax prints them."""
-    from ln_jax import host
+    from ln_jax.runtime import host
 
     if host.has_tpu_chips():
         pytest.skip("this host has TPU chips")

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ln_jax import platforms, sharding
+from ln_jax import sharding
 from ln_jax.config.load import build_config, load_config, override
 from ln_jax.nn import layers
+from ln_jax.runtime import platforms
 from ln_jax.train import steps
 from ln_jax.validate import ConfigError
 from ln_jax.xla import aot, compile_check, matmul_census

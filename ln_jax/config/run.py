@@ -15,7 +15,6 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ln_jax import compile_cache, platforms
 from ln_jax.config.auto import (
     AUTO_CHOSEN,
     auto_activation_layout,
@@ -28,6 +27,7 @@ from ln_jax.config.auto import (
 from ln_jax.config.optim import OptimConfig
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
+from ln_jax.runtime import compile_cache, platforms
 from ln_jax.sharding import ACTIVATION_LAYOUTS
 from ln_jax.task import factory as task_factory
 from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
@@ -74,7 +74,7 @@ class TaskOptions(dict):
 
 def platform() -> str:
     """The platform JAX computes on ("cpu", "gpu", "tpu"), or the one a
-    `ln_jax.platforms.lowering_for` block builds for: what "auto" fields resolve by.
+    `ln_jax.runtime.platforms.lowering_for` block builds for: what "auto" fields resolve by.
 
     It initialises JAX's backends, so a multi-host program calls `jax.distributed.initialize`
     before building a config with "auto" fields (train.py does).
@@ -490,7 +490,7 @@ class TrainConfig:
       compilation_cache: JAX's persistent compilation cache while the run trains: "auto"
         (resolved when the config is built: $LN_JAX_CACHE_DIR/jax_compilation, else
         ~/.cache/ln_jax/jax_compilation, on a GPU/TPU; "off" on a CPU), "off", or a folder
-        (`ln_jax.compile_cache`; $JAX_COMPILATION_CACHE_DIR wins if set).
+        (`ln_jax.runtime.compile_cache`; $JAX_COMPILATION_CACHE_DIR wins if set).
       monitor: per-layer measurements and early warnings (`MonitorConfig`).
     """
 

@@ -100,9 +100,9 @@ def run_config(base: Mapping[str, Any], spec: RunSpec, out: str | None = None) -
     runs compile the same programs (their seeds and schedule numbers are inputs of the train
     step, `ln_jax.train.steps.run_values`), and a deep model's step takes minutes on a CPU.
     """
-    from ln_jax import compile_cache
     from ln_jax.config.load import build_config, override
     from ln_jax.config.run import platform
+    from ln_jax.runtime import compile_cache
 
     values = {"name": spec.name, **spec.overrides}
     cpu_auto = compile_cache.resolve(compile_cache.AUTO, platform()) == compile_cache.OFF

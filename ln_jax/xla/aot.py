@@ -22,8 +22,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ln_jax import platforms, sharding
+from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
+from ln_jax.runtime import platforms
 from ln_jax.train import accumulation, steps, trainer
 from ln_jax.xla import deviceless, kernel_census, matmul_census
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import jax
 
-from ln_jax import host
+from ln_jax.runtime import host
 from ln_jax.xla.kernel_census import SPECS, GpuSpec
 
 # The plugin packages jax can load, newest CUDA first.
