@@ -164,3 +164,10 @@ def test_the_top_level_holds_at_most_8_modules():
     modules (the base ones and the commands' thin modules) stand beside them."""
     modules, _ = _top_level()
     assert len(modules) <= 8, sorted(modules)
+
+
+def test_the_bench_readme_names_every_file():
+    bench = PACKAGE.parent / "bench"
+    readme = (bench / "README.md").read_text()
+    files = [p.name for p in bench.iterdir() if p.suffix in (".py", ".sh")]
+    assert files and not [f for f in files if f"`{f}`" not in readme]
