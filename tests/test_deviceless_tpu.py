@@ -218,7 +218,7 @@ def test_libtpu_logs_into_the_sessions_home():
     in the host's /tmp/tpu_logs (which had 388 files of earlier sessions on 2026-11-29)."""
     logs = Path(os.environ["TPU_LOG_DIR"])
     before = set(logs.iterdir())
-    code = "from ln_jax import deviceless; print(len(deviceless.tpu_devices('v5e-4')))"
+    code = "from ln_jax.xla import deviceless; print(len(deviceless.tpu_devices('v5e-4')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.split() == ["4"], done.stderr[-2000:]
     assert [p for p in set(logs.iterdir()) - before if p.name.startswith("tpu_driver.")]
