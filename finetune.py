@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import sys
 
-from ln_jax import cli, paths
+from ln_jax import paths
+from ln_jax.cli import command as cli
 
 
 def _finetune_config_front() -> cli.ConfigFront:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import sys
 
-from ln_jax import cli, paths
+from ln_jax import paths
+from ln_jax.cli import command as cli
 from ln_jax.validate import Fix
 
 COMMAND = cli.Command("python train.py", __doc__, cli.train_config_front())
@@ -174,7 +175,7 @@ def _log_file_of_this_process(workdir: str) -> str:
 
 def command_config(argv: list[str]) -> tuple[dict, list[str]]:
     """(the nested config, the other arguments) of a train.py command line."""
-    from ln_jax.config_front import config_from_command_line
+    from ln_jax.config.load import config_from_command_line
 
     values, line = config_from_command_line(argv)
     return values, line.rest

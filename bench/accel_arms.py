@@ -30,7 +30,7 @@ from bench.accel_step import (
     train_config,
 )
 from ln_jax import sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 
 DUMP_OPTION = "xla_gpu_dump_autotune_results_to"
 

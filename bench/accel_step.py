@@ -19,12 +19,12 @@ import numpy as np
 
 from bench import measure
 from ln_jax import sharding
-from ln_jax.config import TrainConfig
-from ln_jax.config_front import (
+from ln_jax.config.load import (
     build_config,
     config_from_command_line,
     override,
 )
+from ln_jax.config.run import TrainConfig
 from ln_jax.train import steps
 
 DTYPES = {"bf16": "bfloat16", "f32": "float32"}

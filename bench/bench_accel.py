@@ -95,10 +95,10 @@ from bench.accel_step import (  # noqa: E402
     train_config,
 )
 from ln_jax import sharding  # noqa: E402
-from ln_jax.config import TrainConfig  # noqa: E402
-from ln_jax.config_front import (  # noqa: E402
+from ln_jax.config.load import (  # noqa: E402
     parse_command_line,
 )
+from ln_jax.config.run import TrainConfig  # noqa: E402
 
 FEEDS = ("fixed", "loader", "both")
 

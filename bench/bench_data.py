@@ -120,7 +120,7 @@ def _bert_step(vocab_size: int, size: str):
     import optax
     from flax import nnx
 
-    from ln_jax.config import model_config
+    from ln_jax.config.run import model_config
     from ln_jax.models.bert.model import create_model
 
     model = create_model(model_config(size, vocab_size=vocab_size), seed=0)

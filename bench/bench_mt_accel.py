@@ -121,8 +121,8 @@ def build_config(spec: str, dtype: str, attention: str = "auto", layout: str = "
     """The TrainConfig of `spec` on one device, the whole batch in one step, every position
     computed (`task_options.skip_padding` off: the FLOPs are counted on padded positions), the
     layers in `layout` (`LAYOUTS`)."""
-    from ln_jax.config_front import build_config as build
-    from ln_jax.config_front import config_from_command_line
+    from ln_jax.config.load import build_config as build
+    from ln_jax.config.load import config_from_command_line
 
     defaults = {"model.dtype": dtype, "model.attention_impl": attention, "grad_accum_steps": 1,
                 "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1,

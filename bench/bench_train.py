@@ -76,7 +76,7 @@ from bench.measure import (  # noqa: E402
     write_result,
     xla_matmul,
 )
-from ln_jax.config import SIZES  # noqa: E402
+from ln_jax.config.run import SIZES  # noqa: E402
 
 IMPLS = ("ln_jax", "hf_flax", "hf_torch")
 # Experiments: ln_jax with LayerNorm's backward left to autodiff, and ln_jax as Post-LN (like HF).
@@ -155,7 +155,7 @@ def hf_config(s: dict[str, int], dropout: float) -> Any:
 def ln_jax_config(args: argparse.Namespace, s: dict[str, int], placement: str = "pre") -> Any:
     """The trainer's TrainConfig: configs/bert_preln.py with the benchmark's sizes."""
     from configs import bert_preln
-    from ln_jax.config import TrainConfig
+    from ln_jax.config.run import TrainConfig
 
     c = bert_preln.get_config("mini" if s["vocab"] == 8000 else "base")
     c.model.size = args.size
@@ -196,8 +196,8 @@ def build_ln_jax(
     (`autodiff_ln`) applies to it and to nothing else.
     """
     from ln_jax import sharding
-    from ln_jax.compile_check import compile_report
     from ln_jax.train import steps
+    from ln_jax.xla.aot import compile_report
 
     cfg = ln_jax_config(args, s, placement)
     mesh = sharding.single_device_mesh()

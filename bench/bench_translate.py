@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from ln_jax import sharding  # noqa: E402
-from ln_jax.config import ModelConfig  # noqa: E402
+from ln_jax.config.run import ModelConfig  # noqa: E402
 from ln_jax.models.translation.model import Translator  # noqa: E402
 from ln_jax.models.translation.options import TranslationOptions  # noqa: E402
 from ln_jax.models.translation.search import Search, translate  # noqa: E402

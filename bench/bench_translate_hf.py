@@ -131,7 +131,7 @@ def build_ln_jax_train(
     """The trainer's step of `configs/mt.py:small` on a one-device mesh, compiled."""
     from configs import mt
     from ln_jax import sharding
-    from ln_jax.config_front import build_config
+    from ln_jax.config.load import build_config
     from ln_jax.train import steps
 
     values = mt.get_config("small").to_dict()

@@ -10,10 +10,10 @@
 
 Each `--arm` (the syntax of `bench/bench_accel.py`, whose config the arms share: BERT-base,
 bf16, dropout 0.1 everywhere) is built as on a GPU ("auto" fields), compiled for `--gpu`
-(`ln_jax.deviceless`) by `ln_jax.compile_check.gpu_report`, and read by
-`ln_jax.kernel_census`: kernels, bytes moved and FLOPs per class, and each class's floor on
+(`ln_jax.xla.deviceless`) by `ln_jax.xla.aot.gpu_report`, and read by
+`ln_jax.xla.kernel_census`: kernels, bytes moved and FLOPs per class, and each class's floor on
 that GPU (matmuls at its bf16 rate, the rest at its memory bandwidth). An arm's `xla.OPTION=VALUE`
-is a compiler option of its compile (over `ln_jax.deviceless.COMPILER_OPTIONS`, which asks for
+is a compiler option of its compile (over `ln_jax.xla.deviceless.COMPILER_OPTIONS`, which asks for
 cuBLAS); with Triton GEMMs on, the Triton GEMMs that compute on an operand are listed
 (`kernel_census.gemm_prologues`). Side by side, a change's
 effect on what the GPU would run shows before a GPU is at hand; whether its time follows its
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.accel_step import split_xla_options, train_config  # noqa: E402
 from bench.bench_accel import parse_args  # noqa: E402
-from ln_jax import compile_check, deviceless, kernel_census  # noqa: E402
+from ln_jax.xla import aot, deviceless, kernel_census  # noqa: E402
 
 DEFAULT_ARMS = ("default",)
 
@@ -45,7 +45,7 @@ def compile_arm(
     written to `hlo_dir`/NAME.hlo.txt if `hlo_dir`."""
     fields, options = split_xla_options(overrides)
     build = lambda: train_config(args, argv, fields)  # noqa: E731
-    report = compile_check.gpu_report(build, gpu, options=options)
+    report = aot.gpu_report(build, gpu, options=options)
     census = report.pop("kernel_census")
     hlo = report.pop("hlo_text")
     if hlo_dir:

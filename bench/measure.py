@@ -138,8 +138,8 @@ def synthetic_bert_config(size: str, batch: int, seq: int, predictions: int, **f
     (`make_batch`: vocabulary 8000) of `batch` x `seq` with `predictions` masked positions;
     `fields`: more settings by dotted name ("model.scan_layers": True, "log_every": 10)."""
     from configs import bert_preln
-    from ln_jax import config_front
-    from ln_jax.config import TrainConfig
+    from ln_jax.config import load as config_front
+    from ln_jax.config.run import TrainConfig
 
     shape = {
         "model.size": size,

@@ -14,7 +14,7 @@ cuBLAS `nvjet*` / `*gemm*` / Triton `gemm_fusion_dot*` matmuls; cuDNN `*fmha*` /
 attention). Figures are per step: the total over the trace divided by `--steps`.
 
 With `--hlo_dir` (XLA's dump of the step, `--xla_dump_to`; the accelerator suite passes it),
-the module whose fusion names the profile holds is read by `ln_jax.kernel_census`: kernels
+the module whose fusion names the profile holds is read by `ln_jax.xla.kernel_census`: kernels
 are classed as the HLO says (a Triton fusion named `fusion_12` holding a reduction is a
 reduction), and each class's bytes (matmuls: FLOPs) over its measured time give the rate it
 ran at, as a share of the chip's bandwidth (bf16 peak) ("achieved").
@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ln_jax.kernel_census import kernel_class  # noqa: E402  (one classifier: HLO and profiles)
+from ln_jax.xla.kernel_census import kernel_class  # noqa: E402  (one classifier: HLO and profiles)
 
 HOST_BOOKKEEPING = re.compile(r"^(ThreadpoolListener|ThunkExecutor|end: |Thunk::|Rendezvous|Wait:)")
 
@@ -137,11 +137,11 @@ def profile_name(hlo_name: str) -> str:
 def matching_census(hlo_dir: str, names: set[str]) -> tuple[str, Any, float] | None:
     """Of the optimised HLO modules XLA dumped (`--xla_dump_to`, `*after_optimizations.txt`),
     the one whose kernel names the profile's `names` hold most of: (path, its census
-    (`ln_jax.kernel_census`), the share of its fusion kernels found, by the names they launch
+    (`ln_jax.xla.kernel_census`), the share of its fusion kernels found, by the names they launch
     under). None if none matches. A module the census cannot read is named and left out: the
     profile by kernel time does not need it (the H200's of 2026-12-04 lost the whole profile to
     one unreadable module)."""
-    from ln_jax import kernel_census
+    from ln_jax.xla import kernel_census
 
     best = None
     for path in sorted(glob.glob(os.path.join(hlo_dir, "*after_optimizations.txt"))):
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--hlo_dir",
         default=None,
         help="XLA's dump of the step (--xla_dump_to): classes kernels by the HLO and gives each "
-        "class's achieved bytes/s (ln_jax.kernel_census)",
+        "class's achieved bytes/s (ln_jax.xla.kernel_census)",
     )
     p.add_argument(
         "--gpu",
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = summarize(events, args.steps, args.top, classes)
     summary.update(trace=path, source=source)
     if found:
-        from ln_jax import kernel_census
+        from ln_jax.xla import kernel_census
 
         gpu = args.gpu if args.gpu != "auto" else kernel_census.spec_for(_device_kind())
         summary.update(hlo=found[0], hlo_match=found[2])

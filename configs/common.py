@@ -15,7 +15,7 @@ from ml_collections.config_dict import FieldReference, placeholder
 
 VARIANTS = ("base", "mini", "tiny")
 
-# Where base_config() departs from the typed configs' defaults (ln_jax/config.py and its
+# Where base_config() departs from the typed configs' defaults (ln_jax/config/run.py and its
 # sections), which are the one source of every other value: the BERT-base pretraining recipe
 # (Devlin et al. phase 1 at batch 256, 10k warm-up) and its cadences. A test compares them.
 RECIPE = {
@@ -215,6 +215,6 @@ def recipe_warmup(c: ml_collections.ConfigDict, fraction: float) -> None:
 def from_total_steps(c: ml_collections.ConfigDict, rule: Callable[[int], int]) -> Any:
     """A field's value computed by `rule` from `c.total_steps` (a warm-up as a fraction of the
     run): an ml_collections reference, so it follows `total_steps` set later in the config,
-    and `--config.total_steps=N` (ln_jax.config_front computes it again after the overrides,
+    and `--config.total_steps=N` (ln_jax.config.load computes it again after the overrides,
     unless the field itself is given)."""
     return c.get_ref("total_steps")._apply_op(rule)

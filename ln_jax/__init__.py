@@ -14,29 +14,15 @@ _EXPORTS = {
     "BertForPreTraining": "ln_jax.models.bert.model",
     "create_model": "ln_jax.models.bert.model",
     "PLACEMENTS": "ln_jax.nn.placements",
-    "SIZES": "ln_jax.config",
-    "ModelConfig": "ln_jax.config",
-    "model_config": "ln_jax.config",
-}
-# Modules the README names as `from ln_jax import X` / `ln_jax.X.f` before they moved into
-# nn/, train/ and models/bert/ (issue 31): importable from the package as before.
-_MODULES = {
-    "admin": "ln_jax.nn.admin",
-    "bert": "ln_jax.models.bert.model",
-    "blocks": "ln_jax.nn.blocks",
-    "convert": "ln_jax.models.bert.convert",
-    "layers": "ln_jax.nn.layers",
-    "sharding": "ln_jax.sharding",
-    "steps": "ln_jax.train.steps",
-    "trainer": "ln_jax.train.trainer",
+    "SIZES": "ln_jax.config.run",
+    "ModelConfig": "ln_jax.config.run",
+    "model_config": "ln_jax.config.run",
 }
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        value = importlib.import_module(_MODULES[name])
-    elif name in _EXPORTS:
+    if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     else:
         raise AttributeError(f"module 'ln_jax' has no attribute {name!r}")
@@ -45,11 +31,11 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS, *_MODULES])
+    return sorted([*globals(), *_EXPORTS])
 
 
 # JAX's CUDA plugin and libtpu, installed on a host that cannot run them (the deviceless
-# compiles' extras), start quietly: `ln_jax.host`.
-from ln_jax import host as _host  # noqa: E402  (no JAX import: data workers stay light)
+# compiles' extras), start quietly: `ln_jax.runtime.host`.
+from ln_jax.runtime import host as _host  # noqa: E402  (no JAX import: data workers stay light)
 
 _host.quiet_plugins()

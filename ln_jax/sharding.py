@@ -525,3 +525,20 @@ def per_shard(
     in_specs = tuple(nn.logical_to_mesh_axes(tuple(n)) for n in in_names)
     out_spec = nn.logical_to_mesh_axes(tuple(out_names))
     return jax.shard_map(fn, in_specs=in_specs, out_specs=out_spec, check_vma=False)
+
+
+# --------------------------------------------------------------------------- compile-only devices
+# Devices that only compile (`ln_jax.xla.deviceless`: a GPU's or TPU's compiler on a host
+# without one) hold no array: a host value stands there as its abstract shape and sharding.
+
+
+def is_compile_only(devices: Any) -> bool:
+    """Whether these devices (a mesh's `.devices`, a list) only compile: no array lives there."""
+    first = next(iter(getattr(devices, "flat", devices)))
+    return getattr(first.client, "runtime_type", "") == "compile_only_runtime"
+
+
+def abstract(value: np.ndarray, sharding: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
+    """A host value's shape and dtype with `sharding`: what stands for it on compile-only
+    devices, where no array can be put."""
+    return jax.ShapeDtypeStruct(np.shape(value), np.asarray(value).dtype, sharding=sharding)

@@ -1,25 +1,26 @@
 """Leaf validators shared by every typed config (model, optimizer, data, run), and the error
 types every command line reports in one line (user errors; a training's non-finite stop).
 
-This module imports nothing from ln_jax, so that `config.py`, `optim.py` and `data/config.py`
-can all use it without importing each other.
+It also finds the declared config field that an unknown `--config.` name most likely means
+(`suggest`, `ALIASES`; the last section below).
+
+This module imports nothing from ln_jax, so that `config/`, `train/optim.py` and
+`data/config.py` can all use it without importing each other.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
-
-from ln_jax import field_names
 
 MAX_LISTED = 20  # more valid names than this are not listed in a message
 
 
 @dataclasses.dataclass(frozen=True)
 class Fix:
-    """The change to a command line that fixes a user error; `ln_jax.cli` applies it to the
+    """The change to a command line that fixes a user error; `ln_jax.cli.command` applies it to the
     user's own arguments and shows the whole command that works.
 
     Attributes:
@@ -136,12 +137,241 @@ def unknown_choice(
 
 def reject_unknown_keys(kind: str, given: Mapping[str, Any], valid: Iterable[str]) -> None:
     """Raises ValueError naming, for an unknown key, the valid field it likely means: one
-    another trainer calls so (`ln_jax.field_names.ALIASES`: "lr" -> "peak_lr"), else the
+    another trainer calls so (`ln_jax.ALIASES`: "lr" -> "peak_lr"), else the
     closest spelling."""
     valid = list(valid)
     for key in given:
         if key not in valid:
-            aliased = [a.rsplit(".", 1)[-1] for a in field_names.ALIASES.get(str(key).lower(), ())]
+            aliased = [a.rsplit(".", 1)[-1] for a in ALIASES.get(str(key).lower(), ())]
             near = [a for a in aliased if a in valid] or close_names(key, valid, 1)
             hint = " D" + did_you_mean(near)[1:] if near else ""
             raise ValueError(f"unknown {kind} field {key!r}.{hint} Valid: {', '.join(valid)}.")
+
+
+# --------------------------------------------------------------------------- field names
+# The declared config field that an unknown `--config.` name most likely means.
+#
+# A user coming from another trainer types that trainer's names (`--config.lr`,
+# `--config.batch_size`, `--config.warmup_steps` at the top level where ln_jax has
+# `optim.warmup_steps`). Spelling distance alone then points at the wrong field, and the command
+# line's fix would set it (`warmup_steps` is close to `total_steps`; `data.batch_size` to
+# `data.eval_batch_size`). `suggest` looks, in this order, for:
+#
+#   1. the same name declared in another section (`model.max_seq_length` -> `data.max_seq_length`);
+#   2. the name as other trainers spell a declared field (`ALIASES`: HuggingFace's
+#      TrainingArguments and BertConfig, fairseq, MaxText, nanoGPT);
+#   3. a name spelt nearly the same in the same section (difflib, ratio >= 0.6);
+#   4. a name spelt nearly the same anywhere (ratio >= 0.8).
+#
+# Only fields the config being overridden declares are suggested.
+
+_SEQ = ("data.max_seq_length", "task_options.max_source_length", "task_options.max_target_length")
+
+# Another trainer's name -> the declared fields it names (those a config lacks are skipped).
+ALIASES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        ("lr", "learning_rate", "max_lr", "base_lr", "peak_learning_rate"),
+        ("optim.peak_lr", "learning_rates"),
+    ),
+    **dict.fromkeys(("min_lr", "final_lr", "end_learning_rate"), ("optim.end_lr",)),
+    **dict.fromkeys(
+        ("warmup", "warmup_updates", "num_warmup_steps", "warmup_iters"),
+        ("optim.warmup_steps",),
+    ),
+    **dict.fromkeys(
+        (
+            "batch_size",
+            "train_batch_size",
+            "per_device_train_batch_size",
+            "global_batch",
+            "max_sentences",
+            "batch",
+        ),
+        ("data.global_batch_size", "batch_sizes"),
+    ),
+    **dict.fromkeys(("num_train_epochs", "num_epochs", "max_epoch", "n_epochs"), ("epochs",)),
+    **dict.fromkeys(("warmup_ratio", "warmup_proportion"), ("warmup_fraction",)),
+    **dict.fromkeys(("per_device_eval_batch_size", "valid_batch_size"), ("data.eval_batch_size",)),
+    **dict.fromkeys(
+        (
+            "seq_len",
+            "seq_length",
+            "max_len",
+            "max_length",
+            "sequence_length",
+            "block_size",
+            "max_target_positions",
+            "max_source_positions",
+        ),
+        _SEQ,
+    ),
+    **dict.fromkeys(
+        (
+            "steps",
+            "max_steps",
+            "num_train_steps",
+            "train_steps",
+            "max_update",
+            "num_steps",
+            "max_iters",
+            "iterations",
+        ),
+        ("total_steps",),
+    ),
+    "dropout": ("model.hidden_dropout", "model.attention_dropout"),
+    **dict.fromkeys(
+        ("hidden_dropout_prob", "resid_dropout", "resid_pdrop"), ("model.hidden_dropout",)
+    ),
+    **dict.fromkeys(
+        ("attention_probs_dropout_prob", "attn_dropout", "attn_pdrop", "attention_dropout_prob"),
+        ("model.attention_dropout",),
+    ),
+    **dict.fromkeys(
+        (
+            "layers",
+            "n_layers",
+            "n_layer",
+            "num_hidden_layers",
+            "encoder_layers",
+            "depth",
+            "base_num_decoder_layers",
+        ),
+        ("model.num_layers",),
+    ),
+    **dict.fromkeys(
+        ("heads", "n_heads", "n_head", "num_attention_heads", "base_num_query_heads"),
+        ("model.num_heads",),
+    ),
+    **dict.fromkeys(
+        (
+            "d_model",
+            "hidden_dim",
+            "emb_dim",
+            "embed_dim",
+            "n_embd",
+            "encoder_embed_dim",
+            "base_emb_dim",
+            "width",
+        ),
+        ("model.hidden_size",),
+    ),
+    **dict.fromkeys(
+        (
+            "d_ff",
+            "ffn_dim",
+            "intermediate_size",
+            "encoder_ffn_embed_dim",
+            "base_mlp_dim",
+            "ffn_size",
+        ),
+        ("model.mlp_dim",),
+    ),
+    **dict.fromkeys(("hidden_act", "activation_fn", "act"), ("model.activation",)),
+    **dict.fromkeys(
+        ("layer_norm_epsilon", "ln_eps", "norm_eps", "normalization_layer_epsilon"),
+        ("model.layer_norm_eps",),
+    ),
+    **dict.fromkeys(
+        (
+            "ln",
+            "layer_norm_position",
+            "norm_position",
+            "pre_ln",
+            "post_ln",
+            "prenorm",
+            "normalize_before",
+            "encoder_normalize_before",
+        ),
+        ("model.placement",),
+    ),
+    **dict.fromkeys(("norm_type", "normalization"), ("model.norm",)),
+    **dict.fromkeys(
+        ("precision", "mixed_precision", "bf16", "fp16", "compute_dtype"), ("model.dtype",)
+    ),
+    **dict.fromkeys(("beta1", "adam_beta1"), ("optim.b1",)),
+    **dict.fromkeys(("beta2", "adam_beta2"), ("optim.b2",)),
+    **dict.fromkeys(("adam_epsilon", "adam_eps"), ("optim.eps",)),
+    **dict.fromkeys(
+        (
+            "max_grad_norm",
+            "grad_clip",
+            "clip_grad_norm",
+            "gradient_clipping",
+            "gradient_clipping_threshold",
+        ),
+        ("optim.clip_norm",),
+    ),
+    **dict.fromkeys(("wd", "adam_weight_decay"), ("optim.weight_decay",)),
+    **dict.fromkeys(
+        ("lr_scheduler", "lr_scheduler_type", "lr_schedule", "scheduler"), ("optim.schedule",)
+    ),
+    **dict.fromkeys(("optimizer_type", "opt_type", "optim"), ("optim.optimizer",)),
+    **dict.fromkeys(
+        ("gradient_accumulation_steps", "accum_steps", "update_freq", "accumulate_grad_batches"),
+        ("grad_accum_steps",),
+    ),
+    **dict.fromkeys(("eval_steps", "eval_interval", "validate_interval_updates"), ("eval_every",)),
+    **dict.fromkeys(
+        ("save_steps", "save_interval_updates", "checkpoint_period"), ("checkpoint_every",)
+    ),
+    **dict.fromkeys(("logging_steps", "log_interval", "log_period"), ("log_every",)),
+    **dict.fromkeys(("mlm_probability", "mask_prob", "mask_ratio"), ("data.masked_lm_prob",)),
+    **dict.fromkeys(("vocab", "n_vocab"), ("data.vocab_size",)),
+    **dict.fromkeys(("label_smoothing_factor", "smoothing"), ("task_options.label_smoothing",)),
+    **dict.fromkeys(("beam", "beam_size", "num_beams"), ("task_options.eval_beam",)),
+    **dict.fromkeys(("lenpen", "length_penalty"), ("task_options.eval_lenpen",)),
+}
+
+
+def leaves(tree: Mapping[str, Any], parents: tuple[str, ...] = ()) -> Iterator[str]:
+    """The dotted names of `tree`'s fields (its non-mapping values), in its order."""
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from leaves(value, (*parents, key))
+        else:
+            yield ".".join((*parents, key))
+
+
+def suggest(tree: Mapping[str, Any], parents: list[str], key: str, field: bool = True) -> list[str]:
+    """The declared names (dotted, at most 3) that `key`, unknown under the section `parents`
+    of `tree`, most likely means; empty if none is likely. `field`: `key` was given as a field
+    (the last part of `--config.A.B.key`); otherwise as a section, and only the sections
+    spelt nearly the same beside it are looked at. One name: a command line's fix may rename
+    to it; several: they are shown and none is chosen."""
+    node: Any = tree
+    for name in parents:
+        node = node[name]
+    here = ".".join(parents)
+    nearby = [_join(here, n) for n in difflib.get_close_matches(key, [str(k) for k in node], n=1)]
+    if not field:
+        return nearby
+    declared = list(leaves(tree))
+    bare = [d.rsplit(".", 1)[-1] for d in declared]
+    for found in (
+        [d for d, name in zip(declared, bare, strict=True) if name == key],
+        _aliased(key, declared),
+        nearby,
+        [d for d, name in zip(declared, bare, strict=True) if name in _closest(key, bare)],
+    ):
+        if found:
+            return found[:3]
+    return []
+
+
+def _aliased(key: str, declared: list[str]) -> list[str]:
+    """The declared fields `ALIASES` gives for `key`; "optim.b1" also names a top-level "b1"
+    (finetune.py's config keeps its optimizer's fields at the top)."""
+    out = []
+    for target in ALIASES.get(key.lower(), ()):
+        leaf = target.rsplit(".", 1)[-1]
+        out += [t for t in (target, leaf) if t in declared]
+    return list(dict.fromkeys(out))
+
+
+def _join(section: str, name: str) -> str:
+    return f"{section}.{name}" if section else name
+
+
+def _closest(key: str, names: list[str]) -> list[str]:
+    """The name spelt most nearly as `key` (ratio >= 0.8), as a list of none or one."""
+    return difflib.get_close_matches(key, list(dict.fromkeys(names)), n=1, cutoff=0.8)

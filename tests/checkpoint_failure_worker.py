@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import jax.numpy as jnp  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
-from ln_jax.config import CheckpointConfig  # noqa: E402
+from ln_jax.config.run import CheckpointConfig  # noqa: E402
 from ln_jax.train.checkpoint import Checkpointer  # noqa: E402
 
 STATE = {f"w{i}": jnp.full((8, 4), float(i)) for i in range(48)} | {"step": jnp.asarray(3)}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ln_jax import compile_check, deviceless
+from ln_jax.xla import compile_check, deviceless
 
 
 def needs(check: Callable[[], object]) -> pytest.MarkDecorator:

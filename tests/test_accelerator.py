@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import ln_jax
-from ln_jax.config import RNG_IMPLS, TrainConfig
+from ln_jax.config.run import RNG_IMPLS, TrainConfig
 from ln_jax.models.bert import model as bert
 from ln_jax.nn import attention, layers
 from ln_jax.train import steps
@@ -100,8 +100,8 @@ def test_auto_fields_resolve_by_platform_into_the_config(monkeypatch, on, extra,
     """dtype / attention_impl / dropout_rng / activation_layout "auto" become the platform's
     choice when the config is built, so config.json (the run's identity) holds the resolved
     values."""
-    from ln_jax import config
-    from ln_jax.config_front import build_config, load_config, override
+    from ln_jax.config import run as config
+    from ln_jax.config.load import build_config, load_config, override
     from ln_jax.train import run_identity
 
     monkeypatch.setattr(config, "platform", lambda: on)

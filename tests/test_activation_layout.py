@@ -14,7 +14,7 @@ import pytest
 from bench import accel_step
 from configs import bert_preln
 from ln_jax import sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.train import steps
 from ln_jax.validate import ConfigError
 

@@ -23,7 +23,7 @@ import ln_jax
 from ln_jax import analysis
 from ln_jax.analysis import cli, gradients, models, plots
 from ln_jax.analysis.settings import Arm, Settings, analysis_config, arm_model
-from ln_jax.config import CheckpointConfig
+from ln_jax.config.run import CheckpointConfig
 from ln_jax.nn import admin
 from ln_jax.nn.stack import layer_state
 from ln_jax.train import optim

@@ -19,9 +19,10 @@ from flax import nnx
 from bench.bench_translate_hf import train_batch
 from bench.measure import make_batch
 from configs import bert_preln, mt
-from ln_jax import platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax import sharding
+from ln_jax.config.run import TrainConfig
 from ln_jax.nn.stack import relayout
+from ln_jax.runtime import platforms
 from ln_jax.train import monitor, run_identity, steps, trainer
 from tests.test_trainer import tiny_config, train_losses
 

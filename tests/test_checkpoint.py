@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from ln_jax.config import CheckpointConfig
+from ln_jax.config.run import CheckpointConfig
 from ln_jax.train.checkpoint import Checkpointer
 
 

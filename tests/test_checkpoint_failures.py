@@ -21,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ln_jax.config import CheckpointConfig
+from ln_jax.config.run import CheckpointConfig
 from ln_jax.train.checkpoint import Checkpointer, CheckpointError
 from tests.xla_env import xla_flags
 

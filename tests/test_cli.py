@@ -1,5 +1,5 @@
-"""The one command-line convention (`ln_jax.cli`): --help everywhere, user errors in one line
-with the whole command that works, typo suggestions, no stub workdir, set-up SIGTERM."""
+"""The one command-line convention (`ln_jax.cli.command`): --help everywhere, user errors in one
+line with the whole command that works, typo suggestions, no stub workdir, set-up SIGTERM."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import ln_jax
-from ln_jax import cli
-from ln_jax.config_front import build_config, config_from_command_line, load_config, override
+from ln_jax.cli import command as cli
+from ln_jax.config.load import build_config, config_from_command_line, load_config, override
 from ln_jax.data import parallel, sources
 from ln_jax.data.config import DataConfig
 from ln_jax.train.preemption import EXIT_SIGTERM, SetupSignals

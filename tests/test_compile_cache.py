@@ -1,4 +1,4 @@
-"""TrainConfig.compilation_cache (ln_jax/compile_cache.py): where "auto" points, that a run
+"""TrainConfig.compilation_cache (ln_jax/runtime/compile_cache.py): where "auto" points, that a run
 fills the cache and a second run of the same programs reads it (and so does a run with another
 seed, learning rate and length: `steps.run_values` are inputs), and that JAX's own
 setting is restored after the run."""
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import compile_cache, sharding
+from ln_jax import sharding
+from ln_jax.runtime import compile_cache
 from ln_jax.task import make_task
 from ln_jax.train import run_identity, steps, trainer
 from tests.test_trainer import read_metrics, tiny_config, train_losses

@@ -9,9 +9,10 @@ import jax
 import pytest
 
 from configs import bert_preln
-from ln_jax import aot, compile_check, sharding
-from ln_jax.config import TrainConfig
+from ln_jax import sharding
+from ln_jax.config.run import TrainConfig
 from ln_jax.train import steps
+from ln_jax.xla import aot, compile_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +37,7 @@ def small_config(batch: int = 16) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def report_222():
-    return compile_check.compile_report(small_config(), (2, 2, 2))
+    return aot.compile_report(small_config(), (2, 2, 2))
 
 
 def test_report_on_a_2x2x2_mesh_has_positive_bytes(report_222):
@@ -54,20 +55,20 @@ def test_report_on_a_2x2x2_mesh_has_positive_bytes(report_222):
 
 
 def test_verdict_and_table(report_222):
-    ok, line = compile_check.fits(report_222, 80.0)
+    ok, line = aot.fits(report_222, 80.0)
     assert ok and line.startswith("fits")
-    ok, line = compile_check.fits(report_222, 1e-6)
+    ok, line = aot.fits(report_222, 1e-6)
     assert not ok and "WILL NOT FIT" in line
-    table = compile_check.format_report(report_222)
+    table = aot.format_report(report_222)
     assert "optimizer state" in table and "FLOPs per step" in table
 
 
 def test_fsdp_divides_the_parameters_per_device():
     cfg = small_config()
-    replicated = steps.abstract_state(cfg, compile_check.resolve_mesh((8, 1, 1), cfg))
-    full = compile_check.tree_bytes_per_device(replicated.state["params"])
+    replicated = steps.abstract_state(cfg, aot.resolve_mesh((8, 1, 1), cfg))
+    full = aot.tree_bytes_per_device(replicated.state["params"])
     assert full == 4 * replicated.num_params  # fsdp=1: every device holds every parameter
-    fsdp = compile_check.compile_report(cfg, (1, 8, 1))
+    fsdp = aot.compile_report(cfg, (1, 8, 1))
     assert 1 / 8 <= fsdp["params_bytes"] / full <= 1 / 8 * 1.05 + 0.01
     # XLA's own figure for the compiled step's inputs agrees.
     state = fsdp["params_bytes"] + fsdp["opt_state_bytes"] + fsdp["batch_bytes"]
@@ -76,7 +77,7 @@ def test_fsdp_divides_the_parameters_per_device():
 
 def test_mesh_not_matching_the_devices_is_a_clear_error():
     with pytest.raises(ValueError, match="needs 4 devices"):
-        compile_check.compile_report(small_config(), (2, 2, 1))
+        aot.compile_report(small_config(), (2, 2, 1))
 
 
 def test_cli_reports_will_not_fit_and_exits_1():
@@ -111,7 +112,7 @@ def test_auto_accumulation_picks_what_fits_then_grows_while_the_compile_is_over(
     estimate picks 4; a step whose temporaries do not shrink k-fold is compiled again at 8."""
     from ln_jax.train import accumulation
 
-    gib = compile_check.GIB
+    gib = aot.GIB
     budget = int(0.8 * 4 * gib)  # 80% of 4 GiB
 
     def run(shrinks: float, batch: int = 64) -> tuple[int, list[int]]:
@@ -161,7 +162,7 @@ def test_accumulated_micro_batches_hold_one_micro_batch_of_activations():
         c.model.dtype = "bfloat16"
         c.data.global_batch_size, c.grad_accum_steps = batch, accum
         cfg = TrainConfig.from_mapping(c.to_dict())
-        return compile_check.compile_report(cfg, (1, 8, 1))["temp_bytes"]
+        return aot.compile_report(cfg, (1, 8, 1))["temp_bytes"]
 
     two, four = temp(128, 2), temp(256, 4)
     assert two <= 1.05 * four, (two, four)
@@ -170,7 +171,7 @@ def test_accumulated_micro_batches_hold_one_micro_batch_of_activations():
 def test_the_check_grows_the_accumulation_while_its_compile_is_over_the_budget(monkeypatch):
     """As the trainer does: the one-micro-batch estimate picks 2, the compile at 2 needs more
     than 80% of the device, so the check compiles at 4 and reports that."""
-    gib = compile_check.GIB
+    gib = aot.GIB
     totals = {1: (41, 40), 2: (31, 30), 4: (16, 15)}  # accumulation: (total, temp) in GiB
     compiled: list[int] = []
 
@@ -182,7 +183,7 @@ def test_the_check_grows_the_accumulation_while_its_compile_is_over_the_budget(m
 
     monkeypatch.setattr(aot, "_compile_report", fake)
     cfg = dataclasses.replace(small_config(), grad_accum_steps=0)
-    report = compile_check.compile_report(cfg, (2, 2, 2), device_memory_gib=30.0)
+    report = aot.compile_report(cfg, (2, 2, 2), device_memory_gib=30.0)
     assert compiled == [1, 2, 4] and report["grad_accum_steps"] == 4
     assert report["grad_accum_auto"]
 
@@ -203,7 +204,7 @@ def test_ahead_of_time_shardings_are_the_trainers():
     # At least one parameter really is split three ways (data is not a parameter axis).
     specs = {tuple(a.sharding.spec) for _, a in flat(abstract.state["params"])}
     assert any("tensor" in str(s) and "fsdp" in str(s) for s in specs), specs
-    lowered, _ = compile_check.lower_train_step(cfg, mesh)
+    lowered, _ = aot.lower_train_step(cfg, mesh)
     compiled_in = jax.tree.leaves(lowered.compile().input_shardings[0][0])
     for sh, (_, c) in zip(compiled_in, flat(concrete.state), strict=True):
         assert sh.is_equivalent_to(c.sharding, c.ndim)

@@ -13,11 +13,11 @@ import pytest
 
 import train
 from configs import common
-from ln_jax import config as config_lib
-from ln_jax import config_front
 from ln_jax.analysis import cli as analysis_cli
-from ln_jax.config import ConfigError
-from ln_jax.config_front import build_config, override
+from ln_jax.config import load as config_front
+from ln_jax.config import run as config_lib
+from ln_jax.config.load import build_config, override
+from ln_jax.validate import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = {
@@ -96,7 +96,10 @@ def test_the_section_classes_are_the_real_types():
 def test_no_import_cycle_between_the_typed_configs():
     for name in ("ln_jax.train.optim", "ln_jax.data.config"):
         source = Path(importlib.import_module(name).__file__).read_text()
-        assert "from ln_jax.config import" not in source and "import ln_jax.config" not in source
+        assert (
+            "from ln_jax.config.run import" not in source
+            and "import ln_jax.config.run" not in source
+        )
 
 
 def test_override_parses_text_as_the_field_type():
@@ -199,14 +202,14 @@ def test_finetune_config_names_what_an_unknown_field_likely_means(given, meant):
 
 def test_every_alias_names_a_declared_field():
     """An alias's fields exist in the shipped configs (a renamed field breaks this)."""
-    from ln_jax import field_names
+    from ln_jax import validate
 
     declared = set()
     for spec in ("configs/bert_preln.py:tiny", "configs/mt.py:small", "configs/glue.py"):
-        declared |= set(field_names.leaves(config_front.load_config(spec)))
-    missing = {a: f for a, fs in field_names.ALIASES.items() for f in fs if f not in declared}
+        declared |= set(validate.leaves(config_front.load_config(spec)))
+    missing = {a: f for a, fs in validate.ALIASES.items() for f in fs if f not in declared}
     assert not missing
-    assert not set(field_names.ALIASES) & {d.rsplit(".", 1)[-1] for d in declared}
+    assert not set(validate.ALIASES) & {d.rsplit(".", 1)[-1] for d in declared}
 
 
 @pytest.mark.parametrize(
@@ -227,7 +230,7 @@ def test_every_alias_names_a_declared_field():
 def test_a_mistyped_choice_names_the_field_as_typed_and_gives_the_whole_command(
     field, typo, closest
 ):
-    from ln_jax import cli
+    from ln_jax.cli import command as cli
 
     with pytest.raises(ConfigError) as err:
         build_config(override(common.base_config(), {field: typo}))
@@ -294,7 +297,7 @@ ARGV = [
 
 def _command_configs(argv):
     """The typed config each of the four command lines builds from `argv`."""
-    from ln_jax import compile_check
+    from ln_jax.xla import compile_check
 
     experiments = importlib.import_module("ln_jax.experiments.__main__")
     built = {
@@ -346,7 +349,7 @@ def test_mixln_is_rejected_inside_a_per_layer_list():
 
 
 def test_a_finetune_config_error_keeps_its_fix_of_the_command_line():
-    from ln_jax import cli
+    from ln_jax.cli import command as cli
     from ln_jax.models.bert.finetune.config import build_finetune_config
     from ln_jax.validate import Fix
 

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from ln_jax import sharding
-from ln_jax.config import ModelConfig
+from ln_jax.config.run import ModelConfig
 from ln_jax.nn import flash
 from ln_jax.nn.attention import Attention
 from ln_jax.nn.blocks import DecoderLayer, EncoderLayer, StackDepth

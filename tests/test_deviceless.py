@@ -1,4 +1,4 @@
-"""The train step compiled for NVIDIA GPUs on this CPU host (ln_jax.deviceless): memory figures,
+"""The train step compiled for NVIDIA GPUs on this CPU host (ln_jax.xla.deviceless): memory figures,
 kernels, the row-major layout pin, and the command's errors.
 
 Needs JAX's CUDA plugin (`pip install -e ".[gpu-compile]"`; CI installs it); skipped without.
@@ -10,8 +10,10 @@ import re
 import pytest
 
 from configs import bert_preln
-from ln_jax import compile_check, deviceless, kernel_census, matmul_census, platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax import sharding
+from ln_jax.config.run import TrainConfig
+from ln_jax.runtime import platforms
+from ln_jax.xla import aot, deviceless, kernel_census, matmul_census
 from tests.deviceless_support import needs, run_compile_check, without_the_extras
 
 needs_plugin = needs(deviceless.plugin)
@@ -37,7 +39,7 @@ def tiny_list(**model) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def two_h100s():
-    return compile_check.gpu_report(tiny_list, "h100", (2, 1, 1), num_devices=2)
+    return aot.gpu_report(tiny_list, "h100", (2, 1, 1), num_devices=2)
 
 
 @needs_plugin
@@ -75,11 +77,11 @@ def test_a_gpu_s_step_stores_no_hidden_dropout_mask(two_h100s):
 @needs_plugin
 def test_the_census_finds_every_flop_the_lowered_step_multiplies(two_h100s):
     """Per device, the compiled program's matmul FLOPs are the lowered program's (global
-    shapes, `ln_jax.matmul_census`) over the two data shards: no GEMM is missed or doubled."""
+    shapes, `ln_jax.xla.matmul_census`) over the two data shards: no GEMM is missed or doubled."""
     with platforms.lowering_for("gpu"):
         cfg = tiny_list()
         mesh = sharding.make_mesh(2, 1, 1, devices=deviceless.gpu_devices("h100", 2))
-        lowered, _ = compile_check.lower_train_step(cfg, mesh)
+        lowered, _ = aot.lower_train_step(cfg, mesh)
     global_flops = sum(m.flops for m in matmul_census.read(lowered).matmuls if m.gemm)
     compiled_flops = two_h100s["kernel_census"].by_class()["matmul"]["flops"]
     assert compiled_flops == pytest.approx(global_flops / 2, rel=0.02)
@@ -95,17 +97,17 @@ def test_a_gpu_s_layer_norms_read_their_input_once(two_h100s, monkeypatch):
     from ln_jax.nn import norms
 
     monkeypatch.setattr(norms, "row_moments", norms._two_pass_moments)
-    two_pass = compile_check.gpu_report(tiny, "h100", (2, 1, 1), num_devices=2)["kernel_census"]
+    two_pass = aot.gpu_report(tiny, "h100", (2, 1, 1), num_devices=2)["kernel_census"]
     one_pass = two_h100s["kernel_census"]
-    norms = 2 * 2 + 2  # BERT-tiny: two per layer, the embeddings', the MLM head's
+    n_norms = 2 * 2 + 2  # BERT-tiny: two per layer, the embeddings', the MLM head's
     reductions = {c.by_class()["reduction"]["kernels"] for c in (one_pass, two_pass)}
     assert (
         two_pass.by_class()["reduction"]["kernels"] - one_pass.by_class()["reduction"]["kernels"]
-        >= norms
+        >= n_norms
     ), reductions
     stream = 4 * 32 * 128 * 2  # one bf16 read of a device's [batch, seq, hidden] input
     total = lambda c: sum(row["bytes"] for row in c.by_class().values())  # noqa: E731
-    assert total(two_pass) - total(one_pass) >= norms * stream
+    assert total(two_pass) - total(one_pass) >= n_norms * stream
 
 
 @needs_plugin
@@ -118,7 +120,7 @@ def test_a_gpu_s_mlm_loss_reads_its_logits_once_for_the_logsumexp(monkeypatch):
     build = lambda: tiny(vocab=30522)  # noqa: E731
 
     def census():
-        return compile_check.gpu_report(build, "h100", (1, 1, 1))["kernel_census"]
+        return aot.gpu_report(build, "h100", (1, 1, 1))["kernel_census"]
 
     one_pass = census()
     monkeypatch.setattr(layers, "_one_pass_logsumexp", layers._two_pass_logsumexp)
@@ -140,7 +142,7 @@ def test_the_row_major_pin_leaves_no_transpose_of_the_residual_stream():
     copies = {}
     for layout in ("xla", "row_major"):
         build = lambda layout=layout: tiny(batch=64, seq=128, activation_layout=layout)  # noqa: E731
-        census = compile_check.gpu_report(build, "h100", (1, 1, 1))["kernel_census"]
+        census = aot.gpu_report(build, "h100", (1, 1, 1))["kernel_census"]
         copies[layout] = [
             k
             for k in census.kernels_of("copy")

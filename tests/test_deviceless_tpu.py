@@ -1,5 +1,5 @@
 """The train step compiled for TPU slices on this CPU host by the TPU's own compiler (libtpu,
-`ln_jax.deviceless.tpu_devices`): the TPU's settings, its memory figures, the accumulation
+`ln_jax.xla.deviceless.tpu_devices`): the TPU's settings, its memory figures, the accumulation
 chosen for its memory, and the command's errors.
 
 Needs libtpu (`pip install -e ".[tpu-compile]"`; CI installs it); skipped without.
@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from configs import bert_preln
-from ln_jax import aot, compile_check, deviceless, matmul_census, platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax import sharding
+from ln_jax.config.run import TrainConfig
+from ln_jax.runtime import platforms
 from ln_jax.train import accumulation
+from ln_jax.xla import aot, deviceless, matmul_census
 from tests.deviceless_support import needs, run_compile_check
 
 GIB = 1024**3
@@ -36,7 +38,7 @@ def tiny(batch: int = 16, seq: int = 64, accum: int = 1) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def data_parallel():
-    return compile_check.tpu_report(tiny, "v5e-4", (4, 1, 1))
+    return aot.tpu_report(tiny, "v5e-4", (4, 1, 1))
 
 
 @needs_libtpu
@@ -53,10 +55,10 @@ def test_the_step_compiles_for_a_v5e_slice_with_the_tpu_s_settings(data_parallel
 @needs_libtpu
 def test_the_tpu_s_flops_are_the_lowered_step_s_matmuls_and_a_little_more(data_parallel):
     """libtpu's cost analysis counts every matmul of the lowered program (global shapes,
-    `ln_jax.matmul_census`) once, over the 4 devices, plus the elementwise work."""
+    `ln_jax.xla.matmul_census`) once, over the 4 devices, plus the elementwise work."""
     with platforms.lowering_for("tpu"):
         mesh = sharding.make_mesh(4, 1, 1, devices=deviceless.tpu_devices("v5e-4"))
-        lowered, _ = compile_check.lower_train_step(tiny(), mesh)
+        lowered, _ = aot.lower_train_step(tiny(), mesh)
     matmuls = sum(m.flops for m in matmul_census.read(lowered).matmuls if m.gemm)
     assert data_parallel["flops_source"] == "xla"
     assert matmuls <= data_parallel["flops_per_step"] <= 1.25 * matmuls
@@ -67,7 +69,7 @@ def test_fsdp_on_the_slice_shards_the_state_the_compile_holds(data_parallel):
     """On fsdp=4 each TPU holds a quarter of the parameters and optimizer state: the compiled
     program's arguments shrink with them (a mesh built wrongly, or shardings lost in the
     lowering, would leave them whole)."""
-    fsdp = compile_check.tpu_report(tiny, "v5e-4", (1, 4, 1))
+    fsdp = aot.tpu_report(tiny, "v5e-4", (1, 4, 1))
     assert fsdp["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     whole = data_parallel["params_bytes"] + data_parallel["opt_state_bytes"]
     assert fsdp["params_bytes"] + fsdp["opt_state_bytes"] < 0.3 * whole
@@ -77,7 +79,7 @@ def test_fsdp_on_the_slice_shards_the_state_the_compile_holds(data_parallel):
 @pytest.fixture(scope="module")
 def busy():
     """64 sequences of 128 a device: the activations are most of the temporaries."""
-    return compile_check.tpu_report(lambda: tiny(batch=256, seq=128), "v5e-4", (4, 1, 1))
+    return aot.tpu_report(lambda: tiny(batch=256, seq=128), "v5e-4", (4, 1, 1))
 
 
 @needs_libtpu
@@ -102,7 +104,7 @@ def test_auto_accumulation_is_chosen_for_the_tpu_s_memory(busy, monkeypatch):
     # A budget the one-micro-batch step overflows and a third of its temporaries fits.
     gib = (fixed + busy["temp_bytes"] / 3) / accumulation.HEADROOM / GIB
     build = lambda: tiny(batch=256, seq=128, accum=0)  # noqa: E731
-    r = compile_check.tpu_report(build, "v5e-4", (4, 1, 1), gib)
+    r = aot.tpu_report(build, "v5e-4", (4, 1, 1), gib)
     # the probe (the plain step at one micro-batch), then the fewest dividing 64 that fit (>= 3)
     assert compiled == [(1, True), (4, False)]
     assert r["grad_accum_auto"] and r["grad_accum_steps"] == 4
@@ -117,7 +119,7 @@ def test_hash_dropout_bits_take_less_tpu_memory_than_rbg(busy):
     "auto" is hash on a TPU too (docs/tpu.md)."""
     assert busy["dropout_rng"] == "hash"
     build = lambda: dataclasses.replace(tiny(batch=256, seq=128), dropout_rng="rbg")  # noqa: E731
-    rbg = compile_check.tpu_report(build, "v5e-4", (4, 1, 1))
+    rbg = aot.tpu_report(build, "v5e-4", (4, 1, 1))
     assert busy["temp_bytes"] < 0.5 * rbg["temp_bytes"], (busy["temp_bytes"], rbg["temp_bytes"])
 
 
@@ -184,15 +186,15 @@ def test_each_slice_has_its_devices_on_one_host(name):
     assert {d.device_kind for d in devices} == {chosen.device_kind}
     assert {d.process_index for d in devices} == {0}  # one host: Colab's, a single TPU VM
     mesh = sharding.make_mesh(-1, 1, 1, devices=devices)
-    assert deviceless.is_compile_only(mesh.devices) and mesh.size == chosen.devices
+    assert sharding.is_compile_only(mesh.devices) and mesh.size == chosen.devices
 
 
 @needs_libtpu
 def test_a_process_on_a_host_without_a_tpu_prints_no_libtpu_errors():
     """With libtpu installed and no TPU chip, a JAX process that lets JAX pick its platforms
-    starts on the CPU without libtpu's five lines about TPU VM settings (`ln_jax.host`); the
+    starts on the CPU without libtpu's five lines about TPU VM settings (`ln_jax.runtime.host`); the
     same process without ln_jax prints them."""
-    from ln_jax import host
+    from ln_jax.runtime import host
 
     if host.has_tpu_chips():
         pytest.skip("this host has TPU chips")
@@ -216,7 +218,7 @@ def test_libtpu_logs_into_the_sessions_home():
     in the host's /tmp/tpu_logs (which had 388 files of earlier sessions on 2026-11-29)."""
     logs = Path(os.environ["TPU_LOG_DIR"])
     before = set(logs.iterdir())
-    code = "from ln_jax import deviceless; print(len(deviceless.tpu_devices('v5e-4')))"
+    code = "from ln_jax.xla import deviceless; print(len(deviceless.tpu_devices('v5e-4')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.split() == ["4"], done.stderr[-2000:]
     assert [p for p in set(logs.iterdir()) - before if p.name.startswith("tpu_driver.")]

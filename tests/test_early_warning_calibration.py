@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ln_jax.config import MonitorConfig
+from ln_jax.config.run import MonitorConfig
 from ln_jax.train import warning_replay
 from ln_jax.train.early_warning import Alert, EarlyWarning
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ln_jax.config_front import build_config, load_config, override
+from ln_jax.config.load import build_config, load_config, override
 from ln_jax.nn.embed import Embed, sinusoidal
 from ln_jax.task import make_task
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import study as study_config
-from ln_jax.config_front import override
+from ln_jax.config.load import override
 from ln_jax.experiments import grids, plateau, report, runner, study
 from ln_jax.experiments.runner import RunSpec
 from ln_jax.train import run_identity
@@ -71,7 +71,7 @@ def test_unigram_cross_entropy_matches_hand_computation():
 
 
 def test_corpus_plateau_is_below_uniform(data_dir):
-    from ln_jax.config import TrainConfig
+    from ln_jax.config.run import TrainConfig
 
     value = plateau.corpus_plateau(TrainConfig.from_mapping(base_config(data_dir)).data)
     assert value["vocab_size"] == 8000 and value["eval_tokens"] > 500

@@ -89,7 +89,7 @@ def test_depth_and_deep_encoder_grids():
 
 
 def test_study_configs_build_with_the_papers_protocol():
-    from ln_jax.config_front import build_config
+    from ln_jax.config.load import build_config
 
     spec = mt_grids.mt_depth_grid([12], ["pre_warmup+dlcl"], [3], 1e-3, 96)[0]
     cfg = runner.run_config(study_mt.get_config("depth").to_dict(), spec)
@@ -244,7 +244,7 @@ def test_stuck_and_the_task_named_record():
 
 
 def test_the_translation_plateau_is_the_target_unigram_with_eos():
-    from ln_jax.config_front import build_config
+    from ln_jax.config.load import build_config
     from ln_jax.data import translation
     from ln_jax.experiments import plateau as plateau_mod
 
@@ -401,7 +401,7 @@ def test_translation_study_flag_errors_are_one_line(tmp_path, capsys):
 
 
 def test_mt_specs_defaults_follow_the_plan():
-    from ln_jax.cli import Invocation  # noqa: F401  (the flags are parsed by COMMAND.run)
+    from ln_jax.cli.command import Invocation  # noqa: F401  (the flags are parsed by COMMAND.run)
 
     seen = {}
 

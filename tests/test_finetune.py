@@ -20,8 +20,8 @@ from flax import nnx
 from configs import bert_preln
 from configs import glue as glue_configs
 from ln_jax import sharding
-from ln_jax.config import CheckpointConfig, TrainConfig
-from ln_jax.config_front import override
+from ln_jax.config.load import override
+from ln_jax.config.run import CheckpointConfig, TrainConfig
 from ln_jax.data import glue
 from ln_jax.data.sources import DatasetNotPreparedError
 from ln_jax.models.bert.finetune import config as ft_config

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import ln_jax
-from ln_jax import platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax import sharding
+from ln_jax.config.run import TrainConfig
 from ln_jax.nn import flash, layers
 from ln_jax.nn import random as lnr
+from ln_jax.runtime import platforms
 from ln_jax.train import steps
 
 pytest_plugins = ("tests.data_fixtures",)

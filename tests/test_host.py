@@ -1,12 +1,12 @@
-"""`ln_jax.host`: what the host has, read without JAX, and the accelerator plugins that cannot
-run here started quietly (in subprocesses: tests/test_deviceless.py and
+"""`ln_jax.runtime.host`: what the host has, read without JAX, and the accelerator plugins that
+cannot run here started quietly (in subprocesses: tests/test_deviceless.py and
 tests/test_deviceless_tpu.py)."""
 
 import logging
 
 import pytest
 
-from ln_jax import host
+from ln_jax.runtime import host
 
 
 def test_the_cuda_plugin_s_start_up_error_is_dropped_only_without_a_driver(monkeypatch, tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ln_jax import kernel_census
+from ln_jax.xla import kernel_census
 
 # A hand-written module in the text form of XLA:GPU's optimised HLO (`compiled.as_text()`):
 # a slicing fusion, a transpose, a generic (Triton) fusion holding a reduction, a Triton GEMM,

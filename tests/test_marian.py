@@ -189,7 +189,7 @@ def test_translate_command_with_hf_path_matches_hf_generate(marian, tmp_path, mo
     `generate` + `decode` with the same per-sentence limit (1.2 x source + 10)."""
     import io
 
-    from ln_jax import translate as cmd
+    from ln_jax.models.translation import translate as cmd
 
     folder, hf, tok = marian
     lines = _sentences(WORDS_DE, 3, 11)
@@ -215,7 +215,7 @@ def test_translate_command_with_hf_path_matches_hf_generate(marian, tmp_path, mo
     ],
 )
 def test_hf_path_errors_are_one_line(marian, capsys, args, expected):
-    from ln_jax import translate as cmd
+    from ln_jax.models.translation import translate as cmd
 
     folder = marian[0]
     assert cmd.main([a.format(folder=folder) for a in args] + ["--input=-"]) == 2
@@ -230,7 +230,7 @@ def test_init_from_hf_starts_training_from_the_marian_parameters(one_device, mar
     from flax import nnx
 
     from configs import mt
-    from ln_jax.config_front import build_config
+    from ln_jax.config.load import build_config
     from ln_jax.models.translation.task import Translation
     from ln_jax.validate import ConfigError
 

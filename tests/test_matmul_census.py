@@ -1,5 +1,5 @@
 """The matmul census of lowered programs, and the train steps lowered for a GPU and a TPU on
-this CPU: a bf16 step multiplies nothing in float32 (`ln_jax.matmul_census`,
+this CPU: a bf16 step multiplies nothing in float32 (`ln_jax.xla.matmul_census`,
 `ln_jax.compile_check --platform`, `ln_jax.nn.layers.float32_einsum`)."""
 
 import dataclasses
@@ -10,11 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ln_jax import compile_check, matmul_census, platforms, sharding
-from ln_jax.config_front import build_config, load_config, override
+from ln_jax import sharding
+from ln_jax.config.load import build_config, load_config, override
 from ln_jax.nn import layers
+from ln_jax.runtime import platforms
 from ln_jax.train import steps
 from ln_jax.validate import ConfigError
+from ln_jax.xla import aot, compile_check, matmul_census
 
 
 def test_the_census_reads_types_shapes_and_flops_of_each_matmul():
@@ -72,7 +74,7 @@ def test_a_bf16_train_step_lowered_for_an_accelerator_has_no_float32_gemm(
     fields resolved there (bf16; Pallas attention on a GPU): every matrix product takes bf16
     operands. Before `float32_einsum`, autodiff multiplied the attention logits' and the tied
     output projection's float32 gradients in float32 (4 and 2 GEMMs here)."""
-    report = compile_check.census_report(lambda: _config(spec, **extra), platform, (2, 2, 2))
+    report = aot.census_report(lambda: _config(spec, **extra), platform, (2, 2, 2))
     cfg, census = report.cfg, report.census
     assert cfg.model.dtype == "bfloat16"
     assert census.float32_gemms() == [], census.format()
@@ -198,7 +200,7 @@ def test_compile_check_platform_errors_name_the_fix(extra, message, capsys, monk
 
 def test_a_setting_the_platform_cannot_run_is_a_config_error():
     with pytest.raises(ConfigError, match="a TPU needs"):
-        compile_check.census_report(
+        aot.census_report(
             lambda: _config("configs/bert_preln.py:tiny", **{"model.attention_impl": "pallas"}),
             "tpu",
             (2, 2, 2),

@@ -15,7 +15,7 @@ import pytest
 
 from ln_jax import sharding
 from ln_jax.analysis import training
-from ln_jax.config import MonitorConfig
+from ln_jax.config.run import MonitorConfig
 from ln_jax.data import make_pipeline
 from ln_jax.models.bert.model import encoder_view
 from ln_jax.task import make_task
@@ -36,7 +36,7 @@ def monitored_config(data_dir, **overrides):
 
 def test_measurements_are_on_at_the_logging_cadence_by_default(data_dir):
     from configs import bert_preln
-    from ln_jax.config import TrainConfig
+    from ln_jax.config.run import TrainConfig
 
     cfg = TrainConfig.from_mapping(bert_preln.get_config("mini").to_dict())
     assert cfg.monitor.every is None and cfg.monitor_every == cfg.log_every == 10

@@ -9,8 +9,8 @@ import optax
 import pytest
 from flax import nnx
 
+from ln_jax.config.optim import OptimConfig
 from ln_jax.train.optim import (
-    OptimConfig,
     clip_by_global_norm,
     decay_mask,
     global_norm,
@@ -178,7 +178,7 @@ def test_decay_mask_of_the_bert_model_ignores_the_scan_axis_and_skips_biases():
     """The same parameters are decayed with and without scan_layers (stacked norm scales are
     [L, d] but still norm scales), and the 2-D attention biases [heads, head_dim] are not."""
     import ln_jax
-    from ln_jax.config import ModelConfig
+    from ln_jax.config.run import ModelConfig
 
     cfg = ModelConfig(vocab_size=64, hidden_size=16, num_heads=2, mlp_dim=32, num_layers=2)
     masks = {}
@@ -208,7 +208,7 @@ def test_decay_mask_skips_dlcl_combination_weights():
     """DLCL's [L, L] layer weights are a mixing matrix (rows sum to 1): not decayed, while the
     kernels beside them are."""
     import ln_jax
-    from ln_jax.config import ModelConfig
+    from ln_jax.config.run import ModelConfig
 
     cfg = ModelConfig(
         vocab_size=64, hidden_size=16, num_heads=2, mlp_dim=32, num_layers=3, dlcl=True
@@ -296,7 +296,7 @@ def tiny_bert_params_on_eight_devices():
     tensor=2."""
     from configs import bert_preln
     from ln_jax import sharding
-    from ln_jax.config import TrainConfig
+    from ln_jax.config.run import TrainConfig
     from ln_jax.train import steps
 
     c = bert_preln.get_config("tiny")

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from ln_jax import console
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.models.bert.finetune.run import GridClock
 from ln_jax.train import checkpoint, run_identity, trainer
 from ln_jax.train.metrics import Progress, Scope

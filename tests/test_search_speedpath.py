@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from ln_jax import sharding
-from ln_jax.config import ModelConfig
+from ln_jax.config.run import ModelConfig
 from ln_jax.models.translation import search as S
 from ln_jax.models.translation.model import Translator
 from ln_jax.models.translation.options import Specials, TranslationOptions

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from ln_jax import sharding
-from ln_jax.config import ModelConfig
+from ln_jax.config.run import ModelConfig
 from ln_jax.models.translation.model import Translator
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.nn.tokens import TokenLayout
@@ -119,7 +119,7 @@ def test_skip_padding_resolves_and_rejects_unknown_values():
 
 def test_the_resolved_value_is_in_the_config():
     from configs import mt
-    from ln_jax.config_front import build_config
+    from ln_jax.config.load import build_config
 
     values = mt.get_config("tiny").to_dict()
     assert build_config(values).task_options["skip_padding"] == "on"

@@ -17,9 +17,12 @@ import pytest
 
 import finetune
 import train
-from ln_jax import cli, compile_check, config_front, console
+from ln_jax import console
+from ln_jax.cli import command as cli
+from ln_jax.config import load as config_front
 from ln_jax.data import joint_tokenizer, parallel
 from ln_jax.train import run_identity
+from ln_jax.xla import compile_check
 
 TINY = "--config=configs/bert_preln.py:tiny"
 MT_TINY = "--config=configs/mt.py:tiny"

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from ln_jax.config_front import build_config, load_config, override
+from ln_jax.config.load import build_config, load_config, override
 from ln_jax.task import TASKS, make_task
 from ln_jax.train import trainer
 

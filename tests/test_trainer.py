@@ -19,7 +19,7 @@ from flax import nnx
 
 from configs import bert_postln, bert_preln
 from ln_jax import sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.data import make_pipeline
 from ln_jax.task import make_task
 from ln_jax.train import optim, steps, trainer

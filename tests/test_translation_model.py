@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from ln_jax import sharding
-from ln_jax.config import ModelConfig
+from ln_jax.config.run import ModelConfig
 from ln_jax.models.translation.model import Translator
 from ln_jax.models.translation.options import BOS, EOS, TranslationOptions
 from ln_jax.models.translation.search import Search, translate

@@ -18,8 +18,8 @@ import pytest
 from flax import nnx
 
 from ln_jax import sharding
-from ln_jax import translate as translate_cli
-from ln_jax.config_front import build_config, load_config, override
+from ln_jax.config.load import build_config, load_config, override
+from ln_jax.models.translation import translate as translate_cli
 from ln_jax.nn.stack import model_sublayers
 from ln_jax.task import make_task
 from ln_jax.train import trainer
@@ -205,7 +205,7 @@ def test_translation_settings_are_checked():
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_translate_help_prints_usage_and_examples_and_exits_0(flag, capsys):
-    from ln_jax import translate as cmd
+    from ln_jax.models.translation import translate as cmd
 
     with pytest.raises(SystemExit) as exit_:
         cmd.main([flag])

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ln_jax import cli
+from ln_jax.cli import command as cli
 from ln_jax.validate import ConfigError, UserError
 
 # Per subcommand: placements, depths, mini-batches per model, setting(s).
@@ -175,7 +175,7 @@ def command_config(argv: Sequence[str]) -> tuple[Any, list[str]]:
     """(the typed config, the remaining arguments) of an analysis command line: `--config`
     (default `DEFAULT_CONFIG`), the analysis defaults, then the `--config.*` overrides."""
     from ln_jax.analysis.settings import DEFAULT_CONFIG, analysis_defaults
-    from ln_jax.config_front import build_config, config_from_command_line
+    from ln_jax.config.load import build_config, config_from_command_line
 
     values, line = config_from_command_line(argv, DEFAULT_CONFIG, analysis_defaults())
     return build_config(values), line.rest

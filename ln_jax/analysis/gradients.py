@@ -37,6 +37,7 @@ from ln_jax.analysis.models import (
 )
 from ln_jax.analysis.settings import Arm, Settings, depth_arms, describe, one_depth
 from ln_jax.analysis.stats import seed_mean_std
+from ln_jax.config.optim import OptimConfig
 from ln_jax.nn.placement_setup import setup_placements
 from ln_jax.nn.stack import StackView
 from ln_jax.task import Task, make_task
@@ -178,7 +179,7 @@ def _ffn_grad_moments(task: Task, model: AnyModel, stacked: Batch) -> tuple[jax.
     return per_batch, layer_norms(*(t / n for t in total))
 
 
-def _warmup_optimizer(settings: Settings, steps: int, lr: float) -> optim.OptimConfig:
+def _warmup_optimizer(settings: Settings, steps: int, lr: float) -> OptimConfig:
     """The config's optimizer with a linear warm-up from 0 to `lr` over `steps` steps."""
     return dataclasses.replace(
         settings.config.optim,
@@ -189,7 +190,7 @@ def _warmup_optimizer(settings: Settings, steps: int, lr: float) -> optim.OptimC
     )
 
 
-def make_trainer(cfg: optim.OptimConfig, task: Task) -> Callable[[AnyModel, Any, int], AnyModel]:
+def make_trainer(cfg: OptimConfig, task: Task) -> Callable[[AnyModel, Any, int], AnyModel]:
     """(model, batch iterator, steps) -> the model after `steps` in-place optimizer updates of
     the task's loss.
 

@@ -42,7 +42,7 @@ from ln_jax.analysis.settings import (
     one_depth,
 )
 from ln_jax.analysis.stats import seed_mean_std
-from ln_jax.config import check_choice
+from ln_jax.validate import check_choice
 
 
 def _token_mean(values: jax.Array, mask: jax.Array) -> jax.Array:

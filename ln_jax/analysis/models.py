@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from ln_jax.analysis.settings import Arm, Settings, make_arms
-from ln_jax.config import CheckpointConfig, ModelConfig, TrainConfig
+from ln_jax.config.run import CheckpointConfig, ModelConfig, TrainConfig
 from ln_jax.nn.blocks import EncoderLayer, Record
 from ln_jax.nn.placement_setup import setup_placements
 from ln_jax.nn.stack import Encoder, Stack, Stacked, StackView, stack_output, stacks

@@ -19,8 +19,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ln_jax.config import ModelConfig, TrainConfig, check_choice
-from ln_jax.config_front import build_config, load_config, override
+from ln_jax.config.load import build_config, load_config, override
+from ln_jax.config.run import ModelConfig, TrainConfig, check_choice
 from ln_jax.data.config import DataConfig
 from ln_jax.nn.placements import PLACEMENTS, parse_placement
 
@@ -62,7 +62,7 @@ def analysis_config(
     Args:
       base: a nested config (e.g. `get_config("tiny")`); None = `DEFAULT_CONFIG`'s.
       overrides: dotted fields to values ("model.hidden_size": 64), applied last (through
-        `ln_jax.config_front.override`, as on every command line).
+        `ln_jax.config.load.override`, as on every command line).
 
     Returns:
       `TrainConfig` of `base` with `ANALYSIS_DEFAULTS` and then `overrides` applied.

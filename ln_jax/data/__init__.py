@@ -7,7 +7,7 @@ Entry points:
       -> (translation batches, tokenizer)  (parallel text: `ln_jax.data.translation`)
 
 The names below load their module on first use (PEP 562), so that `ln_jax.data.config` (the
-typed `DataConfig`, imported by `ln_jax.config`) stays cheap to import: TFDS, grain and
+typed `DataConfig`, imported by `ln_jax.config.run`) stays cheap to import: TFDS, grain and
 sentencepiece load only when data is really read. Reading a corpus (`open_source`,
 `make_pipeline`) imports `ln_jax.data.corpus` and `ln_jax.data.sitedocs`, which register the TFDS
 builders `ln_jax_pydocs`, `ln_jax_textdir` and `ln_jax_sitedocs`.

@@ -76,7 +76,8 @@ import json
 import os
 import sys
 
-from ln_jax import cli, console
+from ln_jax import console
+from ln_jax.cli import command as cli
 from ln_jax.experiments.grids import B2, DEPTH_ARMS, SCHEDULE, STUDY_SCHEDULES
 from ln_jax.validate import UserError
 
@@ -126,13 +127,13 @@ def _build(values: dict):
         from ln_jax.models.bert.finetune import build_finetune_config
 
         return build_finetune_config(values)
-    from ln_jax.config_front import build_config
+    from ln_jax.config.load import build_config
 
     return build_config(values)
 
 
 def _config_front() -> cli.ConfigFront:
-    from ln_jax.config import TrainConfig
+    from ln_jax.config.run import TrainConfig
 
     return cli.ConfigFront(
         lambda: TrainConfig, _build, default_config, example="configs/study.py:depth"
@@ -481,7 +482,7 @@ def _mt_2x2(inv: cli.Invocation, base: dict, out: str) -> int:
 def _mt_gradients(inv: cli.Invocation, base: dict, out: str) -> int:
     """Xiong et al.'s Fig. 3 on the encoder-decoder: OUT/gradients.json, table.md, plot."""
     from ln_jax.analysis import gradients
-    from ln_jax.config_front import build_config
+    from ln_jax.config.load import build_config
     from ln_jax.results import write_json
 
     try:
@@ -507,7 +508,7 @@ def _mt_gradients(inv: cli.Invocation, base: dict, out: str) -> int:
 def command_config(argv: list[str]) -> tuple[dict, list[str]]:
     """(the nested base config, the other arguments) of a study's command line; the default
     config is `configs/study.py:<study>` (`default_config`)."""
-    from ln_jax.config_front import config_from_command_line
+    from ln_jax.config.load import config_from_command_line
 
     values, line = config_from_command_line(argv, default_config([_command(["", *argv])]))
     return values, line.rest

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ln_jax import paths
-from ln_jax.config_front import override
+from ln_jax.config.load import override
 from ln_jax.models.bert.finetune import build_finetune_config, finetune
 from ln_jax.results import write_json
 from ln_jax.train.metrics import METRICS_FILE, read_records

@@ -93,16 +93,16 @@ class RunSpec:
 
 def run_config(base: Mapping[str, Any], spec: RunSpec, out: str | None = None) -> Any:
     """The typed `TrainConfig` of one run: `base` with the run's name and overrides set
-    (through `ln_jax.config_front.override`, the one override function of every command line).
+    (through `ln_jax.config.load.override`, the one override function of every command line).
 
     With `out` (the study's folder), a study on a CPU, where `compilation_cache="auto"` is off,
     keeps one persistent compilation cache in `OUT/jax_compilation` for all its runs: a grid's
     runs compile the same programs (their seeds and schedule numbers are inputs of the train
     step, `ln_jax.train.steps.run_values`), and a deep model's step takes minutes on a CPU.
     """
-    from ln_jax import compile_cache
-    from ln_jax.config import platform
-    from ln_jax.config_front import build_config, override
+    from ln_jax.config.load import build_config, override
+    from ln_jax.config.run import platform
+    from ln_jax.runtime import compile_cache
 
     values = {"name": spec.name, **spec.overrides}
     cpu_auto = compile_cache.resolve(compile_cache.AUTO, platform()) == compile_cache.OFF
@@ -314,13 +314,14 @@ def check_extendable(cfg: Any, workdir: str) -> None:
     Continuing a linear-decay run to a later end would give it steps no fresh run of the new
     length has, so it is refused rather than mixed into a study.
     """
+    from ln_jax.config.optim import OptimConfig
     from ln_jax.train import optim, run_identity
 
     old = run_identity.read_config(workdir)
     if old is None:
         return
     done = int(old["total_steps"])
-    lr_old = optim.make_schedule(optim.OptimConfig.from_mapping(old["optim"]))
+    lr_old = optim.make_schedule(OptimConfig.from_mapping(old["optim"]))
     lr_new = optim.make_schedule(cfg.optim)
     steps = np.arange(done)
     if not np.allclose(np.asarray(lr_old(steps)), np.asarray(lr_new(steps)), rtol=1e-6):

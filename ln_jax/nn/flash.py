@@ -33,8 +33,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ln_jax import platforms
 from ln_jax.nn.random import keep_mask
+from ln_jax.runtime import platforms
 from ln_jax.sharding import per_shard
 
 Array = jax.Array
@@ -118,7 +118,7 @@ def flash_attention(
     gradients are the sums of dq, dk, dv.
     Dropout on the probabilities is keyed by `dropout_key` (None or rate 0: no dropout).
     interpret: run Pallas's interpreter (default: when the platform built for,
-    `ln_jax.platforms.current()`, is the CPU). tuning: Triton settings (`Tuning`;
+    `ln_jax.runtime.platforms.current()`, is the CPU). tuning: Triton settings (`Tuning`;
     default `default_tuning()`).
 
     Inside a mesh context the kernel runs on each device's shard (batch over the batch axes,

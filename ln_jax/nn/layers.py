@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ln_jax import platforms
 from ln_jax.nn.init import InitScheme, init_scheme
 from ln_jax.nn.random import HASH_PRNG
 from ln_jax.nn.spec import StackConfig
+from ln_jax.runtime import platforms
 from ln_jax.sharding import constrain
 
 Array = jax.Array

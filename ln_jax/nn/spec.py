@@ -1,6 +1,6 @@
 """What a layer stack reads of a config: the fields `ln_jax.nn` modules are built from.
 
-`StackConfig` is structural: `ln_jax.config.ModelConfig` satisfies it (BERT's own fields,
+`StackConfig` is structural: `ln_jax.config.run.ModelConfig` satisfies it (BERT's own fields,
 segment types or the NSP head, are not in it), and so does any frozen dataclass a model family
 defines with these fields. The decoder of an encoder-decoder is the same fields with its own
 depth (`ModelConfig.replace(num_layers=...)`).
@@ -14,7 +14,7 @@ from ln_jax.nn.placements import PlacementRule
 
 
 class StackConfig(Protocol):
-    """The layer-stack fields (see `ln_jax.config.ModelConfig` for their meaning)."""
+    """The layer-stack fields (see `ln_jax.config.run.ModelConfig` for their meaning)."""
 
     num_layers: int
     hidden_size: int

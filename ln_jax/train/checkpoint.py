@@ -31,7 +31,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from ln_jax import paths
-from ln_jax.config import CheckpointConfig
+from ln_jax.config.run import CheckpointConfig
 from ln_jax.train import flat
 from ln_jax.train.run_identity import fresh_workdir
 from ln_jax.validate import Fix, UserError

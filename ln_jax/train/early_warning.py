@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ln_jax.config import MonitorConfig
+from ln_jax.config.run import MonitorConfig
 from ln_jax.train.monitor import LAYER_NAME
 
 MIN_HISTORY = 3

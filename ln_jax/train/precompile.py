@@ -47,7 +47,7 @@ from typing import Any
 import jax
 
 from ln_jax import sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.train import accumulation, steps
 
 TRAIN, MEASURED = "train", "measured"

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 
 # What may change when a run resumes, decided field by field from the typed configs
-# (`ln_jax.config.TrainConfig` and its sections). Three kinds:
+# (`ln_jax.config.run.TrainConfig` and its sections). Three kinds:
 #
 # FREE_FIELDS change without asking: they alter no parameter, no batch and no update, only
 # how the run is recorded, watched, saved and fed.
@@ -239,10 +239,11 @@ def record_config(workdir: str, config: Mapping[str, Any]) -> None:
 
 def schedule_change(old: Mapping[str, Any], new: Mapping[str, Any], step: int) -> str:
     """How the learning rate of the steps after `step` moves when the schedule changes."""
+    from ln_jax.config.optim import OptimConfig
     from ln_jax.train import optim  # the optimizer stack only when a schedule is compared
 
-    lr_old = optim.make_schedule(optim.OptimConfig.from_mapping(old["optim"]))
-    lr_new = optim.make_schedule(optim.OptimConfig.from_mapping(new["optim"]))
+    lr_old = optim.make_schedule(OptimConfig.from_mapping(old["optim"]))
+    lr_new = optim.make_schedule(OptimConfig.from_mapping(new["optim"]))
     end_old, end_new = old["total_steps"], new["total_steps"]
     points = sorted({step + 1, (step + 1 + end_new) // 2, end_new})
     shown = ", ".join(
@@ -302,7 +303,7 @@ def check_resume(
 
 def keep_recorded_layout(cfg: Any, old: Mapping[str, Any] | None) -> Any:
     """`cfg` (a TrainConfig) with the layers' layout the workdir's run recorded, where "auto"
-    chose it (`ln_jax.auto_fields.LAYOUT_FIELDS`): the run's checkpoints hold its parameters
+    chose it (`ln_jax.config.auto.LAYOUT_FIELDS`): the run's checkpoints hold its parameters
     in that layout (stacked [num_layers, ...] or a list), so "auto" resolves for an existing
     workdir as it did when the run began (a run begun before "auto" stacked the layers on a
     GPU resumes as a list). A layout given explicitly is left as given (a change is a
@@ -311,7 +312,7 @@ def keep_recorded_layout(cfg: Any, old: Mapping[str, Any] | None) -> Any:
     Raises:
       RunMismatchError: the recorded layout does not fit the fields given explicitly.
     """
-    from ln_jax.auto_fields import LAYOUT_FIELDS, auto_chosen
+    from ln_jax.config.auto import LAYOUT_FIELDS, auto_chosen
 
     recorded = {**ADDED_FIELDS, **flatten(old)} if old is not None else {}
     changes = {

@@ -35,8 +35,8 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ln_jax import deviceless, sharding
-from ln_jax.config import TrainConfig
+from ln_jax import sharding
+from ln_jax.config.run import TrainConfig
 from ln_jax.nn.random import prng_impl
 from ln_jax.task import Task, make_task
 from ln_jax.train import flat, optim
@@ -334,7 +334,7 @@ def jit_train_step(
     The state goes in and comes out as a `flat.FlatState` (a state dict passed in is packed).
 
     This run's `run_values` are bound as the program's last input (`BoundStep`), so the
-    compiled program does not depend on them (on compile-only devices, `ln_jax.deviceless`,
+    compiled program does not depend on them (on compile-only devices, `ln_jax.xla.deviceless`,
     their shapes: such a step is lowered and compiled, never called).
     """
     layout = flat.Layout.of(pieces.state)
@@ -347,7 +347,7 @@ def jit_train_step(
         out_shardings=(shardings, replicated),
         donate_argnums=(0,),
     )
-    put = deviceless.abstract if deviceless.is_compile_only(mesh.devices) else jax.device_put
+    put = sharding.abstract if sharding.is_compile_only(mesh.devices) else jax.device_put
     values = {k: put(v, replicated) for k, v in run_values(cfg).items()}
     return BoundStep(jitted, values, layout)
 

@@ -26,9 +26,10 @@ from typing import Any
 import jax
 from flax import nnx
 
-from ln_jax import compile_cache, console, paths, platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax import console, paths, sharding
+from ln_jax.config.run import TrainConfig
 from ln_jax.nn.placement_setup import setup_placements
+from ln_jax.runtime import compile_cache, platforms
 from ln_jax.task import Task, make_task
 from ln_jax.train import accumulation, monitor, optim, precompile, run_identity, steps
 from ln_jax.train.checkpoint import Checkpointer, CheckpointError
@@ -88,7 +89,7 @@ class Run:
 
 
 def check_device(cfg: TrainConfig) -> None:
-    """Settings that cannot run on this backend (or the `ln_jax.platforms.lowering_for`
+    """Settings that cannot run on this backend (or the `ln_jax.runtime.platforms.lowering_for`
     target) are errors before anything is compiled."""
     backend = platforms.current()
     if cfg.model.attention_impl == "cudnn" and backend != "gpu":

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ln_jax.config import MonitorConfig
+from ln_jax.config.run import MonitorConfig
 from ln_jax.train.early_warning import Alert, EarlyWarning
 
 STALL_SPAN = 200  # steps over which a stalled validation loss fell by less than STALL_DROP

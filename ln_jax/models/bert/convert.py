@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from ln_jax.config import ModelConfig
+from ln_jax.config.run import ModelConfig
 from ln_jax.models import hf_io
 from ln_jax.models.bert.model import BertEncoder, BertForPreTraining
 from ln_jax.models.hf_io import WEIGHT_FILES, Arrays, ParamPath  # noqa: F401 (re-exported)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ln_jax.config import ModelConfig
+from ln_jax.config.run import ModelConfig
 from ln_jax.nn.blocks import EncoderLayer, Record, StackDepth
 from ln_jax.nn.embed import Embed
 from ln_jax.nn.init import init_scheme

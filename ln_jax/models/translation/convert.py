@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from ln_jax.config import ModelConfig
+from ln_jax.config.run import ModelConfig
 from ln_jax.models import hf_io
 from ln_jax.models.translation.model import Translator
 from ln_jax.models.translation.options import TranslationOptions

@@ -66,7 +66,7 @@ def load_translator(workdir: str, step: int | None = None, average_last: int = 1
     if values is None:
         return (*hf_translator(workdir[len(HF_PREFIX) :]), [])
     from ln_jax import sharding
-    from ln_jax.config_front import build_config
+    from ln_jax.config.load import build_config
     from ln_jax.train import steps
     from ln_jax.train.checkpoint import Checkpointer
 
@@ -89,7 +89,7 @@ def hf_translator(path: str, dataset: str = DEFAULT_DATASET):
     """(Translator, TrainConfig) of a HuggingFace Marian folder: its shape, ids and vocabulary
     (`data.tokenizer_model=hf:PATH`), reading `dataset`; every other field the defaults."""
     from ln_jax import sharding
-    from ln_jax.config_front import build_config
+    from ln_jax.config.load import build_config
     from ln_jax.models.translation import convert
 
     if not os.path.isdir(path):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ln_jax import sharding
-from ln_jax.config import ModelConfig
+from ln_jax.config.run import ModelConfig
 from ln_jax.models.translation.loss import token_losses
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.nn.blocks import DecoderLayer, EncoderLayer, Record, StackDepth

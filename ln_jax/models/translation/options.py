@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ln_jax.validate import check_choice, reject_unknown_keys
 
-if TYPE_CHECKING:  # ln_jax.config imports JAX: configs/mt.py reads these without it
-    from ln_jax.config import ModelConfig
+if TYPE_CHECKING:  # ln_jax.config.run imports JAX: configs/mt.py reads these without it
+    from ln_jax.config.run import ModelConfig
 
 # Token ids of ln_jax's translation vocabularies (`ln_jax.data` builds its sentencepiece models
 # so): the defaults of `TranslationOptions`' pad_id / bos_id / eos_id. An imported model
@@ -88,7 +88,7 @@ class TranslationOptions:
         if out.decoder_layers is None:
             out = dataclasses.replace(out, decoder_layers=cfg.num_layers)
         if out.skip_padding == "auto":
-            from ln_jax.config import platform
+            from ln_jax.config.run import platform
 
             out = dataclasses.replace(out, skip_padding=auto_skip_padding(platform()))
         out.check(cfg)

@@ -15,10 +15,10 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from ln_jax.config import CheckpointConfig, MeshConfig, ModelConfig, MonitorConfig, TrainConfig
+from ln_jax.config.optim import OptimConfig
+from ln_jax.config.run import CheckpointConfig, MeshConfig, ModelConfig, MonitorConfig, TrainConfig
 from ln_jax.data.config import DataConfig
 from ln_jax.models.bert.finetune.tasks import TASKS
-from ln_jax.train.optim import OptimConfig
 from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
 
 HF_PREFIX = "hf:"
@@ -141,7 +141,7 @@ class FinetuneConfig:
 def build_finetune_config(values: Mapping[str, Any]) -> FinetuneConfig:
     """`FinetuneConfig.from_mapping` with every invalid value a ConfigError (exit 2), keeping
     the error's fix of the command line."""
-    from ln_jax.config_front import override
+    from ln_jax.config.load import override
 
     try:
         return FinetuneConfig.from_mapping(override(values, {}))

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ln_jax.config import ModelConfig
+from ln_jax.config.run import ModelConfig
 from ln_jax.models.bert.model import BertEncoder
 from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, dropout, split_key

@@ -30,8 +30,8 @@ import numpy as np
 from flax import nnx
 
 from ln_jax import paths
-from ln_jax.config import CheckpointConfig, ModelConfig
-from ln_jax.config_front import build_config
+from ln_jax.config.load import build_config
+from ln_jax.config.run import CheckpointConfig, ModelConfig
 from ln_jax.models.bert.finetune.config import HF_PREFIX, FinetuneConfig
 from ln_jax.train import run_identity, steps
 from ln_jax.train.checkpoint import Checkpointer

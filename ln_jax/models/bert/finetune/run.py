@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from ln_jax import paths, sharding
-from ln_jax.config import TrainConfig
+from ln_jax.config.run import TrainConfig
 from ln_jax.models.bert.finetune import task as task_lib
 from ln_jax.models.bert.finetune.config import Cell, FinetuneConfig, train_config
 from ln_jax.models.bert.finetune.pretrained import Pretrained, check_sequence_length

@@ -3,7 +3,7 @@ of accelerator plugins that cannot run here.
 
 `import ln_jax` calls `quiet_plugins()`. The `gpu-compile` and `tpu-compile` extras install
 JAX's CUDA plugin and libtpu on a CPU host so that the step can be compiled for a GPU or TPU
-without one (`ln_jax.deviceless`). JAX then starts them in every process that lets it pick
+without one (`ln_jax.xla.deviceless`). JAX then starts them in every process that lets it pick
 its platforms; each fails, JAX runs on the CPU as it would without them, and each prints its
 failure: the CUDA plugin a 20-line traceback of its cuDNN check, libtpu five lines of errors
 about the TPU VM settings it looks for. On a host that cannot have the device, that is noise:

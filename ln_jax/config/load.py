@@ -19,8 +19,7 @@ from typing import Any
 
 from ml_collections.config_dict import FieldReference
 
-from ln_jax import field_names
-from ln_jax.validate import ConfigError, Fix, closest, did_you_mean
+from ln_jax.validate import ConfigError, Fix, closest, did_you_mean, suggest
 
 __all__ = [
     "CommandLine",
@@ -44,7 +43,7 @@ __all__ = [
 #   --config=FILE[:variant]            a .py file whose get_config(variant) returns the config
 #   --config.SECTION.FIELD=VALUE       an override of a field the config declares
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIG_PREFIX = "--config."
 EXAMPLE_CONFIG = "configs/bert_preln.py:tiny"
 
@@ -204,7 +203,7 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 def fields_meant(tree: Mapping[str, Any], dotted: str) -> list[str]:
     """The declared fields that `dotted` ("model.placement", "lr") names or likely means
-    (`ln_jax.field_names.suggest`): itself where declared; empty for a section or nothing."""
+    (`ln_jax.validate.suggest`): itself where declared; empty for a section or nothing."""
     node: Any = tree
     path = dotted.split(".")
     for depth, key in enumerate(path):
@@ -212,7 +211,7 @@ def fields_meant(tree: Mapping[str, Any], dotted: str) -> list[str]:
             return []
         if key not in node:
             rest = path[depth + 1 :]
-            near = field_names.suggest(tree, path[:depth], key, field=not rest)
+            near = suggest(tree, path[:depth], key, field=not rest)
             return [".".join([n, *rest]) for n in near]
         node = node[key]
     return [] if isinstance(node, Mapping) else [dotted]
@@ -220,13 +219,13 @@ def fields_meant(tree: Mapping[str, Any], dotted: str) -> list[str]:
 
 def _unknown_field(tree: dict, parents: list[str], key: str, node: Any, dotted: str) -> ConfigError:
     """The error of an unknown field: the declared names it likely means
-    (`ln_jax.field_names.suggest`) and, where that is one, the command line's fix
+    (`ln_jax.validate.suggest`) and, where that is one, the command line's fix
     (`--config.<dotted>` renamed)."""
     where = ".".join(parents)
     if not isinstance(node, dict):
         return ConfigError(f"config.{where} is a field, not a section: it has no field {key!r}.")
     rest = dotted.split(".")[len(parents) + 1 :]
-    near = field_names.suggest(tree, parents, key, field=not rest)
+    near = suggest(tree, parents, key, field=not rest)
     hint = " D" + did_you_mean(near)[1:] if near else ""
     fix = None
     if len(near) == 1:
@@ -268,7 +267,7 @@ def build_config(values: Mapping[str, Any]) -> Any:
     Raises:
       ConfigError: any invalid field or combination, with the typed configs' message.
     """
-    from ln_jax.config import TrainConfig  # JAX's import: not for reading a command line
+    from ln_jax.config.run import TrainConfig  # JAX's import: not for reading a command line
 
     try:
         return TrainConfig.from_mapping(_plain(values))

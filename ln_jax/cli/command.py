@@ -3,7 +3,7 @@ ln_jax.compile_check | analysis | experiments | translate`, and any new `Command
 
 A command is a `Command`: its docstring (usage and examples), its own flags (`--name=VALUE` or
 `--name VALUE`; booleans also bare `--name`, `--noname`, `--name=false`; lists
-comma-separated), its positional words, and the config front (`ln_jax.config_front`:
+comma-separated), its positional words, and the config front (`ln_jax.config.load`:
 `--config=FILE[:variant]` and `--config.SECTION.FIELD=VALUE`). Every command
 
 * prints its help and exits 0 on `-h` or `--help` (absl's `--helpfull`, `--helpshort` too),
@@ -37,8 +37,9 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ln_jax import config_front, console
-from ln_jax.cli_fields import _row, config_fields
+from ln_jax import console
+from ln_jax.cli.help import _row, config_fields
+from ln_jax.config import load as config_front
 from ln_jax.validate import ConfigError, Fix, UserError, close_names, did_you_mean
 
 HELP_FLAGS = ("-h", "--help", "--helpfull", "--helpshort")
@@ -158,7 +159,7 @@ def train_config_front(
     a busy workdir refused, without it."""
 
     def kind() -> type:
-        from ln_jax.config import TrainConfig
+        from ln_jax.config.run import TrainConfig
 
         return TrainConfig
 

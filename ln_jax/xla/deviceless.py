@@ -4,7 +4,7 @@ XLA's GPU compiler runs on any host where JAX's CUDA plugin is installed, and th
 any host where libtpu is: JAX then offers compile-only devices of a described GPU or TPU
 slice (`jax.experimental.topologies`), and a program lowered and compiled for them is the
 program those devices would run: its fusions, layouts, buffer assignment (the memory
-figures) and, on a GPU, its kernels (`ln_jax.kernel_census`). Nothing runs.
+figures) and, on a GPU, its kernels (`ln_jax.xla.kernel_census`). Nothing runs.
 
     devices = deviceless.gpu_devices("h100", 8)             # 8 H100s on one host
     mesh = sharding.make_mesh(8, 1, 1, devices=devices)
@@ -38,10 +38,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import numpy as np
 
-from ln_jax import host
-from ln_jax.kernel_census import SPECS, GpuSpec
+from ln_jax.runtime import host
+from ln_jax.xla.kernel_census import SPECS, GpuSpec
 
 # The plugin packages jax can load, newest CUDA first.
 PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
@@ -218,18 +217,6 @@ def without_persistent_cache() -> Iterator[None]:
     finally:
         jax.config.update("jax_enable_compilation_cache", before)
         compilation_cache.reset_cache()
-
-
-def is_compile_only(devices: Any) -> bool:
-    """Whether these devices (a mesh's `.devices`, a list) only compile: no array lives there."""
-    first = next(iter(getattr(devices, "flat", devices)))
-    return getattr(first.client, "runtime_type", "") == "compile_only_runtime"
-
-
-def abstract(value: np.ndarray, sharding: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
-    """A host value's shape and dtype with `sharding`: what stands for it on compile-only
-    devices, where no array can be put."""
-    return jax.ShapeDtypeStruct(np.shape(value), np.asarray(value).dtype, sharding=sharding)
 
 
 # --------------------------------------------------------------------------- TPU slices

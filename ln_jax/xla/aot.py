@@ -5,7 +5,7 @@ FLOPs and, on a GPU, its kernels; for this host's devices or for devices that ar
   trainer's own shardings, jit and donation) and compiled; XLA's `memory_analysis()` of the
   per-device program, an "auto" accumulation chosen as the trainer would choose it.
 - `gpu_report(build, "h100")` / `tpu_report(build, "v5e-8")`: the same, compiled here by the
-  GPU's or the TPU's own compiler for compile-only devices (`ln_jax.deviceless`).
+  GPU's or the TPU's own compiler for compile-only devices (`ln_jax.xla.deviceless`).
 - `census_report(build, "gpu")`: the step lowered for a platform, its matmuls by dtype.
 
 `python -m ln_jax.compile_check` is the command (`ln_jax.compile_check`).
@@ -22,9 +22,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ln_jax import deviceless, kernel_census, matmul_census, platforms, sharding
-from ln_jax.config import TrainConfig
+from ln_jax import sharding
+from ln_jax.config.run import TrainConfig
+from ln_jax.runtime import platforms
 from ln_jax.train import accumulation, steps, trainer
+from ln_jax.xla import deviceless, kernel_census, matmul_census
 
 GIB = 1024**3
 MIB = 1024**2
@@ -81,7 +83,7 @@ class PlatformCensus:
 
     Attributes:
       cfg: the config as built for the platform ("auto" fields resolved there).
-      census: the train step's matmuls (`ln_jax.matmul_census`).
+      census: the train step's matmuls (`ln_jax.xla.matmul_census`).
       mesh: the mesh's axis sizes.
       num_params: the model's parameter count.
       params_bytes, opt_state_bytes, batch_bytes: per device, exact on any backend (the
@@ -219,7 +221,8 @@ def compile_report(
       matmul FLOPs: "flops_source"), "flops_per_step" (x devices), "num_params",
       "grad_accum_steps" (the one compiled), "mesh", "num_devices", "platform",
       "device_kind", shape fields, the lowering and compile seconds, and on a GPU mesh (real
-      or `ln_jax.deviceless`) "kernel_census" (`ln_jax.kernel_census.Census`) and "hlo_text".
+      or `ln_jax.xla.deviceless`) "kernel_census" (`ln_jax.xla.kernel_census.Census`) and
+      "hlo_text".
     """
     mesh = resolve_mesh(mesh, cfg)
     if compiler_options is None:
@@ -288,7 +291,7 @@ def _compile_report(
 
 
 def _kernels(compiled: Any, mesh: jax.sharding.Mesh) -> dict[str, Any]:
-    """On a GPU mesh: {"kernel_census": the program's kernels (`ln_jax.kernel_census`),
+    """On a GPU mesh: {"kernel_census": the program's kernels (`ln_jax.xla.kernel_census`),
     "hlo_text": its optimised HLO}."""
     if _platform(mesh) != "gpu":
         return {}
@@ -329,7 +332,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"({report['flops_per_device'] / 1e12:.3f} per device)"
     )
     if report.get("flops_source") == "kernel_census":
-        lines.append("  (the matmuls of the compiled program, `ln_jax.kernel_census`)")
+        lines.append("  (the matmuls of the compiled program, `ln_jax.xla.kernel_census`)")
     elif report["grad_accum_steps"] > 1:
         lines.append(
             "  (with accumulation XLA counts the scanned micro-batch loop's body once: FLOPs "
@@ -369,7 +372,7 @@ def gpu_report(
     options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`compile_report` for `num_devices` GPUs of model `gpu` ("h100"), compiled on this host
-    without them (`ln_jax.deviceless`): the config is built as on a GPU ("auto" fields), an
+    without them (`ln_jax.xla.deviceless`): the config is built as on a GPU ("auto" fields), an
     "auto" accumulation is chosen for the GPU's memory (or `device_memory_gib`), and the report
     has the program's "kernel_census". `options`: XLA compiler options over
     `deviceless.COMPILER_OPTIONS` (e.g. Triton GEMMs on, at autotune level 0).

@@ -2,7 +2,7 @@
 validation and the platform's "auto" choices.
 
 The trainer's ml_collections config is turned into a frozen `TrainConfig` once (by
-`ln_jax.config_front.build_config`); each module then receives only the fields it needs. The
+`ln_jax.config.load.build_config`); each module then receives only the fields it needs. The
 placement table is `ln_jax.nn.placements`.
 """
 
@@ -15,8 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ln_jax import compile_cache, platforms
-from ln_jax.auto_fields import (
+from ln_jax.config.auto import (
     AUTO_CHOSEN,
     auto_activation_layout,
     auto_attention,
@@ -25,11 +24,12 @@ from ln_jax.auto_fields import (
     auto_dtype,
     resolve_layout,
 )
+from ln_jax.config.optim import OptimConfig
 from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
+from ln_jax.runtime import compile_cache, platforms
 from ln_jax.sharding import ACTIVATION_LAYOUTS
 from ln_jax.task import factory as task_factory
-from ln_jax.train.optim import OptimConfig
 from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
 
 __all__ = [
@@ -74,7 +74,7 @@ class TaskOptions(dict):
 
 def platform() -> str:
     """The platform JAX computes on ("cpu", "gpu", "tpu"), or the one a
-    `ln_jax.platforms.lowering_for` block builds for: what "auto" fields resolve by.
+    `ln_jax.runtime.platforms.lowering_for` block builds for: what "auto" fields resolve by.
 
     It initialises JAX's backends, so a multi-host program calls `jax.distributed.initialize`
     before building a config with "auto" fields (train.py does).
@@ -166,7 +166,7 @@ class ModelConfig:
         "dots" needs less than half the temporaries (docs/tpu.md; a CPU's: docs/usage.md).
       scan_layers: stack layer parameters [num_layers, ...] and lax.scan over them; "auto": on
         a GPU stacked unless a per-layer placement list or DLCL needs a list, elsewhere a list
-        (`ln_jax.auto_fields.auto_scan_layers`: measured on an H200).
+        (`ln_jax.config.auto.auto_scan_layers`: measured on an H200).
       scan_unroll: with scan_layers, the layers each iteration of the scan runs (lax.scan's
         `unroll`); num_layers or more runs them as straight-line code that keeps the stacked
         parameters, so the optimizer updates, casts and norms each one in a kernel for all
@@ -488,7 +488,7 @@ class TrainConfig:
       compilation_cache: JAX's persistent compilation cache while the run trains: "auto"
         (resolved when the config is built: $LN_JAX_CACHE_DIR/jax_compilation, else
         ~/.cache/ln_jax/jax_compilation, on a GPU/TPU; "off" on a CPU), "off", or a folder
-        (`ln_jax.compile_cache`; $JAX_COMPILATION_CACHE_DIR wins if set).
+        (`ln_jax.runtime.compile_cache`; $JAX_COMPILATION_CACHE_DIR wins if set).
       monitor: per-layer measurements and early warnings (`MonitorConfig`).
     """
 

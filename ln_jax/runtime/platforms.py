@@ -1,6 +1,6 @@
 """The platform a program is built for: JAX's backend, or the one `lowering_for` names.
 
-A config's "auto" fields (`ln_jax.config`) and the Pallas kernel's interpreter switch
+A config's "auto" fields (`ln_jax.config.run`) and the Pallas kernel's interpreter switch
 (`ln_jax.nn.flash`) ask `current()`. Inside `lowering_for("gpu")` they answer as on a GPU, so
 a CPU host can build and lower the program a GPU or TPU would run (`ln_jax.compile_check
 --platform`), without its devices:

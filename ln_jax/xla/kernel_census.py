@@ -7,7 +7,7 @@ matmul). This census reads both from the program XLA would run, so a change to t
 (a layout pin, a fused backward) can be judged before a GPU is at hand: how many kernels of
 each class, how many bytes they move, and the floor they set (`Census.floor_ms`). It is a
 reading of the compiler's output, not a timing: kernels run below their floor's rate, and
-the compiler of a host without the GPU does not autotune (`ln_jax.deviceless`).
+the compiler of a host without the GPU does not autotune (`ln_jax.xla.deviceless`).
 
     census = kernel_census.read(compiled.as_text())
     print(census.format(kernel_census.SPECS["h100"]))
@@ -55,7 +55,7 @@ def kernel_class(name: str) -> str:
 class GpuSpec:
     """One GPU model's published figures, per device: what a floor needs (dense bf16 matmul
     FLOP/s, memory bytes/s) and what XLA's compiler needs to compile for it without one
-    (`ln_jax.deviceless` writes them as its target config).
+    (`ln_jax.xla.deviceless` writes them as its target config).
 
     Attributes:
       name: the CUDA device name.

@@ -1,12 +1,12 @@
 """What the config's "auto" fields become on each platform ("cpu", "gpu", "tpu"): the
-measured choices, each with the measurement that chose it. `ln_jax.config` resolves them when
+measured choices, each with the measurement that chose it. `ln_jax.config.run` resolves them when
 a typed config is built (`ModelConfig._resolve_auto`, `TrainConfig`), so config.json records
 the resolved values.
 """
 
 from __future__ import annotations
 
-from typing import Any  # the ModelConfig of `auto_attention` (ln_jax.config imports this)
+from typing import Any  # the ModelConfig of `auto_attention` (ln_jax.config.run imports this)
 
 
 def auto_dtype(on: str) -> str:

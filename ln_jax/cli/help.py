@@ -1,5 +1,6 @@
 """The config fields as `--help` lists them: grouped by section, each with its value and the
-first sentence of its docstring (`config_fields`), in rows of `_row`. Used by `ln_jax.cli`."""
+first sentence of its docstring (`config_fields`), in rows of `_row`. Used by
+`ln_jax.cli.command`."""
 
 from __future__ import annotations
 
