@@ -17,6 +17,7 @@ from ln_jax.nn.blocks import ResidualSublayer
 from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, FeedForward
 from ln_jax.nn.placements import PLACEMENTS
+from ln_jax.task import Task
 
 EVAL_BATCHES = 2
 
@@ -78,13 +79,10 @@ class ToyData:
         pass
 
 
-class ToyRegression:
+class ToyRegression(Task):
     """The toy family's task: weighted mean squared error over positions."""
 
     name = "toy_regression"
-
-    def __init__(self, cfg: Any):
-        self.cfg = cfg
 
     def build(self, rngs: nnx.Rngs) -> ToyNet:
         return ToyNet(self.cfg.model, rngs=rngs)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from ln_jax import sharding
 from ln_jax.models.bert.model import BertForPreTraining, encoder_view, pretraining_loss
 from ln_jax.nn.stack import stack_sublayers
+from ln_jax.task import Task
 from ln_jax.train import monitor
 from ln_jax.validate import ConfigError
 
@@ -23,7 +24,7 @@ Array = jax.Array
 Batch = dict[str, Array]
 
 
-class BertPretraining:
+class BertPretraining(Task):
     """The task of `configs/bert_preln.py` and `configs/bert_postln.py`.
 
     Batch keys ([batch, length] / [batch, P] / [batch] int32, weights float32): input_ids,
@@ -35,6 +36,13 @@ class BertPretraining:
     def __init__(self, cfg: Any):
         self.cfg = cfg
         self.use_nsp = bool(cfg.data.nsp and cfg.model.nsp_head)
+
+    @staticmethod
+    def check_data(cfg: Any) -> None:
+        """The datasets are prepared (`ln_jax.data.sources.check_datasets`)."""
+        from ln_jax.data import sources
+
+        sources.check_datasets(cfg.data)
 
     def build(self, rngs: Any) -> BertForPreTraining:
         return BertForPreTraining(self.cfg.model, rngs=rngs)

@@ -28,6 +28,7 @@ from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.models.translation.search import Search, translate
 from ln_jax.nn.blocks import DecoderLayer, EncoderLayer
 from ln_jax.nn.stack import relayout, stack_sublayers
+from ln_jax.task import Task
 from ln_jax.train import monitor
 from ln_jax.validate import ConfigError
 
@@ -45,7 +46,7 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "
     return score.score, str(metric.get_signature())
 
 
-class Translation:
+class Translation(Task):
     """The task of `configs/mt.py` (`--config.task=translation`)."""
 
     name = "translation"
@@ -64,6 +65,13 @@ class Translation:
         cfg.task_options["skip_padding"] = options.skip_padding
 
     # ----------------------------------------------------------------- model and loss
+
+    @staticmethod
+    def check_data(cfg: Any) -> None:
+        """The parallel text files are aligned pairs (`ln_jax.data.parallel`)."""
+        from ln_jax.data import parallel
+
+        parallel.check_paralleltext(cfg.data)
 
     def build(self, rngs: Any) -> Translator:
         return Translator(self.cfg.model, self.options, rngs=rngs)

@@ -31,6 +31,7 @@ from ln_jax.data import glue
 from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune.model import BertClassifier, classification_loss
 from ln_jax.models.bert.finetune.tasks import TASKS, GlueTask, predictions, task_scores
+from ln_jax.task import Task
 from ln_jax.validate import ConfigError
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ Batch = dict[str, Array]
 _DATA: dict[tuple, tuple[dict, dict]] = {}  # the last task's encoded splits (`cached_arrays`)
 
 
-class GlueClassification:
+class GlueClassification(Task):
     """Sentence(-pair) classification or regression with BERT's [CLS] classifier.
 
     Batch keys: input_ids, segment_ids, attention_mask int32 [batch, length]; label [batch]
