@@ -13,8 +13,9 @@ monitor with no change to ln_jax:
         ...
     python train.py --config=my_config.py --config.task=my_package.tasks:MyTask
 
-A batch is a dict of global arrays whose leading axis is the example axis (split over the data
-and fsdp devices, and into micro-batches under accumulation).
+A run makes its task once (`ln_jax.train.setup.setup`) and passes it to every builder of
+`ln_jax.train.steps`. A batch is a dict of global arrays whose leading axis is the example axis
+(split over the data and fsdp devices, and into micro-batches under accumulation).
 
 A task subclasses `Task`: the base class gives every optional method its default, so the
 trainer asks each task the same questions and never probes for a method. The optional ones:

@@ -89,11 +89,11 @@ class ToyRegression(Task):
 
     def abstract_batch(self, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
         b, d = self.cfg.data.global_batch_size, self.cfg.model.hidden_size
-        sh = sharding.batch_sharding(mesh)
+        spec = sharding.batch_struct(mesh)
         return {
-            "x": jax.ShapeDtypeStruct((b, 4, d), jnp.float32, sharding=sh),
-            "y": jax.ShapeDtypeStruct((b, 4), jnp.float32, sharding=sh),
-            "weight": jax.ShapeDtypeStruct((b, 4), jnp.float32, sharding=sh),
+            "x": spec((b, 4, d), jnp.float32),
+            "y": spec((b, 4), jnp.float32),
+            "weight": spec((b, 4), jnp.float32),
         }
 
     def normalizers(self, batch: dict) -> dict[str, jax.Array]:

@@ -50,8 +50,7 @@ class BertPretraining(Task):
     def abstract_batch(self, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
         d = self.cfg.data
         b, t, p = d.global_batch_size, d.max_seq_length, d.max_predictions_per_seq
-        sh = sharding.batch_sharding(mesh)
-        spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+        spec = sharding.batch_struct(mesh)
         return {
             "input_ids": spec((b, t)),
             "segment_ids": spec((b, t)),

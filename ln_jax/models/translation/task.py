@@ -100,8 +100,7 @@ class Translation(Task):
             sharding.batch_divisor(mesh),
         )
         rows, s, t = buckets.shape(len(buckets.lengths) - 1)
-        sh = sharding.batch_sharding(mesh)
-        spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+        spec = sharding.batch_struct(mesh)
         return {
             "src": spec((rows, s)),
             "src_mask": spec((rows, s)),

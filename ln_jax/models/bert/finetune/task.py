@@ -70,8 +70,7 @@ class GlueClassification(Task):
 
     def abstract_batch(self, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
         b, t = self.cfg.data.global_batch_size, self.cfg.data.max_seq_length
-        sh = sharding.batch_sharding(mesh)
-        spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+        spec = sharding.batch_struct(mesh)
         label = jnp.float32 if self.glue.regression else jnp.int32
         return {
             "input_ids": spec((b, t)),
