@@ -1,7 +1,12 @@
-"""Pretrains BERT with a chosen LayerNorm placement.
+"""Trains one run of the task its config names (`--config.task`, `ln_jax.task`) on the one
+trainer (`ln_jax.train.trainer`), with the LayerNorm placement the config chooses: BERT
+pretraining (configs/bert_preln.py, configs/bert_postln.py), translation (configs/mt.py), or a
+task of a user's package ("module:Class"). GLUE fine-tuning (configs/glue.py) runs through
+finetune.py, whose every grid cell x seed is a run of this same trainer.
 
   python train.py --config=configs/bert_preln.py:tiny
   python train.py --config=configs/bert_postln.py:mini --config.total_steps=500 --workdir=/tmp/run
+  python train.py --config=configs/mt.py:tiny
 
 --config=FILE[:variant] names the config (resolved from any working directory); every field it
 declares can be overridden with --config.SECTION.FIELD=VALUE (see configs/common.py), exactly as
@@ -100,16 +105,13 @@ def _train(inv: cli.Invocation) -> int:
 
 
 def _preflight(cfg) -> None:
-    """The mesh and the datasets checked before the workdir is created, so that a user error
-    there leaves nothing behind (the trainer checks them again)."""
-    from ln_jax import sharding
-    from ln_jax.data import parallel, sources
+    """The mesh's shape and the task's data (`Task.check_data`: BERT's prepared datasets,
+    translation's aligned pairs) checked before the workdir is created, so that a user error
+    there leaves nothing behind. Nothing is built: the trainer builds the mesh and the task."""
+    from ln_jax import sharding, task
 
-    sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    if cfg.task == "bert_pretraining":
-        sources.check_datasets(cfg.data)
-    elif cfg.task == "translation":
-        parallel.check_paralleltext(cfg.data)  # files that are no aligned pairs
+    sharding.resolve_mesh_shape(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    task.check_data(cfg)
 
 
 def _train_in(cfg, workdir: str) -> dict:
@@ -117,7 +119,7 @@ def _train_in(cfg, workdir: str) -> dict:
     from ln_jax.train import run_identity
     from ln_jax.train.trainer import train_and_evaluate
 
-    run_identity.prepare_workdir(workdir)
+    run_identity.prepare_workdir(workdir)  # here, to log into it from the start
     log_file = _log_file_of_this_process(workdir)
     console.configure_logging(log_file)
     print(
@@ -125,13 +127,13 @@ def _train_in(cfg, workdir: str) -> dict:
         f"{cfg.total_steps} steps, workdir {workdir} (library logs: {log_file})",
         flush=True,
     )
-    return train_and_evaluate(cfg, workdir, accept_changes=_ACCEPT.value)
+    return train_and_evaluate(cfg, workdir, accept_changes=_ACCEPT.value, workdir_prepared=True)
 
 
 def _report(inv: cli.Invocation, cfg, workdir: str, result: dict) -> None:
     """What the command prints after the run: nothing trained, a stop, the last eval (naming
     the step it evaluated: `eval_line`)."""
-    from ln_jax.train.trainer import eval_line
+    from ln_jax.train.loop import eval_line
 
     if result["already_done"]:
         print(nothing_to_train(inv, cfg, workdir, result["step"]))

@@ -25,6 +25,7 @@ from ln_jax.config.load import (
     override,
 )
 from ln_jax.config.run import TrainConfig
+from ln_jax.task import make_task
 from ln_jax.train import steps
 
 DTYPES = {"bf16": "bfloat16", "f32": "float32"}
@@ -94,10 +95,11 @@ def compile_step(
     """(pieces, compiled train step, compile seconds): the trainer's step, compiled once;
     `options`: XLA compiler options of this compile only (an arm's `xla.*` overrides)."""
     start = time.perf_counter()
-    pieces = steps.init_state(cfg, mesh)
-    train, _ = steps.jit_steps(cfg, mesh, pieces)
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
+    train, _ = steps.jit_steps(cfg, task, mesh, pieces)
     with sharding.use_mesh(mesh):
-        lowered = train.lower(pieces.state, pieces.rest, steps.abstract_batch(cfg, mesh))
+        lowered = train.lower(pieces.state, pieces.rest, steps.abstract_batch(task, mesh))
         compiled = lowered.compile(options) if options else lowered.compile()
     return pieces, compiled, time.perf_counter() - start
 

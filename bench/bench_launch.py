@@ -59,15 +59,17 @@ def build_forms(args: argparse.Namespace) -> tuple[dict[str, Callable], int]:
     """({"flat": call, "nnx": call}, the state's array count): each call runs one step of its
     form on its own copy of the state and returns the step's outputs."""
     from ln_jax import sharding
+    from ln_jax.task import make_task
     from ln_jax.train import steps
 
     cfg = train_config(args)
     mesh = sharding.single_device_mesh()
-    pieces = steps.init_state(cfg, mesh)
-    library = steps.jit_train_step(cfg, mesh, pieces)
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
+    library = steps.jit_train_step(cfg, task, mesh, pieces)
     shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
     nnx_form = jax.jit(
-        steps.make_train_step(pieces.graphdef, cfg),
+        steps.make_train_step(cfg, task, pieces.graphdef),
         in_shardings=(shardings, None, None, None),
         out_shardings=(shardings, None),
         donate_argnums=(0,),

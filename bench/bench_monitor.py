@@ -49,14 +49,16 @@ def train_config(args: argparse.Namespace) -> Any:
 def build_steps(args: argparse.Namespace) -> dict[str, Any]:
     """{"plain": one plain step, "measured": one measured step + host work}, both compiled."""
     from ln_jax import sharding
+    from ln_jax.task import make_task
     from ln_jax.train import monitor, steps
     from ln_jax.train.early_warning import EarlyWarning
 
     cfg = train_config(args)
     mesh = sharding.single_device_mesh()
-    pieces = steps.init_state(cfg, mesh)
-    plain = steps.in_mesh(steps.jit_train_step(cfg, mesh, pieces), mesh)
-    measured = steps.in_mesh(steps.jit_train_step(cfg, mesh, pieces, measure=True), mesh)
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
+    plain = steps.in_mesh(steps.jit_train_step(cfg, task, mesh, pieces), mesh)
+    measured = steps.in_mesh(steps.jit_train_step(cfg, task, mesh, pieces, measure=True), mesh)
     shape = {"batch": args.batch, "seq": args.seq, "predictions": args.predictions, "vocab": 8000}
     batch = jax.device_put(make_batch(shape), sharding.batch_sharding(mesh))
     box = {"state": pieces.state}

@@ -155,11 +155,13 @@ def train_arms(cfg, batches: list[tuple[int, int]], layout: str = "auto"):
     """{arm name: one call of the trainer's step on that batch (`step(wait=True)` waits for
     it)}, each compiled; with the batches and each first call's seconds."""
     from ln_jax import sharding
+    from ln_jax.task import make_task
     from ln_jax.train import steps
 
     mesh = sharding.single_device_mesh()
-    pieces = steps.init_state(cfg, mesh)
-    train = steps.in_mesh(steps.jit_steps(cfg, mesh, pieces)[0], mesh)
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
+    train = steps.in_mesh(steps.jit_steps(cfg, task, mesh, pieces)[0], mesh)
     box = {"state": pieces.state}
     arms, data, compile_s = {}, {}, {}
     for rows, length in batches:

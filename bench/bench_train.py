@@ -196,13 +196,15 @@ def build_ln_jax(
     (`autodiff_ln`) applies to it and to nothing else.
     """
     from ln_jax import sharding
+    from ln_jax.task import make_task
     from ln_jax.train import steps
     from ln_jax.xla.aot import compile_report
 
     cfg = ln_jax_config(args, s, placement)
     mesh = sharding.single_device_mesh()
-    pieces = steps.init_state(cfg, mesh)
-    train = steps.in_mesh(steps.jit_steps(cfg, mesh, pieces)[0], mesh)
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
+    train = steps.in_mesh(steps.jit_steps(cfg, task, mesh, pieces)[0], mesh)
     device_batch = jax.device_put(batch, sharding.batch_sharding(mesh))
     box = {"state": pieces.state}
 

@@ -132,6 +132,7 @@ def build_ln_jax_train(
     from configs import mt
     from ln_jax import sharding
     from ln_jax.config.load import build_config
+    from ln_jax.task import make_task
     from ln_jax.train import steps
 
     values = mt.get_config("small").to_dict()
@@ -144,8 +145,9 @@ def build_ln_jax_train(
     values["model"]["dtype"] = dtype
     cfg = build_config(values)
     mesh = sharding.single_device_mesh()
-    pieces = steps.init_state(cfg, mesh)
-    train = steps.in_mesh(steps.jit_steps(cfg, mesh, pieces)[0], mesh)
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
+    train = steps.in_mesh(steps.jit_steps(cfg, task, mesh, pieces)[0], mesh)
     device_batch = jax.device_put(batch, sharding.batch_sharding(mesh))
     box = {"state": pieces.state}
 

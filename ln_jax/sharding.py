@@ -206,6 +206,18 @@ def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
     return NamedSharding(mesh, batch_spec())
 
 
+def batch_struct(mesh: jax.sharding.Mesh) -> Callable[..., jax.ShapeDtypeStruct]:
+    """`struct(shape, dtype=int32)`: the ShapeDtypeStruct of a batch array of `shape` (its
+    leading axis the examples), split as every batch array is (`batch_sharding(mesh)`); what a
+    task's `abstract_batch` is made of."""
+    sh = batch_sharding(mesh)
+
+    def struct(shape: tuple[int, ...], dtype: Any = np.int32) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+
+    return struct
+
+
 def batch_shards(rows: int) -> int:
     """Into how many device shards the current mesh splits a batch of `rows` (the data x fsdp
     device count where it divides `rows`, else their gcd; 1 outside a mesh)."""

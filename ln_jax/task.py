@@ -7,54 +7,36 @@ benchmarks work through a `Task` and import no model family. `TrainConfig.task` 
 file, a user's package) trains on the same trainer, steps, accumulation, checkpoints and
 monitor with no change to ln_jax:
 
-    class MyTask:                      # satisfies `Task`; see ln_jax/models/bert/pretraining.py
+    class MyTask(Task):                # see ln_jax/models/bert/pretraining.py
         name = "my_task"
-        def __init__(self, cfg): self.cfg = cfg
         def build(self, rngs): ...
         ...
     python train.py --config=my_config.py --config.task=my_package.tasks:MyTask
 
-A batch is a dict of global arrays whose leading axis is the example axis (split over the data
-and fsdp devices, and into micro-batches under accumulation).
+A run makes its task once (`ln_jax.train.setup.setup`) and passes it to every builder of
+`ln_jax.train.steps`. A batch is a dict of global arrays whose leading axis is the example axis
+(split over the data and fsdp devices, and into micro-batches under accumulation).
 
-Optional methods (a task without them trains as before; see `OPTIONAL`):
-
-    def initialize(self, model) -> bool:
-        # Initial parameters from elsewhere (a pretrained checkpoint), set in place in the
-        # fresh model's shardings; called on a fresh run only (a restore overwrites it), before
-        # step 1. True: it set them, so the placements' data-dependent set-up is skipped.
-    def run_result(self, evals: Sequence[dict]) -> dict[str, float]:
-        # The run's result from all its eval records, written once (split "result") after the
-        # last step, e.g. the best and the last evaluation's scores.
-    def tokens_per_step(self) -> int:
-        # Tokens a step trains on, for the progress line's rate (default: data.global_batch_size
-        # x data.max_seq_length); translation: its token budget.
-    @staticmethod
-    def check_config(cfg) -> None:
-        # Raises ValueError for settings the task cannot run (its task_options), when the
-        # TrainConfig is built: a command line's error before anything is set up.
-    def eval_description(self) -> str | None:
-        # What an evaluation does that takes a while (decoding for BLEU), for the lines the
-        # trainer shows before it and with its time after; None: nothing to say.
-    def random_batch(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        # One training batch of random tokens on the host (numpy, `abstract_batch`'s shapes),
-        # for the analyses' measurements on random data (`ln_jax.analysis`).
-    def host_batches(self) -> Iterator[dict[str, np.ndarray]]:
-        # The training corpus's batches on the host (one process, no loader threads), for the
-        # analyses' measurements on real data.
+A task subclasses `Task`: the base class gives every optional method its default, so the
+trainer asks each task the same questions and never probes for a method. The optional ones:
+`check_config`, `check_data` (static, run before the task is made), `initialize` (a warm
+start), `run_result`, `tokens_per_step`, `eval_description`, and for the analyses
+`random_batch` and `host_batches`.
 
 Fine-tuning (`ln_jax.models.bert.finetune.task.GlueClassification`, "glue_classification")
-has the first two; translation (`ln_jax.models.translation.task.Translation`) `tokens_per_step`,
-`check_config` and `eval_description`; BERT pretraining the last two; the toy of
-tests/toy_task.py none. The model a task builds may also be `ln_jax.nn.stack.Stacked` (its
-stacks seen by Admin's profiling and the analyses).
+overrides `initialize` and `run_result`; translation
+(`ln_jax.models.translation.task.Translation`) `check_config`, `check_data`, `initialize`,
+`tokens_per_step`, `eval_description` and `host_batches`; BERT pretraining `check_data`,
+`random_batch` and `host_batches`; the toy of tests/toy_task.py none. The model a task builds
+may also be `ln_jax.nn.stack.Stacked` (its stacks seen by Admin's profiling, the monitor and the
+analyses).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import jax
 import numpy as np
@@ -68,21 +50,12 @@ TASKS: dict[str, str] = {
     "glue_classification": "ln_jax.models.bert.finetune.task:GlueClassification",
     "translation": "ln_jax.models.translation.task:Translation",
 }
-# Methods the trainer calls when a task has them (see the module docstring).
-OPTIONAL = (
-    "initialize",
-    "run_result",
-    "tokens_per_step",
-    "check_config",
-    "eval_description",
-    "random_batch",
-    "host_batches",
-)
 
 
-@runtime_checkable
-class Task(Protocol):
-    """A model family and its training objective, for one TrainConfig.
+class Task:
+    """A model family and its training objective, for one TrainConfig: the base class of
+    every task. A subclass defines the required methods (those raising NotImplementedError
+    here) and overrides the optional ones it needs; the others keep their defaults.
 
     Attributes:
       name: the task's name (in logs, errors and the compiled-initialiser cache key).
@@ -92,19 +65,27 @@ class Task(Protocol):
     name: str
     cfg: Any
 
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+
+    # ----------------------------------------------------------------------- required
+
     def build(self, rngs: Any) -> Any:
         """The model of `cfg` as an nnx.Module, parameters from `rngs` (called under
         `jax.eval_shape` for abstract shapes and inside the mesh for sharded creation).
         Equal configs must build equal structures."""
+        raise NotImplementedError
 
     def abstract_batch(self, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
         """Shapes, dtypes and shardings (`sharding.batch_sharding(mesh)`) of one global
         training batch."""
+        raise NotImplementedError
 
     def normalizers(self, batch: Batch) -> dict[str, Array]:
         """The whole batch's loss denominators (token weights, sequence counts): under
         gradient accumulation every micro-batch divides by these, so the micro-batch losses
         add up to the whole batch's loss exactly."""
+        raise NotImplementedError
 
     def loss(
         self,
@@ -118,25 +99,86 @@ class Task(Protocol):
         among them) normalised by `normalizers`; `outputs` is what `forward_measures` reads
         (with `record`: the intermediates it needs). `key` is the step's dropout key (None =
         deterministic)."""
+        raise NotImplementedError
 
     def eval_batch(self, model: Any, batch: Batch) -> dict[str, Array]:
         """What one evaluation batch contributes (jitted; fetched to the host): e.g. summed
         losses and their counts, or the batch's predictions."""
+        raise NotImplementedError
 
     def eval_metrics(self, outputs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
         """The evaluation's metrics (a "loss" among them) from every batch's `eval_batch`
         output, in order: sums reduce to exact averages, predictions to any score."""
+        raise NotImplementedError
 
     def pipelines(self, mesh: Any) -> tuple[Iterator[Batch], Iterable[Batch]]:
         """(training iterator with get_state/set_state/close, evaluation batches)."""
+        raise NotImplementedError
 
     def forward_measures(self, model: Any, outputs: Any, batch: Batch) -> dict[str, Array]:
         """Per-layer activation measures of a training forward pass (`ln_jax.train.monitor`); {}
         if the family measures none. Called on measured steps only."""
+        raise NotImplementedError
 
     def parameter_measures(self, grads: Any, updates: Any, params: Any) -> dict[str, Array]:
         """Per-layer gradient / update measures of a step (trees like the parameters); {} if
         none."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------------- optional
+
+    @staticmethod
+    def check_config(cfg: Any) -> None:
+        """Raises ValueError for settings the task cannot run (its task_options), when the
+        TrainConfig is built: a command line's error before anything is set up. Default:
+        nothing to check."""
+
+    @staticmethod
+    def check_data(cfg: Any) -> None:
+        """Raises a UserError for data the run cannot read (a dataset not prepared, files
+        that are no aligned pairs), before the workdir is created (`train.py`). Default:
+        nothing to check (the pipelines say it at set-up)."""
+
+    def initialize(self, model: Any) -> bool:
+        """Step 0's parameters from elsewhere (a pretrained checkpoint), set in place in the
+        fresh model's shardings; called on a fresh run only (a restore overwrites them), before
+        step 1. True: it set them, so the placements' data-dependent set-up is skipped.
+        Default: False (no warm start; see `warm_starts`)."""
+        return False
+
+    def run_result(self, evals: Sequence[dict]) -> dict[str, Any] | None:
+        """The run's result from all its eval records, written once (split "result") after
+        the last step, e.g. the best and the last evaluation's scores. None (the default): the
+        run writes no "result" record."""
+        return None
+
+    def tokens_per_step(self) -> int:
+        """Tokens a step trains on, for the progress line's rate. Default:
+        data.global_batch_size x data.max_seq_length; translation: its token budget."""
+        return int(self.cfg.data.global_batch_size * self.cfg.data.max_seq_length)
+
+    def eval_description(self) -> str | None:
+        """What an evaluation does that takes a while (decoding for BLEU), for the lines the
+        trainer shows before it and with its time after; None (the default): nothing to say."""
+        return None
+
+    def random_batch(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """One training batch of random tokens on the host (numpy, `abstract_batch`'s
+        shapes), for the analyses' measurements on random data (`ln_jax.analysis`). Default:
+        the task has none (an error naming the task)."""
+        raise NotImplementedError(f"task {self.name!r} has no random batches (random_batch).")
+
+    def host_batches(self) -> Iterator[dict[str, np.ndarray]]:
+        """The training corpus's batches on the host (one process, no loader threads), for
+        the analyses' measurements on real data. Default: none (an error naming the task)."""
+        raise NotImplementedError(f"task {self.name!r} has no host batches (host_batches).")
+
+
+def warm_starts(task: Task) -> bool:
+    """Whether `task` has a warm start of its own (overrides `Task.initialize`): then a
+    resumed run, whose restore sets the parameters, asks neither it nor the placements'
+    set-up."""
+    return getattr(type(task), "initialize", None) is not Task.initialize
 
 
 def make_task(cfg: Any) -> Task:
@@ -147,10 +189,30 @@ def make_task(cfg: Any) -> Task:
         lacks.
     """
     task = factory(cfg.task)(cfg)
-    missing = [name for name in _REQUIRED if not hasattr(task, name)]
+    missing = [name for name in _REQUIRED if _lacks(task, name)]
     if missing:
         raise ValueError(f"task {cfg.task!r} is not a Task: it lacks {', '.join(missing)}.")
+    if not isinstance(task, Task):
+        raise ValueError(
+            f"task {cfg.task!r} is not a Task: subclass ln_jax.task.Task (it gives the optional "
+            "methods their defaults)."
+        )
     return task
+
+
+def check_data(cfg: Any) -> None:
+    """The data of `cfg` checked by its task class (`Task.check_data`) before any task is
+    made or anything created; a factory that is no Task subclass checks nothing here."""
+    made_by = factory(cfg.task)
+    if isinstance(made_by, type) and issubclass(made_by, Task):
+        made_by.check_data(cfg)
+
+
+def _lacks(task: Any, name: str) -> bool:
+    """Whether `task` lacks `name`, or keeps `Task`'s placeholder of a required method."""
+    if not hasattr(task, name):
+        return True
+    return name in vars(Task) and getattr(type(task), name, None) is vars(Task)[name]
 
 
 def factory(name: str) -> Callable[[Any], Task]:

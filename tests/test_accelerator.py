@@ -151,14 +151,14 @@ def test_the_decoder_backward_multiplies_in_the_compute_dtype():
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the error off a GPU")
 def test_cudnn_off_a_gpu_is_an_error_before_any_compile(data_dir, tmp_path):
-    from ln_jax.train import trainer
+    from ln_jax.train.setup import setup
     from ln_jax.validate import ConfigError
     from tests.test_trainer import tiny_config
 
     cudnn = {"model.attention_impl": "cudnn", "model.dtype": "bfloat16"}
     cfg = tiny_config(data_dir, **cudnn, **{"model.attention_dropout": 0.0})
     with pytest.raises(ConfigError, match="needs an NVIDIA GPU, but JAX runs on cpu"):
-        trainer.setup(cfg)
+        setup(cfg)
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="the Triton kernel needs an NVIDIA GPU")

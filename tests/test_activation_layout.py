@@ -15,6 +15,7 @@ from bench import accel_step
 from configs import bert_preln
 from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
+from ln_jax.task import make_task
 from ln_jax.train import steps
 from ln_jax.validate import ConfigError
 
@@ -38,8 +39,9 @@ def _config(layout: str, scan: bool) -> TrainConfig:
 def _lowered(layout: str, scan: bool, mesh) -> tuple[object, tuple]:
     """(lowered train step, its arguments) of the trainer's step on a synthetic batch."""
     cfg = _config(layout, scan)
-    pieces = steps.init_state(cfg, mesh)
-    train, _ = steps.jit_steps(cfg, mesh, pieces)
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
+    train, _ = steps.jit_steps(cfg, task, mesh, pieces)
     args = (pieces.state, pieces.rest, accel_step.fixed_batch(SHAPE, mesh))
     with sharding.use_mesh(mesh):
         return train.lower(*args), args

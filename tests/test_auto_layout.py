@@ -23,6 +23,7 @@ from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.nn.stack import relayout
 from ln_jax.runtime import platforms
+from ln_jax.task import make_task
 from ln_jax.train import monitor, run_identity, steps, trainer
 from tests.test_trainer import tiny_config, train_losses
 
@@ -98,7 +99,8 @@ def test_a_decoder_deeper_than_its_encoder_is_straight_line_code_too():
 def _states(cfg: TrainConfig, mesh):
     """The list and the stacked train state of `cfg` (dropout off) with the same parameters."""
     cfgs = {"list": _layout(cfg, False), "stacked": _layout(cfg, True)}
-    pieces = {name: steps.init_state(c, mesh) for name, c in cfgs.items()}
+    tasks = {name: make_task(c) for name, c in cfgs.items()}
+    pieces = {name: steps.init_state(tasks[name], mesh) for name in cfgs}
     source = dict(nnx.to_flat_state(pieces["list"].state["params"]))
     params = pieces["stacked"].state["params"]
     wanted = [p for p, _ in nnx.to_flat_state(params)]
@@ -139,7 +141,8 @@ def test_the_monitors_per_layer_records_are_the_same_stacked(task):
     cfgs, pieces = _states(cfg, mesh)
     records = {}
     for name, p in pieces.items():
-        step = jax.jit(steps.make_train_step(p.graphdef, cfgs[name], measure=True))
+        task = make_task(cfgs[name])
+        step = jax.jit(steps.make_train_step(cfgs[name], task, p.graphdef, measure=True))
         with sharding.use_mesh(mesh):
             _, metrics = step(p.state, p.rest, batch, steps.run_values(cfgs[name]))
         records[name] = monitor.named(jax.device_get(metrics["monitor"]))

@@ -84,10 +84,11 @@ def test_the_run_values_as_inputs_compute_what_they_compute_as_constants(data_di
     schedule = {"optim.schedule": "warmup_linear_decay", "optim.warmup_steps": 3}
     cfg = tiny_config(data_dir, seed=4, **schedule, **{"optim.peak_lr": 1e-3})
     mesh = sharding.make_mesh(2, 2, 2)
-    pieces = steps.init_state(cfg, mesh)
-    batch = next(iter(make_task(cfg).pipelines(mesh)[0]))
-    bound = steps.jit_train_step(cfg, mesh, pieces)
-    fn, values = steps.make_train_step(pieces.graphdef, cfg), steps.run_values(cfg)
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
+    batch = next(iter(task.pipelines(mesh)[0]))
+    bound = steps.jit_train_step(cfg, task, mesh, pieces)
+    fn, values = steps.make_train_step(cfg, task, pieces.graphdef), steps.run_values(cfg)
     shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
     constants = jax.jit(
         lambda state, rest, batch: fn(state, rest, batch, values),  # numbers: constants

@@ -11,6 +11,7 @@ import pytest
 from configs import bert_preln
 from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
+from ln_jax.task import make_task
 from ln_jax.train import steps
 from ln_jax.xla import aot, compile_check
 
@@ -65,7 +66,7 @@ def test_verdict_and_table(report_222):
 
 def test_fsdp_divides_the_parameters_per_device():
     cfg = small_config()
-    replicated = steps.abstract_state(cfg, aot.resolve_mesh((8, 1, 1), cfg))
+    replicated = steps.abstract_state(make_task(cfg), aot.resolve_mesh((8, 1, 1), cfg))
     full = aot.tree_bytes_per_device(replicated.state["params"])
     assert full == 4 * replicated.num_params  # fsdp=1: every device holds every parameter
     fsdp = aot.compile_report(cfg, (1, 8, 1))
@@ -175,7 +176,7 @@ def test_the_check_grows_the_accumulation_while_its_compile_is_over_the_budget(m
     totals = {1: (41, 40), 2: (31, 30), 4: (16, 15)}  # accumulation: (total, temp) in GiB
     compiled: list[int] = []
 
-    def fake(cfg, mesh, options):
+    def fake(cfg, task, mesh, options):
         compiled.append(cfg.grad_accum_steps)
         total, temp = totals[cfg.grad_accum_steps]
         return {"grad_accum_steps": cfg.grad_accum_steps, "total_bytes": total * gib,
@@ -193,8 +194,9 @@ def test_ahead_of_time_shardings_are_the_trainers():
     creates, leaf by leaf, and the compiled step takes them as its inputs."""
     cfg = small_config()
     mesh = sharding.make_mesh(2, 2, 2)
-    abstract = steps.abstract_state(cfg, mesh)
-    concrete = steps.init_state(cfg, mesh)
+    task = make_task(cfg)
+    abstract = steps.abstract_state(task, mesh)
+    concrete = steps.init_state(task, mesh)
     flat = lambda tree: jax.tree_util.tree_flatten_with_path(tree)[0]
     pairs = list(zip(flat(abstract.state), flat(concrete.state), strict=True))
     assert len(pairs) > 10
@@ -204,7 +206,7 @@ def test_ahead_of_time_shardings_are_the_trainers():
     # At least one parameter really is split three ways (data is not a parameter axis).
     specs = {tuple(a.sharding.spec) for _, a in flat(abstract.state["params"])}
     assert any("tensor" in str(s) and "fsdp" in str(s) for s in specs), specs
-    lowered, _ = aot.lower_train_step(cfg, mesh)
+    lowered, _ = aot.lower_train_step(cfg, task, mesh)
     compiled_in = jax.tree.leaves(lowered.compile().input_shardings[0][0])
     for sh, (_, c) in zip(compiled_in, flat(concrete.state), strict=True):
         assert sh.is_equivalent_to(c.sharding, c.ndim)

@@ -13,6 +13,7 @@ from configs import bert_preln
 from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.runtime import platforms
+from ln_jax.task import make_task
 from ln_jax.xla import aot, deviceless, kernel_census, matmul_census
 from tests.deviceless_support import needs, run_compile_check, without_the_extras
 
@@ -81,7 +82,7 @@ def test_the_census_finds_every_flop_the_lowered_step_multiplies(two_h100s):
     with platforms.lowering_for("gpu"):
         cfg = tiny_list()
         mesh = sharding.make_mesh(2, 1, 1, devices=deviceless.gpu_devices("h100", 2))
-        lowered, _ = aot.lower_train_step(cfg, mesh)
+        lowered, _ = aot.lower_train_step(cfg, make_task(cfg), mesh)
     global_flops = sum(m.flops for m in matmul_census.read(lowered).matmuls if m.gemm)
     compiled_flops = two_h100s["kernel_census"].by_class()["matmul"]["flops"]
     assert compiled_flops == pytest.approx(global_flops / 2, rel=0.02)

@@ -17,6 +17,7 @@ from configs import bert_preln
 from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.runtime import platforms
+from ln_jax.task import make_task
 from ln_jax.train import accumulation
 from ln_jax.xla import aot, deviceless, matmul_census
 from tests.deviceless_support import needs, run_compile_check
@@ -58,7 +59,8 @@ def test_the_tpu_s_flops_are_the_lowered_step_s_matmuls_and_a_little_more(data_p
     `ln_jax.xla.matmul_census`) once, over the 4 devices, plus the elementwise work."""
     with platforms.lowering_for("tpu"):
         mesh = sharding.make_mesh(4, 1, 1, devices=deviceless.tpu_devices("v5e-4"))
-        lowered, _ = aot.lower_train_step(tiny(), mesh)
+        cfg = tiny()
+        lowered, _ = aot.lower_train_step(cfg, make_task(cfg), mesh)
     matmuls = sum(m.flops for m in matmul_census.read(lowered).matmuls if m.gemm)
     assert data_parallel["flops_source"] == "xla"
     assert matmuls <= data_parallel["flops_per_step"] <= 1.25 * matmuls
@@ -95,9 +97,9 @@ def test_auto_accumulation_is_chosen_for_the_tpu_s_memory(busy, monkeypatch):
         one = tiny(batch=256, seq=128)
     compiled, real = [], aot._compile_report
 
-    def reusing_busy(cfg, mesh, options):
+    def reusing_busy(cfg, task, mesh, options):
         compiled.append((cfg.grad_accum_steps, cfg == one))
-        return busy if cfg == one else real(cfg, mesh, options)
+        return busy if cfg == one else real(cfg, task, mesh, options)
 
     monkeypatch.setattr(aot, "_compile_report", reusing_busy)
     fixed = busy["total_bytes"] - busy["temp_bytes"]

@@ -33,6 +33,7 @@ from ln_jax.models.bert.model import BertForPreTraining
 from ln_jax.task import Task, make_task
 from ln_jax.train import run_identity, steps, trainer
 from ln_jax.train.checkpoint import Checkpointer, CheckpointError
+from ln_jax.train.setup import Run
 from ln_jax.validate import ConfigError
 
 pytest_plugins = ("tests.data_fixtures",)
@@ -106,7 +107,7 @@ def _source_encoder_outputs(workdir: str, step: int, ids, segments, mask) -> np.
     """The pretraining model of `step`, restored as the trainer restores it."""
     cfg = TrainConfig.from_mapping(json.loads(Path(workdir, "config.json").read_text()))
     mesh = sharding.make_mesh(2, 2, 2)
-    pieces = steps.abstract_state(cfg, mesh)
+    pieces = steps.abstract_state(make_task(cfg), mesh)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), CheckpointConfig(keep=5))
     try:
         state = ckpt.restore_step(step, pieces.state)
@@ -229,7 +230,7 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
         pass
 
     def cut_in_epoch_2(step, run):  # a crash (no save) after step 11, before it is logged
-        assert isinstance(run, trainer.Run) and isinstance(run.task, GlueClassification)
+        assert isinstance(run, Run) and isinstance(run.task, GlueClassification)
         if step == run.cfg.steps_per_epoch + 3:
             raise Interrupted
 

@@ -235,14 +235,14 @@ def test_on_a_gpu_the_dropout_backward_draws_its_hash_mask_again(monkeypatch):
 
 
 def test_pallas_attention_on_a_tpu_is_an_error(monkeypatch, data_dir):
-    from ln_jax.train import trainer
+    from ln_jax.train.setup import setup
     from ln_jax.validate import ConfigError
     from tests.test_trainer import tiny_config
 
     cfg = tiny_config(data_dir, **{"model.attention_impl": "pallas"})
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     with pytest.raises(ConfigError, match="Triton kernel for NVIDIA GPUs"):
-        trainer.setup(cfg)
+        setup(cfg)
 
 
 def test_the_fused_and_split_backwards_agree():

@@ -83,14 +83,15 @@ def test_the_train_step_returns_a_flat_state_equal_to_the_nested_forms_update(da
     jitted over the nested NNX state: equal arrays; a FlatState in is taken as it is."""
     cfg = tiny_config(data_dir, **{"model.hidden_dropout": 0.1})
     mesh = sharding.make_mesh(2, 2, 2)
-    pieces = steps.init_state(cfg, mesh)
-    batch = next(iter(make_task(cfg).pipelines(mesh)[0]))
-    step = steps.jit_train_step(cfg, mesh, pieces)
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
+    batch = next(iter(task.pipelines(mesh)[0]))
+    step = steps.jit_train_step(cfg, task, mesh, pieces)
     shardings = jax.tree.map(lambda x: x.sharding, pieces.state)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
     nested = jax.jit(
-        steps.make_train_step(pieces.graphdef, cfg),
+        steps.make_train_step(cfg, task, pieces.graphdef),
         in_shardings=(shardings, rest_sh, sharding.batch_sharding(mesh), replicated),
         out_shardings=(shardings, replicated),
         donate_argnums=(0,),
@@ -120,7 +121,7 @@ def test_a_step_built_with_auto_accumulation_says_what_to_set(data_dir):
 
     cfg = tiny_config(data_dir, grad_accum_steps=0)
     with pytest.raises(ConfigError, match=r"grad_accum_steps=0 \(auto\).*grad_accum_steps=1"):
-        steps.make_train_step(None, cfg)
+        steps.make_train_step(cfg, None, None)
 
 
 def test_the_library_page_s_own_loop_runs_as_written(data_dir, monkeypatch, capsys):

@@ -14,6 +14,7 @@ from ln_jax import sharding
 from ln_jax.config.load import build_config, load_config, override
 from ln_jax.nn import layers
 from ln_jax.runtime import platforms
+from ln_jax.task import make_task
 from ln_jax.train import steps
 from ln_jax.validate import ConfigError
 from ln_jax.xla import aot, compile_check, matmul_census
@@ -95,9 +96,10 @@ def _monitor_census(cfg, platform: str) -> matmul_census.Census:
     mesh = sharding.make_mesh(2, 2, 2)
     cfg = dataclasses.replace(cfg, grad_accum_steps=1)
     with platforms.lowering_for(platform) as target:
-        pieces = steps.abstract_state(cfg, mesh)
-        batch = steps.abstract_batch(cfg, mesh)
-        step = steps.jit_train_step(cfg, mesh, pieces, measure=True)
+        task = make_task(cfg)
+        pieces = steps.abstract_state(task, mesh)
+        batch = steps.abstract_batch(task, mesh)
+        step = steps.jit_train_step(cfg, task, mesh, pieces, measure=True)
         with sharding.use_mesh(mesh):
             lowered = step.lower(pieces.state, pieces.rest, batch, platforms=(target,))
     return matmul_census.read(lowered)

@@ -140,11 +140,11 @@ def test_sublayer_grad_norms_equal_a_separate_grad(data_dir, monitored_run):
     logged = next(r for r in records if r["split"] == "monitor" and r["step"] == 1)
     cfg = monitored_config(data_dir)
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    pieces = steps.init_state(cfg, mesh)
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
     batches, _ = make_pipeline(cfg.data, split="train", seed=cfg.data.seed, mesh=mesh)
     batch = next(batches)
     batches.close()
-    task = make_task(cfg)
     normalizers = task.normalizers(batch)
     loss = lambda p: steps._forward(
         pieces.graphdef, p, pieces.rest, batch, steps.dropout_key(cfg, 0), task, normalizers

@@ -297,11 +297,13 @@ def tiny_bert_params_on_eight_devices():
     from configs import bert_preln
     from ln_jax import sharding
     from ln_jax.config.run import TrainConfig
+    from ln_jax.task import make_task
     from ln_jax.train import steps
 
     c = bert_preln.get_config("tiny")
     c.data.max_seq_length, c.data.global_batch_size, c.grad_accum_steps = 32, 8, 1
-    return steps.init_state(TrainConfig.from_mapping(c.to_dict()), sharding.make_mesh(2, 2, 2))
+    task = make_task(TrainConfig.from_mapping(c.to_dict()))
+    return steps.init_state(task, sharding.make_mesh(2, 2, 2))
 
 
 def test_the_grouped_norm_is_the_norm_one_reduction_a_group_and_moves_no_parameter(

@@ -278,6 +278,7 @@ def test_trainer_profiles_once_and_reuses_on_resume(data_dir, tmp_path, monkeypa
 def test_every_placement_trains_on_8_devices(data_dir, tmp_path, overrides):
     """A few steps of the real trainer on the 2x2x2 mesh: finite losses, and every parameter
     (ReZero's alpha and DLCL's weights included) has moved from its initial value."""
+    from ln_jax.task import make_task
     from ln_jax.train import steps, trainer
     from tests.test_trainer import tiny_config, train_losses
 
@@ -288,7 +289,7 @@ def test_every_placement_trains_on_8_devices(data_dir, tmp_path, overrides):
     losses = train_losses(tmp_path)
     assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
     # The same initialiser on the same mesh: compiled once, by the trainer (sharding's cache).
-    initial = steps.init_state(cfg, last["mesh"]).state["params"]
+    initial = steps.init_state(make_task(cfg), last["mesh"]).state["params"]
     before = dict(nnx.to_flat_state(initial))
     after = dict(nnx.to_flat_state(last["params"]))
     assert set(after) == set(before)

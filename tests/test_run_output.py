@@ -24,7 +24,7 @@ import pytest
 from ln_jax import console
 from ln_jax.config.run import TrainConfig
 from ln_jax.models.bert.finetune.run import GridClock
-from ln_jax.train import checkpoint, run_identity, trainer
+from ln_jax.train import checkpoint, loop, run_identity, trainer
 from ln_jax.train.metrics import Progress, Scope
 from tests.xla_env import xla_flags
 
@@ -325,7 +325,7 @@ def test_the_nan_stop_gives_the_fix_that_goes_on_and_that_fix_is_free(tmp_path):
     )
     ckpt = SimpleNamespace(wait=lambda: None, latest_step=lambda: 5, directory=tmp_path)
     with pytest.raises(trainer.NonFiniteError, match="at step 7") as err:
-        trainer._check_finite(run, ckpt)
+        loop._check_finite(run, ckpt)
     assert "the checkpoint of step 5 is kept" in str(err.value)
     assert err.value.fix.set == {"--config.nan_policy": "skip"}
     assert run_identity.kind_of("nan_policy") == "free"  # so that command resumes as it is
@@ -333,12 +333,12 @@ def test_the_nan_stop_gives_the_fix_that_goes_on_and_that_fix_is_free(tmp_path):
 
 def test_the_final_eval_names_the_step_it_evaluated():
     stopped = {"step": 31, "eval": {"step": 30, "time": 1.0, "loss": 2.5}, "preempted": "SIGTERM"}
-    assert trainer.eval_line(stopped) == (
+    assert loop.eval_line(stopped) == (
         "last eval at step 30 (training stopped at step 31): loss=2.5000"
     )
     done = {"step": 40, "eval": {"step": 40, "time": 1.0, "loss": 2.25}}
-    assert trainer.eval_line(done) == "final eval at step 40: loss=2.2500"
-    assert trainer.eval_line({"step": 3, "eval": {}}) is None
+    assert loop.eval_line(done) == "final eval at step 40: loss=2.2500"
+    assert loop.eval_line({"step": 3, "eval": {}}) is None
 
 
 # --------------------------------------------------------------------------- progress

@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from ln_jax.nn.placements import PLACEMENTS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ln_jax"
@@ -94,9 +96,10 @@ def test_no_file_over_600_lines_and_no_function_over_80():
     assert not long_functions, long_functions
 
 
-def test_the_trainer_names_no_placement():
+@pytest.mark.parametrize("name", ["trainer.py", "setup.py", "loop.py"])
+def test_the_trainer_names_no_placement(name):
     words = set()
-    for node in ast.walk(ast.parse((PACKAGE / "train" / "trainer.py").read_text())):
+    for node in ast.walk(ast.parse((PACKAGE / "train" / name).read_text())):
         if isinstance(node, ast.Name | ast.alias):
             words.add(getattr(node, "id", None) or node.name)
         elif isinstance(node, ast.Attribute):
@@ -104,7 +107,7 @@ def test_the_trainer_names_no_placement():
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             words |= set(node.value.replace(".", " ").replace("_", " ").split())
     named = {p for p in (*PLACEMENTS, "mixln", "omega") if p in words}
-    assert not named, f"ln_jax/train/trainer.py names placements {named}"
+    assert not named, f"ln_jax/train/{name} names placements {named}"
 
 
 def test_every_placement_row_has_a_colour_of_its_own():

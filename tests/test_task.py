@@ -65,7 +65,7 @@ def final_params(workdir) -> list[np.ndarray]:
     mesh = sharding.make_mesh(2, 2, 2)
     ckpt = Checkpointer(str(workdir / "checkpoints"), cfg.checkpoint)
     try:
-        _, state, _ = ckpt.restore(steps.abstract_state(cfg, mesh).state)
+        _, state, _ = ckpt.restore(steps.abstract_state(make_task(cfg), mesh).state)
     finally:
         ckpt.close()
     return [np.asarray(x) for x in jax.tree.leaves(state["params"])]

@@ -22,7 +22,8 @@ from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.data import make_pipeline
 from ln_jax.task import make_task
-from ln_jax.train import optim, steps, trainer
+from ln_jax.train import loop, optim, steps, trainer
+from ln_jax.train.setup import finish_setup, setup
 from tests.xla_env import xla_flags
 
 pytest_plugins = ("tests.data_fixtures",)
@@ -119,7 +120,7 @@ def test_cli_rejects_a_misspelt_override():
 def test_a_mesh_that_does_not_fit_says_both_numbers(data_dir):
     cfg = tiny_config(data_dir, **{"mesh.data": 3})
     with pytest.raises(ValueError, match="needs 12 devices but 8 are available"):
-        trainer.setup(cfg)
+        setup(cfg)
 
 
 # --------------------------------------------------------------------------- steps
@@ -135,8 +136,9 @@ def test_grad_accumulation_matches_one_big_batch(data_dir):
     results = []
     for accum in (1, 2, 4):
         cfg = tiny_config(data_dir, grad_accum_steps=accum, **base)
-        pieces = steps.init_state(cfg, mesh)
-        step = steps.in_mesh(steps.jit_steps(cfg, mesh, pieces)[0], mesh)
+        task = make_task(cfg)
+        pieces = steps.init_state(task, mesh)
+        step = steps.in_mesh(steps.jit_steps(cfg, task, mesh, pieces)[0], mesh)
         results.append(step(pieces.state, pieces.rest, batch))
     (s1, m1), *others = results
     for s2, m2 in others:  # weighted by masked tokens: the big batch's loss, to round-off
@@ -184,7 +186,7 @@ def test_auto_accumulation_grows_while_the_compiled_step_is_over_the_budget(
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         cfg = tiny_config(data_dir, grad_accum_steps=0, **{"data.global_batch_size": 16})
-        run = trainer.setup(cfg, compile_ahead=ahead)
+        run = setup(cfg, compile_ahead=ahead)
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert run.cfg.grad_accum_steps == 4
@@ -213,10 +215,10 @@ def test_set_up_compiles_each_train_program_once_and_auto_accumulation_fits_it(
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         cfg = tiny_config(data_dir, grad_accum_steps=0, **{"monitor.every": 2})
-        run = trainer.setup(cfg, wait=False)  # returns while the programs compile
+        run = setup(cfg, wait=False)  # returns while the programs compile
         assert run.train_step is None and run.monitor_step is None and run.pending is not None
-        run = trainer.finish_setup(run)
-        assert run.pending is None and trainer.finish_setup(run) is run
+        run = finish_setup(run)
+        assert run.pending is None and finish_setup(run) is run
         assert run.cfg.grad_accum_steps == 1  # tiny fits in 24 GiB at once
         # The auto accumulation's probe is the run's train step: two programs, not three.
         assert len(compiles) == 2, compiles
@@ -231,7 +233,7 @@ def test_set_up_compiles_each_train_program_once_and_auto_accumulation_fits_it(
         monkeypatch.setattr(accumulation, "device_memory_bytes", lambda device=None: 30 * 2**20)
         monkeypatch.setattr(accumulation, "step_memory", lambda compiled: (2**20, 100 * 2**20))
         del compiles[:]
-        run = trainer.setup(tiny_config(data_dir, grad_accum_steps=0))  # monitor off
+        run = setup(tiny_config(data_dir, grad_accum_steps=0))  # monitor off
         assert run.cfg.grad_accum_steps == 2 and run.monitor_step is None
         run.state, _ = run.train_step(run.state, run.rest, batch)
         assert int(run.state["step"]) == 1
@@ -244,20 +246,20 @@ def test_evaluation_launches_its_batches_ahead_and_gets_the_same_metrics(data_di
     """On one device (no lockstep) `evaluate` fetches the batches' outputs after launching
     them all; its metrics equal those of fetching each batch's output at once."""
     one = sharding.single_device_mesh()
-    monkeypatch.setattr(trainer.sharding, "make_mesh", lambda *args, **kwargs: one)
-    run = trainer.setup(tiny_config(data_dir, eval_batches=3), compile_ahead=False)
+    monkeypatch.setattr(sharding, "make_mesh", lambda *args, **kwargs: one)
+    run = setup(tiny_config(data_dir, eval_batches=3), compile_ahead=False)
     assert not sharding.lockstep(run.mesh) and run.mesh.size == 1
     params = run.state["params"]
     fetched = [jax.device_get(run.eval_step(params, run.rest, b)) for b in run.eval_batches]
     assert len(fetched) == 3
     expected = run.task.eval_metrics(fetched)
-    assert trainer.evaluate(run) == expected
+    assert loop.evaluate(run) == expected
     assert 0 < expected["loss"] < 20
 
 
 def test_shardings_and_fsdp_memory(data_dir):
     cfg = tiny_config(data_dir)
-    run = trainer.setup(cfg, compile_ahead=False)
+    run = setup(cfg, compile_ahead=False)
     for path, var in nnx.to_flat_state(run.state["params"]):
         want = sharding.param_spec(var.get_metadata()["out_sharding"], var[...].shape, run.mesh)
         assert var[...].sharding.is_equivalent_to(
@@ -270,7 +272,7 @@ def test_shardings_and_fsdp_memory(data_dir):
     )
     # fsdp=8: each device holds ~1/8 of parameters + optimizer state.
     fsdp = tiny_config(data_dir, **{"mesh.data": 1, "mesh.fsdp": 8, "mesh.tensor": 1})
-    state = steps.init_state(fsdp, sharding.make_mesh(1, 8, 1)).state
+    state = steps.init_state(make_task(fsdp), sharding.make_mesh(1, 8, 1)).state
     tree = (state["params"], state["opt_state"])
     total = sum(x.nbytes for x in jax.tree.leaves(tree))
     held = sharding.bytes_per_device(tree)
@@ -341,7 +343,7 @@ def test_a_stop_saves_before_its_evaluation_and_a_rerun_makes_up_a_cut_one(
     an uninterrupted run (fails if the save follows the evaluation, or if a rerun skips it)."""
     cfg = tiny_config(data_dir, total_steps=6, checkpoint_every=0, eval_every=3)
     trainer.train_and_evaluate(cfg, str(tmp_path / "straight"))
-    cut, real_evaluate = [], trainer.evaluate
+    cut, real_evaluate = [], loop.evaluate
 
     def evaluate_unless_cut(run):
         if cut:
@@ -356,7 +358,7 @@ def test_a_stop_saves_before_its_evaluation_and_a_rerun_makes_up_a_cut_one(
 
         return hook
 
-    monkeypatch.setattr(trainer, "evaluate", evaluate_unless_cut)
+    monkeypatch.setattr(loop, "evaluate", evaluate_unless_cut)
     workdir, steps = tmp_path / "split", []
     for at in (3, 6):
         with pytest.raises(TimeoutError, match=f"step {at}"):
@@ -365,7 +367,7 @@ def test_a_stop_saves_before_its_evaluation_and_a_rerun_makes_up_a_cut_one(
     assert steps == [[3], [3, 6]]
     trained = train_losses(workdir)
     last = trainer.train_and_evaluate(cfg, str(workdir))
-    assert last["step"] == 6 and trainer.eval_line(last).startswith("final eval at step 6:")
+    assert last["step"] == 6 and loop.eval_line(last).startswith("final eval at step 6:")
     assert train_losses(workdir) == trained  # nothing trained again
     evals = lambda w: [(r["step"], r["loss"]) for r in read_metrics(w) if r["split"] == "eval"]  # noqa: E731
     got, want = evals(workdir), evals(tmp_path / "straight")
@@ -404,10 +406,11 @@ def test_a_skipped_update_leaves_the_schedule_on_the_trainer_s_step(data_dir):
     no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
     cfg = tiny_config(data_dir, nan_policy="skip", **overrides, **no_dropout)
     mesh = sharding.make_mesh(2, 2, 2)
-    pieces = steps.init_state(cfg, mesh)
-    batch = next(iter(make_task(cfg).pipelines(mesh)[0]))
+    task = make_task(cfg)
+    pieces = steps.init_state(task, mesh)
+    batch = next(iter(task.pipelines(mesh)[0]))
     poisoned = {**batch, "masked_weights": jnp.full_like(batch["masked_weights"], jnp.nan)}
-    step = steps.jit_train_step(cfg, mesh, pieces)
+    step = steps.jit_train_step(cfg, task, mesh, pieces)
 
     def run(batches):
         state = jax.tree.map(jnp.copy, pieces.state)  # the step donates it

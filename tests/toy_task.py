@@ -17,6 +17,7 @@ from ln_jax.nn.blocks import ResidualSublayer
 from ln_jax.nn.init import init_scheme
 from ln_jax.nn.layers import Dense, FeedForward
 from ln_jax.nn.placements import PLACEMENTS
+from ln_jax.task import Task
 
 EVAL_BATCHES = 2
 
@@ -78,24 +79,21 @@ class ToyData:
         pass
 
 
-class ToyRegression:
+class ToyRegression(Task):
     """The toy family's task: weighted mean squared error over positions."""
 
     name = "toy_regression"
-
-    def __init__(self, cfg: Any):
-        self.cfg = cfg
 
     def build(self, rngs: nnx.Rngs) -> ToyNet:
         return ToyNet(self.cfg.model, rngs=rngs)
 
     def abstract_batch(self, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
         b, d = self.cfg.data.global_batch_size, self.cfg.model.hidden_size
-        sh = sharding.batch_sharding(mesh)
+        spec = sharding.batch_struct(mesh)
         return {
-            "x": jax.ShapeDtypeStruct((b, 4, d), jnp.float32, sharding=sh),
-            "y": jax.ShapeDtypeStruct((b, 4), jnp.float32, sharding=sh),
-            "weight": jax.ShapeDtypeStruct((b, 4), jnp.float32, sharding=sh),
+            "x": spec((b, 4, d), jnp.float32),
+            "y": spec((b, 4), jnp.float32),
+            "weight": spec((b, 4), jnp.float32),
         }
 
     def normalizers(self, batch: dict) -> dict[str, jax.Array]:

@@ -309,6 +309,7 @@ def load_checkpoint(path: str) -> tuple[TrainConfig, Any, int]:
     The config comes from the checkpoint itself; the parameters are restored onto one device.
     """
     from ln_jax import sharding
+    from ln_jax.task import make_task
     from ln_jax.train import steps
     from ln_jax.train.checkpoint import Checkpointer
 
@@ -323,7 +324,7 @@ def load_checkpoint(path: str) -> tuple[TrainConfig, Any, int]:
             )
         cfg = TrainConfig.from_mapping(ckpt.restore_config(step))
         mesh = sharding.single_device_mesh()
-        graphdef, rest, state, _ = steps.init_state(cfg, mesh)
+        graphdef, rest, state, _ = steps.init_state(make_task(cfg), mesh)
         step, state, _ = ckpt.restore(state)
     finally:
         ckpt.close()

@@ -32,7 +32,7 @@ next larger one while the train step compiled at it is over the device's budget 
 estimate can be short).
 The choice is made in the background thread, as soon as the probe is compiled.
 
-  ahead = Ahead(cfg, mesh)             # compiling from here on
+  ahead = Ahead(cfg, task, mesh)       # compiling from here on
   ...                                  # the state
   cfg, programs = ahead.finish()       # {"train": step, "measured": step or absent}
 """
@@ -48,17 +48,20 @@ import jax
 
 from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
+from ln_jax.task import Task
 from ln_jax.train import accumulation, steps
 
 TRAIN, MEASURED = "train", "measured"
 
 
-def programs_of(cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: steps.TrainState) -> dict:
+def programs_of(
+    cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, pieces: steps.TrainState
+) -> dict:
     """{"train": jitted train step, "measured": its measured variant (monitor on)}, built
     from `pieces` (abstract or concrete) as `steps.jit_train_step` builds them."""
-    out = {TRAIN: steps.jit_train_step(cfg, mesh, pieces)}
+    out = {TRAIN: steps.jit_train_step(cfg, task, mesh, pieces)}
     if cfg.monitor_every:
-        out[MEASURED] = steps.jit_train_step(cfg, mesh, pieces, measure=True)
+        out[MEASURED] = steps.jit_train_step(cfg, task, mesh, pieces, measure=True)
     return out
 
 
@@ -68,13 +71,13 @@ def batch_shapes(batch: dict[str, Any]) -> tuple:
 
 
 class Ahead:
-    """The run's train programs of `cfg` on `mesh`, compiling in a background thread from
-    construction on (`finish` waits for them)."""
+    """The run's train programs of `cfg` and `task` on `mesh`, compiling in a background
+    thread from construction on (`finish` waits for them)."""
 
-    def __init__(self, cfg: TrainConfig, mesh: jax.sharding.Mesh):
-        self.cfg, self.mesh = cfg, mesh
-        self.abstract = steps.abstract_state(cfg, mesh)
-        self.batch = steps.abstract_batch(cfg, mesh)
+    def __init__(self, cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh):
+        self.cfg, self.task, self.mesh = cfg, task, mesh
+        self.abstract = steps.abstract_state(task, mesh)
+        self.batch = steps.abstract_batch(task, mesh)
         self.seconds: dict[str, float] = {}  # compile seconds of each program
         self.stopped = False
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ln_jax-compile")
@@ -99,13 +102,15 @@ class Ahead:
                 if TRAIN in self.seconds:  # the probe, or a step that did not fit
                     self.seconds["probe"] = self.seconds.get("probe", 0.0) + self.seconds.pop(TRAIN)
                 at_k = dataclasses.replace(cfg, grad_accum_steps=k)
-                built[k] = programs_of(at_k, self.mesh, self.abstract)
+                built[k] = programs_of(at_k, self.task, self.mesh, self.abstract)
                 return accumulation.step_memory(self._compile(TRAIN, built[k][TRAIN]))
 
             divisor, budget = sharding.batch_divisor(self.mesh), accumulation.budget_bytes()
             k = accumulation.fit(cfg.data.global_batch_size, divisor, budget, compile_at)
             cfg = dataclasses.replace(cfg, grad_accum_steps=k)
-        programs = built.get(cfg.grad_accum_steps) or programs_of(cfg, self.mesh, self.abstract)
+        programs = built.get(cfg.grad_accum_steps) or programs_of(
+            cfg, self.task, self.mesh, self.abstract
+        )
         for name, jitted in programs.items():
             if name not in self.seconds:
                 self._compile(name, jitted)

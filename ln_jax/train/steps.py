@@ -3,11 +3,17 @@
 The trainer, the ahead-of-time check (`compile_check`), automatic accumulation
 (`accumulation`), the benchmarks and the analyses all build their state and steps here, so an
 estimate or a measurement can never drift from what a run really does. The model family and
-its loss come from the config's task (`ln_jax.task`): nothing here names one.
+its loss come from the run's task (`ln_jax.task`), made once by the caller and passed in:
+nothing here names a family or makes a task.
 
-  pieces = init_state(cfg, mesh)        # parameters and optimizer state, created in shards
-  pieces = abstract_state(cfg, mesh)    # the same tree as ShapeDtypeStructs, same shardings
-  train, evaluate = jit_steps(cfg, mesh, pieces)   # jitted with those shardings, state donated
+  task = make_task(cfg)                 # once per run
+  pieces = init_state(task, mesh)       # parameters and optimizer state, created in shards
+  pieces = abstract_state(task, mesh)   # the same tree as ShapeDtypeStructs, same shardings
+  train, evaluate = jit_steps(cfg, task, mesh, pieces)  # jitted: those shardings, state donated
+
+The state and the batch follow `task.cfg`; the train step takes the run's `cfg` besides (its
+accumulation, optimizer, seed and NaN policy), which differs from `task.cfg` only where set-up
+chose the accumulation ("auto").
 
 `train(state, rest, batch) -> (state, metrics)` and `evaluate(params, rest, batch) -> output`
 take the global batch of `abstract_batch` (every array split over data x fsdp). `train` takes
@@ -38,7 +44,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.nn.random import prng_impl
-from ln_jax.task import Task, make_task
+from ln_jax.task import Task
 from ln_jax.train import flat, optim
 from ln_jax.validate import ConfigError
 
@@ -96,9 +102,9 @@ def _optimizer_and_shardings(cfg: TrainConfig, params: Any, mesh: jax.sharding.M
     return tx, sharding.mirror_shardings(jax.eval_shape(tx.init, params), params, mesh)
 
 
-def init_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
-    """The run's parameters and optimizer state, each created directly in its shards."""
-    return model_state(create_model(make_task(cfg), mesh), cfg, mesh)
+def init_state(task: Task, mesh: jax.sharding.Mesh) -> TrainState:
+    """The parameters and optimizer state of `task.cfg`, each created directly in its shards."""
+    return model_state(create_model(task, mesh), task.cfg, mesh)
 
 
 def create_model(task: Task, mesh: jax.sharding.Mesh | None = None) -> nnx.Module:
@@ -134,10 +140,10 @@ def model_state(model: nnx.Module, cfg: TrainConfig, mesh: jax.sharding.Mesh) ->
     return TrainState(graphdef, rest, state, tx)
 
 
-def abstract_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
+def abstract_state(task: Task, mesh: jax.sharding.Mesh) -> TrainState:
     """`init_state`'s tree as ShapeDtypeStructs carrying the same NamedShardings; nothing is
     allocated, so a BERT-large state for 256 devices is built on a laptop."""
-    task = make_task(cfg)
+    cfg = task.cfg
     build = lambda: task.build(nnx.Rngs(params=cfg.seed))
     graphdef, abstract = sharding.abstract_sharded(build, mesh)
     graphdef, params, rest = nnx.split(nnx.merge(graphdef, abstract), nnx.Param, ...)
@@ -158,9 +164,9 @@ def abstract_state(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> TrainState:
     return TrainState(graphdef, rest, state, tx)
 
 
-def abstract_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """The shapes, dtypes and shardings of one global batch of the config's task (no data is
-    read; every array split over data x fsdp).
+def abstract_batch(task: Task, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes, dtypes and shardings of one global batch of `task` (no data is read; every
+    array split over data x fsdp).
 
     Raises:
       ConfigError: if the global batch does not divide over the data x fsdp devices and the
@@ -169,8 +175,8 @@ def abstract_batch(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> dict[str, jax.S
     from ln_jax.data.loader import check_global_batch
 
     divisor = sharding.batch_divisor(mesh)
-    check_global_batch(cfg.data.global_batch_size, divisor, jax.process_count())
-    return make_task(cfg).abstract_batch(mesh)
+    check_global_batch(task.cfg.data.global_batch_size, divisor, jax.process_count())
+    return task.abstract_batch(mesh)
 
 
 # --------------------------------------------------------------------------- steps
@@ -251,9 +257,10 @@ def run_values(cfg: TrainConfig) -> dict[str, np.ndarray]:
     return {"seed": np.int32(cfg.seed), **values}
 
 
-def make_train_step(graphdef, cfg: TrainConfig, measure: bool = False) -> Callable:
-    """(state, rest, batch, values) -> (state, metrics): one update; non-finite updates are
-    dropped. `values`: `run_values(cfg)`, concrete or traced (the optimizer is built from them).
+def make_train_step(cfg: TrainConfig, task: Task, graphdef: Any, measure: bool = False) -> Callable:
+    """(state, rest, batch, values) -> (state, metrics): one update of `task`'s loss with the
+    run's `cfg` (accumulation, optimizer, seed, NaN policy); non-finite updates are dropped.
+    `values`: `run_values(cfg)`, concrete or traced (the optimizer is built from them).
 
     state = {"params", "opt_state", "step", "halted", "nonfinite_step"}. With nan_policy
     "stop", the first non-finite step sets `halted` and freezes the state at the last good
@@ -275,7 +282,6 @@ def make_train_step(graphdef, cfg: TrainConfig, measure: bool = False) -> Callab
             "(ln_jax.train.accumulation.fit); a step built directly needs a number of "
             "micro-batches: dataclasses.replace(cfg, grad_accum_steps=1) or more."
         )
-    task = make_task(cfg)
 
     def step_fn(state: State, rest, batch: Batch, values: dict[str, Any]):
         step = state["step"]
@@ -312,9 +318,8 @@ def make_train_step(graphdef, cfg: TrainConfig, measure: bool = False) -> Callab
     return step_fn
 
 
-def make_eval_step(graphdef, cfg: TrainConfig) -> Callable:
+def make_eval_step(task: Task, graphdef: Any) -> Callable:
     """(params, rest, batch) -> the task's evaluation output of one batch (`Task.eval_batch`)."""
-    task = make_task(cfg)
 
     def eval_fn(params, rest, batch: Batch):
         return task.eval_batch(nnx.merge(graphdef, params, rest), batch)
@@ -324,6 +329,7 @@ def make_eval_step(graphdef, cfg: TrainConfig) -> Callable:
 
 def jit_train_step(
     cfg: TrainConfig,
+    task: Task,
     mesh: jax.sharding.Mesh,
     pieces: TrainState,
     measure: bool = False,
@@ -342,7 +348,7 @@ def jit_train_step(
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
     replicated = _replicated(mesh)
     jitted = jax.jit(
-        flat.stepping(make_train_step(pieces.graphdef, cfg, measure), layout),
+        flat.stepping(make_train_step(cfg, task, pieces.graphdef, measure), layout),
         in_shardings=(shardings, rest_sh, sharding.batch_sharding(mesh), replicated),
         out_shardings=(shardings, replicated),
         donate_argnums=(0,),
@@ -386,22 +392,22 @@ class BoundStep:
         return getattr(self.fn, name)
 
 
-def jit_steps(cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: TrainState):
+def jit_steps(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, pieces: TrainState):
     """(train, evaluate), jitted with the shardings of `pieces` (concrete or abstract).
 
     train: `jit_train_step` (without measurements). evaluate: parameters, rest and batch in;
     replicated sums.
     """
-    return jit_train_step(cfg, mesh, pieces), jit_eval_step(cfg, mesh, pieces)
+    return jit_train_step(cfg, task, mesh, pieces), jit_eval_step(task, mesh, pieces)
 
 
-def jit_eval_step(cfg: TrainConfig, mesh: jax.sharding.Mesh, pieces: TrainState) -> Callable:
+def jit_eval_step(task: Task, mesh: jax.sharding.Mesh, pieces: TrainState) -> Callable:
     """The evaluation step jitted with the shardings of `pieces`: parameters, rest and batch
     in; replicated sums out."""
     params_sh = jax.tree.map(lambda x: x.sharding, pieces.state["params"])
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
     return jax.jit(
-        make_eval_step(pieces.graphdef, cfg),
+        make_eval_step(task, pieces.graphdef),
         in_shardings=(params_sh, rest_sh, sharding.batch_sharding(mesh)),
         out_shardings=_replicated(mesh),
     )

@@ -25,7 +25,9 @@ import jax.numpy as jnp
 from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.runtime import platforms
-from ln_jax.train import accumulation, steps, trainer
+from ln_jax.task import Task, make_task
+from ln_jax.train import accumulation, steps
+from ln_jax.train.setup import check_device
 from ln_jax.xla import deviceless, kernel_census, matmul_census
 
 GIB = 1024**3
@@ -60,18 +62,22 @@ def resolve_mesh(mesh: Any, cfg: TrainConfig) -> jax.sharding.Mesh:
 
 
 def lower_train_step(
-    cfg: TrainConfig, mesh: jax.sharding.Mesh, platforms: tuple[str, ...] | None = None
+    cfg: TrainConfig,
+    task: Task,
+    mesh: jax.sharding.Mesh,
+    platforms: tuple[str, ...] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Lowers the trainer's own train step (`ln_jax.train.steps`) for `mesh` from the abstract
-    state; returns (lowered, {"pieces": the abstract TrainState, "batch": the abstract batch}).
+    """Lowers the trainer's own train step (`ln_jax.train.steps`) of `cfg` and its task
+    (`make_task(cfg)`, made once by the caller) for `mesh` from the abstract state; returns
+    (lowered, {"pieces": the abstract TrainState, "batch": the abstract batch}).
 
     Lowered inside `sharding.use_mesh(mesh)`, so that the model's activation sharding
     constraints apply (outside a mesh context they are no-ops). `platforms`: JAX's names of
     the platforms to lower for ("cuda", "tpu"; default: the mesh's), no device of theirs needed.
     """
-    pieces = steps.abstract_state(cfg, mesh)
-    batch = steps.abstract_batch(cfg, mesh)
-    train, _ = steps.jit_steps(cfg, mesh, pieces)
+    pieces = steps.abstract_state(task, mesh)
+    batch = steps.abstract_batch(task, mesh)
+    train, _ = steps.jit_steps(cfg, task, mesh, pieces)
     with sharding.use_mesh(mesh):
         lowered = train.lower(pieces.state, pieces.rest, batch, platforms=platforms)
     return lowered, {"pieces": pieces, "batch": batch}
@@ -117,11 +123,11 @@ def census_report(
     """
     with platforms.lowering_for(platform) as target:
         cfg = build()
-        trainer.check_device(cfg)
+        check_device(cfg)
         if not cfg.grad_accum_steps:  # "auto" would be chosen on the device: one micro-batch
             cfg = dataclasses.replace(cfg, grad_accum_steps=1)
         mesh = resolve_mesh(mesh, cfg)
-        lowered, abstract = lower_train_step(cfg, mesh, platforms=(target,))
+        lowered, abstract = lower_train_step(cfg, make_task(cfg), mesh, platforms=(target,))
     state = abstract["pieces"].state
     return PlatformCensus(
         cfg=cfg,
@@ -227,13 +233,14 @@ def compile_report(
     mesh = resolve_mesh(mesh, cfg)
     if compiler_options is None:
         compiler_options = _default_compiler_options(mesh)
+    task = make_task(cfg)  # once: every accumulation tried compiles the same task
     if cfg.grad_accum_steps:
-        return _compile_report(cfg, mesh, compiler_options)
+        return _compile_report(cfg, task, mesh, compiler_options)
     reports = []
 
     def compile_at(k: int) -> tuple[int, int]:
         at_k = dataclasses.replace(cfg, grad_accum_steps=k)
-        reports.append(_compile_report(at_k, mesh, compiler_options))
+        reports.append(_compile_report(at_k, task, mesh, compiler_options))
         temp = reports[-1].get("temp_bytes", 0)  # 0, 0: no memory analysis (fits at one)
         return reports[-1].get("total_bytes", 0) - temp, temp
 
@@ -247,10 +254,13 @@ def compile_report(
 
 
 def _compile_report(
-    cfg: TrainConfig, mesh: jax.sharding.Mesh, compiler_options: dict[str, Any] | None
+    cfg: TrainConfig,
+    task: Task,
+    mesh: jax.sharding.Mesh,
+    compiler_options: dict[str, Any] | None,
 ) -> dict[str, Any]:
     start = time.perf_counter()
-    lowered, abstract = lower_train_step(cfg, mesh)
+    lowered, abstract = lower_train_step(cfg, task, mesh)
     lowered_at = time.perf_counter()
     compiled = lowered.compile(compiler_options=compiler_options)
     compiled_at = time.perf_counter()
@@ -422,7 +432,7 @@ def _compile_without_devices(
     """`compile_report` on compile-only `devices` of `platform`, the config built as there."""
     with platforms.lowering_for(platform), deviceless.without_persistent_cache():
         cfg = build()
-        trainer.check_device(cfg)
+        check_device(cfg)
         if platform == "gpu":
             deviceless.check_cudnn(cfg.model.attention_impl)
         shape = mesh or (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ln_jax import sharding
 from ln_jax.models.bert.model import BertForPreTraining, encoder_view, pretraining_loss
+from ln_jax.task import Task
 from ln_jax.train import monitor
 from ln_jax.validate import ConfigError
 
@@ -24,7 +25,7 @@ Batch = dict[str, Array]
 FIRST_ORDINARY_TOKEN = 5  # ids 0-4 are [PAD] [UNK] [CLS] [SEP] [MASK]
 
 
-class BertPretraining:
+class BertPretraining(Task):
     """The task of `configs/bert_preln.py` and `configs/bert_postln.py`.
 
     Batch keys ([batch, length] / [batch, P] / [batch] int32, weights float32): input_ids,
@@ -37,14 +38,20 @@ class BertPretraining:
         self.cfg = cfg
         self.use_nsp = bool(cfg.data.nsp and cfg.model.nsp_head)
 
+    @staticmethod
+    def check_data(cfg: Any) -> None:
+        """The datasets are prepared (`ln_jax.data.sources.check_datasets`)."""
+        from ln_jax.data import sources
+
+        sources.check_datasets(cfg.data)
+
     def build(self, rngs: Any) -> BertForPreTraining:
         return BertForPreTraining(self.cfg.model, rngs=rngs)
 
     def abstract_batch(self, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
         d = self.cfg.data
         b, t, p = d.global_batch_size, d.max_seq_length, d.max_predictions_per_seq
-        sh = sharding.batch_sharding(mesh)
-        spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+        spec = sharding.batch_struct(mesh)
         return {
             "input_ids": spec((b, t)),
             "segment_ids": spec((b, t)),

@@ -67,13 +67,14 @@ def load_translator(workdir: str, step: int | None = None, average_last: int = 1
         return (*hf_translator(workdir[len(HF_PREFIX) :]), [])
     from ln_jax import sharding
     from ln_jax.config.load import build_config
+    from ln_jax.task import make_task
     from ln_jax.train import steps
     from ln_jax.train.checkpoint import Checkpointer
 
     values = {**values, "mesh": {"data": -1, "fsdp": 1, "tensor": 1}}
     cfg = build_config(values)
     mesh = sharding.make_mesh(-1, 1, 1)
-    target = steps.abstract_state(cfg, mesh)
+    target = steps.abstract_state(make_task(cfg), mesh)
     ckpt = Checkpointer(f"{workdir}/checkpoints", cfg.checkpoint)
     try:
         chosen = _steps_to_average(ckpt, step, average_last, workdir, cfg.checkpoint.keep)

@@ -27,6 +27,7 @@ from ln_jax.models.translation.model import Translator, translator_views
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.models.translation.search import Search, translate
 from ln_jax.nn.stack import StackView, relayout, stack_output
+from ln_jax.task import Task
 from ln_jax.train import monitor
 from ln_jax.validate import ConfigError
 
@@ -44,7 +45,7 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "
     return score.score, str(metric.get_signature())
 
 
-class Translation:
+class Translation(Task):
     """The task of `configs/mt.py` (`--config.task=translation`)."""
 
     name = "translation"
@@ -63,6 +64,13 @@ class Translation:
         cfg.task_options["skip_padding"] = options.skip_padding
 
     # ----------------------------------------------------------------- model and loss
+
+    @staticmethod
+    def check_data(cfg: Any) -> None:
+        """The parallel text files are aligned pairs (`ln_jax.data.parallel`)."""
+        from ln_jax.data import parallel
+
+        parallel.check_paralleltext(cfg.data)
 
     def build(self, rngs: Any) -> Translator:
         return Translator(self.cfg.model, self.options, rngs=rngs)
@@ -91,8 +99,7 @@ class Translation:
             sharding.batch_divisor(mesh),
         )
         rows, s, t = buckets.shape(len(buckets.lengths) - 1)
-        sh = sharding.batch_sharding(mesh)
-        spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+        spec = sharding.batch_struct(mesh)
         return {
             "src": spec((rows, s)),
             "src_mask": spec((rows, s)),

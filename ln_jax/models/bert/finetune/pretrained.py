@@ -33,6 +33,7 @@ from ln_jax import paths
 from ln_jax.config.load import build_config
 from ln_jax.config.run import CheckpointConfig, ModelConfig
 from ln_jax.models.bert.finetune.config import HF_PREFIX, FinetuneConfig
+from ln_jax.task import make_task
 from ln_jax.train import run_identity, steps
 from ln_jax.train.checkpoint import Checkpointer
 from ln_jax.validate import ConfigError
@@ -156,7 +157,7 @@ def _from_workdir(workdir: str, step: int | None, mesh) -> Pretrained:
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise ConfigError(f"init_from={workdir!r} holds no checkpoint; train it first.")
-        target = steps.abstract_state(pre, mesh).state
+        target = steps.abstract_state(make_task(pre), mesh).state
         params = nnx.to_pure_dict(ckpt.restore_step(step, target)["params"])
     finally:
         ckpt.close()

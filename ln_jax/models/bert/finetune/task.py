@@ -31,6 +31,7 @@ from ln_jax.data import glue
 from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune.model import BertClassifier, classification_loss
 from ln_jax.models.bert.finetune.tasks import TASKS, GlueTask, predictions, task_scores
+from ln_jax.task import Task
 from ln_jax.validate import ConfigError
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ Batch = dict[str, Array]
 _DATA: dict[tuple, tuple[dict, dict]] = {}  # the last task's encoded splits (`cached_arrays`)
 
 
-class GlueClassification:
+class GlueClassification(Task):
     """Sentence(-pair) classification or regression with BERT's [CLS] classifier.
 
     Batch keys: input_ids, segment_ids, attention_mask int32 [batch, length]; label [batch]
@@ -69,8 +70,7 @@ class GlueClassification:
 
     def abstract_batch(self, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
         b, t = self.cfg.data.global_batch_size, self.cfg.data.max_seq_length
-        sh = sharding.batch_sharding(mesh)
-        spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+        spec = sharding.batch_struct(mesh)
         label = jnp.float32 if self.glue.regression else jnp.int32
         return {
             "input_ids": spec((b, t)),
