@@ -39,6 +39,13 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
     assert set(tuned) == {"pallas_w4", "pallas_w8", "pallas_w8_s3", "pallas_split"}
     assert all(": rc=0 " in line for line in status), status
 
+    arms, torch, profile = _check_arms(out)
+    _check_mt(out, run.stdout)
+    _check_summary(out, run.stdout, arms, torch, profile)
+
+
+def _check_arms(out) -> tuple[dict, dict, dict]:
+    """arms.json, torch.json and profile.json agree with themselves; returns them."""
     arms = json.loads((out / "arms.json").read_text())["arms"]
     assert list(arms) == ["default", "pallas_hash", "main"]
     assert arms["pallas_hash"]["config"]["attention_impl"] == "pallas"
@@ -66,14 +73,21 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
         sum(b["ms_per_step"] for b in profile["by_duration"])
     )
 
+    return arms, torch, profile
+
+
+def _check_mt(out, stdout: str) -> None:
     mt = json.loads((out / "mt.json").read_text())
     step = mt["train"]["arms"]["8x16"]
     assert step["target_tokens_per_s"] == pytest.approx(
         step["target_tokens_per_step"] / (step["median_ms"] / 1e3)
     )
     assert mt["decode"]["sentences_per_s"] == pytest.approx(4 / mt["decode"]["median_s"])
-    assert "- translation configs/mt.py:tiny train step 8x16 (float32)" in run.stdout
+    assert "- translation configs/mt.py:tiny train step 8x16 (float32)" in stdout
 
+
+def _check_summary(out, stdout: str, arms: dict, torch: dict, profile: dict) -> None:
+    """The summary's table and targets follow from the results they were made from."""
     summary = json.loads((out / "summary.json").read_text())
     table = {r["what"].split(" (")[0]: r for r in summary["rows"]}
     assert (
@@ -90,7 +104,7 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
     )
     # a GPU's targets are not judged on a CPU (its "peak" is a small measured matmul)
     assert summary["targets"]["mfu_6nd"]["met"] is None
-    assert "mfu_6nd: " in run.stdout and "this ran on cpu: not judged" in run.stdout
+    assert "mfu_6nd: " in stdout and "this ran on cpu: not judged" in stdout
     main_s = suite_report.main_job_step_s(str(out))
     ratio = summary["targets"]["main_job_over_fixed"]
     assert ratio["value"] == pytest.approx(main_s / arms["main"]["feeds"]["fixed"]["median_s"])
@@ -116,7 +130,7 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
     )
     recipe = {n: r["feeds"]["fixed"]["median_s"] for n, r in arms.items() if n != "main"}
     assert summary["targets"]["fastest_recipe_arm"] == min(recipe, key=recipe.get)
-    assert "| ln_jax default (xla, hash, V=30522) |" in run.stdout
+    assert "| ln_jax default (xla, hash, V=30522) |" in stdout
 
 
 def test_the_fastest_recipe_arm_keeps_the_recipes_dropout_activation_and_vocabulary():
