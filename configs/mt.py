@@ -65,7 +65,7 @@ def get_config(variant: str | None = None):
     m.size = "custom"
     m.num_layers, m.hidden_size, m.mlp_dim, m.num_heads = enc, d, ffn, heads
     m.placement = "post"  # fairseq's default (normalize_before=False)
-    m.init = "xavier"  # fairseq: Xavier-uniform projections, N(0, 1/d) embeddings
+    m.init = "xavier"  # Xavier projections, N(0, 1/d) embeddings; fairseq: init="fairseq"
     m.activation = "relu"
     m.hidden_dropout = drop
     m.attention_dropout = 0.1 if variant == "iwslt" else drop
