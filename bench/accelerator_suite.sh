@@ -173,8 +173,9 @@ else
          --modes=eager_all,eager_masked --pipeline=2)
   MAIN=(--config=configs/bert_preln.py:tiny --config.total_steps=6 --config.log_every=2
         --config.eval_every=0 --config.eval_batches=1 --config.checkpoint_every=0)
+  # one layout (the GPU's two are compared in tests/test_bench_mt_accel.py, in-process)
   MT=(--config=configs/mt.py:tiny --batches=8x16 --steps=2 --warmup=1 --sentences=4
-      --max_length=8 --rounds=1 --layouts=auto,stacked --pipeline=2 --marian=eager)
+      --max_length=8 --rounds=1 --layouts=auto --pipeline=2 --marian=eager)
 fi
 ARMS=(--arm=default)  # the config as a user runs it (its "auto" choices)
 ARMS+=(--arm=pallas:model.attention_impl=pallas)  # fused attention, dropout keyed by the step
