@@ -81,8 +81,10 @@ def _full_and_stepwise(state, src, src_mask, tgt):
 @pytest.mark.parametrize("placement", sorted(PLACEMENTS))
 @pytest.mark.parametrize("scan", [False, True])
 def test_cached_decoding_gives_the_full_decoders_logits(placement, scan):
+    """Four target positions: the decoder is compiled once per position (6 took 1.7x the CPU
+    time of 3, most of this test's 22 cases)."""
     model = make(placement=placement, scan_layers=scan)
-    full, stepwise = _full_and_stepwise(nnx.split(model), *batch())
+    full, stepwise = _full_and_stepwise(nnx.split(model), *batch(t=4))
     np.testing.assert_allclose(stepwise, full, atol=1e-5, rtol=1e-5)
 
 
