@@ -279,9 +279,19 @@ def make_options(task: str, given: Any) -> Any:
         return None
     if isinstance(given, kind):
         return given
+    if dataclasses.is_dataclass(given):  # another task's options: their fields checked here
+        given = dataclasses.asdict(given)
     values = dict(given or {})
     reject_unknown_keys(section, values, [f.name for f in dataclasses.fields(kind)])
     return kind(**values)
+
+
+def checked_options(cfg: Any) -> Any:
+    """The typed options of `cfg` (a TrainConfig being built) as the run records them: checked
+    by the task's `check_config`, with what it resolved (an "auto" field)."""
+    check = getattr(factory(cfg.task), "check_config", None)
+    recorded = check(cfg) if check is not None else None
+    return cfg.options if recorded is None else recorded
 
 
 def moved_options(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -457,10 +457,8 @@ class TrainConfig:
       task: the model family and objective (`ln_jax.task`): "bert_pretraining", or a
         "module:attribute" Task class defined outside ln_jax.
       options: the task's own fields, an instance of its `Task.options_class` (a mapping of
-        them is made one): `TranslationOptions` for translation, `GlueOptions` for
-        fine-tuning; None for a task with none (BERT pretraining). Set and recorded under the
-        task's section name (`--config.translation.eval_beam`, config.json's "translation";
-        `to_dict`).
+        them is made one): `TranslationOptions`, `GlueOptions`; None for a task with none (BERT
+        pretraining). Set and recorded under the task's `options_section` (`to_dict`).
       seed: seed of the parameters and of dropout (the data has its own, data.seed).
       total_steps: optimizer updates.
       eval_every / checkpoint_every / log_every: intervals in steps (0 = only at the end).
@@ -518,10 +516,7 @@ class TrainConfig:
             raise ValueError(f"steps_per_epoch={self.steps_per_epoch}: use 0 (none) or more.")
         # an unknown or unimportable task is an error here; its own fields are typed and checked
         object.__setattr__(self, "options", task_lib.make_options(self.task, self.options))
-        check = getattr(task_lib.factory(self.task), "check_config", None)
-        recorded = check(self) if check is not None else None
-        if recorded is not None:
-            object.__setattr__(self, "options", recorded)
+        object.__setattr__(self, "options", task_lib.checked_options(self))
         check_choice(
             "dropout_rng", self.dropout_rng, (*RNG_IMPLS, AUTO), config_field="dropout_rng"
         )
@@ -547,19 +542,12 @@ class TrainConfig:
                 "model.vocab_size unset to take the tokenizer's)."
             )
 
-    @property
-    def options_section(self) -> str | None:
-        """The config section of the task's own fields ("translation"; None: it has none)."""
-        return task_lib.options_section(self.task)
-
     def to_dict(self) -> dict[str, Any]:
         """The config as nested plain values (as `from_mapping` reads and config.json holds
-        it), the task's options under their section's name."""
-        values = dataclasses.asdict(self)
+        it), the task's options under their section's name ("translation")."""
+        values, section = dataclasses.asdict(self), task_lib.options_section(self.task)
         options = values.pop("options")
-        if self.options_section is not None:
-            values[self.options_section] = options
-        return values
+        return {**values, section: options} if section else values
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrainConfig:
