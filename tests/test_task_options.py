@@ -137,3 +137,22 @@ def test_an_old_study_result_still_reads(tmp_path):
     path.write_text(json.dumps(old))
     stored = runner.load_result(str(tmp_path), spec)
     assert stored["overrides"] == spec.overrides and stored["final_nll"] == 4.0
+
+
+def test_a_checkpoint_s_old_config_reads_into_the_section(tmp_path):
+    """The config saved in a checkpoint (what analysis and a workdir without config.json read)."""
+    import jax.numpy as jnp
+
+    from ln_jax.config.run import CheckpointConfig
+    from ln_jax.train.checkpoint import Checkpointer
+
+    raw = json.loads((OLD_RUNS / "L6-post_warmup-s0" / "config.json").read_text())
+    ckpt = Checkpointer(str(tmp_path / "checkpoints"), CheckpointConfig(async_save=False))
+    try:
+        ckpt.save(1, {"params": {"w": jnp.zeros(2)}}, {}, raw)
+        ckpt.wait()
+        restored = ckpt.restore_config(1)
+    finally:
+        ckpt.close()
+    assert "task_options" not in restored and restored["translation"] == raw["task_options"]
+    assert build_config(restored).options.decoder_layers == 6
