@@ -156,3 +156,13 @@ def test_a_checkpoint_s_old_config_reads_into_the_section(tmp_path):
         ckpt.close()
     assert "task_options" not in restored and restored["translation"] == raw["task_options"]
     assert build_config(restored).options.decoder_layers == 6
+
+
+def test_help_lists_the_family_s_section_under_its_name():
+    from ln_jax.cli.help import config_fields
+
+    values, _ = config_from_command_line([MT_TINY])
+    rows = [row.split("=")[0].strip() for row in config_fields(build_config(values))]
+    assert "translation.eval_beam" in rows and not any(r.startswith("options") for r in rows)
+    bert, _ = config_from_command_line(["--config=configs/bert_preln.py:tiny"])
+    assert not any("options" in row.split("=")[0] for row in config_fields(build_config(bert)))

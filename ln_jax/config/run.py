@@ -542,10 +542,15 @@ class TrainConfig:
                 "model.vocab_size unset to take the tokenizer's)."
             )
 
+    @property
+    def options_section(self) -> str | None:
+        """The config section of the task's own fields ("translation"; None: it has none)."""
+        return task_lib.options_section(self.task)
+
     def to_dict(self) -> dict[str, Any]:
         """The config as nested plain values (as `from_mapping` reads and config.json holds
-        it), the task's options under their section's name ("translation")."""
-        values, section = dataclasses.asdict(self), task_lib.options_section(self.task)
+        it), the task's options under their section's name (`options_section`)."""
+        values, section = dataclasses.asdict(self), self.options_section
         options = values.pop("options")
         return {**values, section: options} if section else values
 
