@@ -166,3 +166,14 @@ def test_help_lists_the_family_s_section_under_its_name():
     assert "translation.eval_beam" in rows and not any(r.startswith("options") for r in rows)
     bert, _ = config_from_command_line(["--config=configs/bert_preln.py:tiny"])
     assert not any("options" in row.split("=")[0] for row in config_fields(build_config(bert)))
+
+
+def test_an_old_pretraining_workdir_still_starts_a_fine_tuning(tmp_path):
+    """BERT pretraining recorded `"task_options": {}`; fine-tuning's init_from reads it."""
+    from ln_jax.models.bert.finetune import pretrained
+
+    values, _ = config_from_command_line(["--config=configs/bert_preln.py:tiny"])
+    new = run_identity.as_dict(build_config(values))
+    run_identity.record_config(str(tmp_path), {**new, "task_options": {}})
+    assert run_identity.read_config(str(tmp_path)) == new
+    assert pretrained._workdir_config(str(tmp_path)) == build_config(values)
