@@ -119,26 +119,24 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_config(spec: str, dtype: str, attention: str = "auto", layout: str = "auto"):
     """The TrainConfig of `spec` on one device, the whole batch in one step, every position
-    computed (`task_options.skip_padding` off: the FLOPs are counted on padded positions), the
+    computed (`translation.skip_padding` off: the FLOPs are counted on padded positions), the
     layers in `layout` (`LAYOUTS`)."""
     from ln_jax.config.load import build_config as build
     from ln_jax.config.load import config_from_command_line
 
     defaults = {"model.dtype": dtype, "model.attention_impl": attention, "grad_accum_steps": 1,
                 "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1,
-                "task_options.skip_padding": "off", **LAYOUTS[layout]}  # fmt: skip
+                "translation.skip_padding": "off", **LAYOUTS[layout]}  # fmt: skip
     values, _ = config_from_command_line([], spec, defaults)
     return build(values)
 
 
 def step_flops(cfg, rows: int, length: int) -> float:
     """Training FLOPs of one step over padded positions (the module docstring's formula)."""
-    from ln_jax.models.translation.options import TranslationOptions
-
     m = cfg.model
     d, f, v = m.hidden_size, m.mlp_dim, m.vocab_size
     le = m.num_layers
-    ld = TranslationOptions.from_mapping(cfg.task_options, m).decoder_layers
+    ld = cfg.options.resolved(m).decoder_layers
     s = t = length
     n_enc = le * (4 * d * d + 2 * d * f)
     n_dec = ld * (6 * d * d + 2 * d * f)

@@ -11,13 +11,13 @@ Not a test. Both arms run in ONE process on one pinned core (torch with one thre
   on one batch of its middle length bucket (64 sentences x 32 source x 32 target tokens, real
   padding: lengths drawn from 8..32). ln_jax: the trainer's own step (`ln_jax.train.steps`:
   init_state + jit_steps, the label-smoothed loss, AdamW (0.9, 0.98), no clipping as the
-  config; on the CPU `task_options.skip_padding` resolves to on: the feed-forward layers and
+  config; on the CPU `translation.skip_padding` resolves to on: the feed-forward layers and
   the output projection skip the padded positions, `--skip_padding=off` computes them).
   HuggingFace: `MarianMTModel` of the same shape in eager PyTorch, `train()`, the
   logits' cross-entropy with label smoothing 0.1 over the target tokens, `backward`,
   `AdamW.step`, `zero_grad` (a constant learning rate: the schedule is not part of the cost).
   Rate: target tokens per second (source tokens are the same for both).
-* `--mode=skip`: ln_jax's train step (as `--mode=train`) with `task_options.skip_padding` on
+* `--mode=skip`: ln_jax's train step (as `--mode=train`) with `translation.skip_padding` on
   against the same step with it off, no torch: the ratio is the skipped step's time over the
   unskipped one's.
 * `--mode=decode`: one randomly initialised `MarianMTModel` (the `small` shape, Marian's ids,
@@ -70,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--skip_padding",
         choices=("auto", "on", "off"),
-        help="train: the ln_jax arm's task_options.skip_padding (default: the config's)",
+        help="train: the ln_jax arm's translation.skip_padding (default: the config's)",
     )
     p.add_argument("--out", help="write the result (JSON) here")
     return p.parse_args(argv)
@@ -141,7 +141,7 @@ def build_ln_jax_train(
     if dropout_rng:
         values["dropout_rng"] = dropout_rng
     if skip_padding:
-        values["task_options"]["skip_padding"] = skip_padding
+        values["translation"]["skip_padding"] = skip_padding
     values["model"]["dtype"] = dtype
     cfg = build_config(values)
     mesh = sharding.single_device_mesh()

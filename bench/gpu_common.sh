@@ -61,8 +61,8 @@ gpu_cpu_mode() {
   export JAX_PLATFORMS=cpu XLA_FLAGS="$(printf %s "${XLA_FLAGS:-}" \
     | sed -E 's/--xla_force_host_platform_device_count=[0-9]+//g')"
   CPU_BASE=(--config=configs/mt.py:tiny --config.data.dataset=synthetic:copy
-            --config.data.vocab_size=36 --config.task_options.max_source_length=16
-            --config.task_options.max_target_length=16 --config.data.max_tokens=512
+            --config.data.vocab_size=36 --config.translation.max_source_length=16
+            --config.translation.max_target_length=16 --config.data.max_tokens=512
             --config.eval_batches=1 --config.log_every=1 --config.monitor.every=1
             --config.optim.warmup_steps=0 --config.compilation_cache="$JAX_COMPILATION_CACHE_DIR")
 }

@@ -84,7 +84,7 @@ WARMUP=$(( STEPS * 8 / 100 ))
 STUDY=(mt_depth --out="$OUT/study" "${BASE[@]}" "${CPU_BASE[@]}" --depths=$DEPTH
        --arms=post,post_warmup,pre,pre_warmup --lrs=1e-3 --warmup_steps=$WARMUP --seeds=0 --config.model.hidden_dropout=0.1
        --config.total_steps=$STEPS --config.eval_every=$EVAL_EVERY
-       --config.checkpoint_every=$EVAL_EVERY --config.task_options.eval_beam=1 "${EXTRA[@]}")
+       --config.checkpoint_every=$EVAL_EVERY --config.translation.eval_beam=1 "${EXTRA[@]}")
 # the runs' SIGTERM 60 s before the budget ends: 40 s to save, then the readout
 gpu_run_study 60 "$OUT/study.log" "${STUDY[@]}"
 echo "study: rc=$? ($(( $(date +%s) - START ))s)" | tee "$OUT/status.txt"

@@ -34,10 +34,8 @@ def torch_device() -> Any:
 
 def shape(cfg: Any) -> dict[str, int]:
     """The Marian shape of a translation TrainConfig (`bench_translate_hf.hf_config`'s keys)."""
-    from ln_jax.models.translation.options import TranslationOptions
-
     m = cfg.model
-    options = TranslationOptions.from_mapping(cfg.task_options, m)
+    options = cfg.options.resolved(m)
     return {"layers": m.num_layers, "decoder_layers": options.decoder_layers,
             "width": m.hidden_size, "ffn": m.mlp_dim, "heads": m.num_heads,
             "vocab": m.vocab_size, "positions": m.max_position_embeddings}  # fmt: skip
@@ -57,7 +55,7 @@ def train_step(cfg: Any, batch: dict[str, np.ndarray], mode: str) -> Any:
     model = MarianMTModel(config).to(dev).train()  # ln_jax's ids: pad 0
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(o.b1, o.b2), eps=o.eps,
                             weight_decay=o.weight_decay, fused=cuda)  # fmt: skip
-    smoothing = float(cfg.task_options.get("label_smoothing", 0.1))
+    smoothing = float(cfg.options.label_smoothing)
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100, label_smoothing=smoothing)
     labels = np.where(batch["tgt_mask"] > 0, batch["tgt_out"], -100)
     inputs = {

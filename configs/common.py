@@ -42,7 +42,7 @@ def base_config() -> ml_collections.ConfigDict:
     # model family and objective (ln_jax/task.py): bert_pretraining, or "module:Class"
     # of a Task
     c.task = "bert_pretraining"
-    c.task_options = {}  # the task's own settings (read by the task only; {} for bert_pretraining)
+    # a task's own fields are its own section, declared by its config (configs/mt.py: c.translation)
     c.seed = 0  # parameter initialisation and dropout
     c.total_steps = 1_000_000  # optimizer updates (BERT: 1M at batch 256)
     c.eval_every = 10_000  # evaluate on the validation split every N steps (0 = at the end)

@@ -54,8 +54,8 @@ def get_config(variant: str | None = None):
     c.name = f"mt_{variant}"
     c.task = "translation"
     # translation's own fields (ln_jax/models/translation/options.py), every one overridable
-    c.task_options = {**dataclasses.asdict(TranslationOptions()), "decoder_layers": dec}
-    c.task_options.init_from = placeholder(str)  # a translation workdir or hf:PATH
+    c.translation = {**dataclasses.asdict(TranslationOptions()), "decoder_layers": dec}
+    c.translation.init_from = placeholder(str)  # a translation workdir or hf:PATH
     c.total_steps, c.eval_every, c.checkpoint_every = steps, every, every
     c.log_every = 10 if variant in ("small", "tiny") else 100
     c.eval_batches = None  # the whole validation split (loss and BLEU)
@@ -120,8 +120,8 @@ def _pretrained(path: str):
                   "activation", "hidden_dropout", "attention_dropout", "max_position_embeddings",
                   "vocab_multiple", "layer_norm_eps", "placement"):  # fmt: skip
         setattr(c.model, field, getattr(model, field))
-    c.task_options.update({k: v for k, v in options.items() if k != "init_from"})
-    c.task_options.init_from = convert.HF_PREFIX + path
+    c.translation.update({k: v for k, v in options.items() if k != "init_from"})
+    c.translation.init_from = convert.HF_PREFIX + path
     c.data.tokenizer_model = convert.HF_PREFIX + path
     c.data.vocab_size = model.vocab_size
     c.optim.peak_lr, c.optim.warmup_steps = 5e-5, 100

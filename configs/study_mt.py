@@ -53,9 +53,9 @@ def get_config(variant: str | None = None):
     width, ffn = WIDTHS.get(variant, (128, 512))
     m.num_layers, m.hidden_size, m.mlp_dim, m.num_heads = enc, width, ffn, 4
     m.hidden_dropout = m.attention_dropout = 0.1
-    c.task_options.decoder_layers = dec
-    c.task_options.label_smoothing = 0.1
-    c.task_options.eval_beam = 1
+    c.translation.decoder_layers = dec
+    c.translation.label_smoothing = 0.1
+    c.translation.eval_beam = 1
 
     o = c.optim
     o.optimizer, o.b1, o.b2, o.weight_decay = "adam", 0.9, 0.98, 0.0

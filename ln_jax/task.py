@@ -17,6 +17,14 @@ A run makes its task once (`ln_jax.train.setup.setup`) and passes it to every bu
 `ln_jax.train.steps`. A batch is a dict of global arrays whose leading axis is the example axis
 (split over the data and fsdp devices, and into micro-batches under accumulation).
 
+A family's own config fields (translation's decoder depth and beam, the GLUE task's pretrained
+source) are its own typed section: the Task class names a frozen dataclass (`options_class`)
+and the section it is written under (`options_section`), so `--config.translation.eval_beam=5`
+sets translation's field, `TrainConfig.options` holds the dataclass instance and config.json
+records it under the section's name. The shared `TrainConfig` holds what every task has (stack
+shape, placement, optimiser, mesh, data loading); a new family's fields are files added. (Until
+2026-12-05 they were an untyped `task_options` dict: `moved_options` reads such a config.json.)
+
 A task subclasses `Task`: the base class gives every optional method its default, so the
 trainer asks each task the same questions and never probes for a method. The optional ones:
 `check_config`, `check_data` (static, run before the task is made), `initialize` (a warm
@@ -34,6 +42,7 @@ analyses).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -60,10 +69,17 @@ class Task:
     Attributes:
       name: the task's name (in logs, errors and the compiled-initialiser cache key).
       cfg: the TrainConfig it was made for.
+      options_section: the config section of the family's own fields ("translation": set as
+        `--config.translation.FIELD`, recorded so in config.json); None (the default): the
+        task has no fields of its own.
+      options_class: the frozen dataclass of those fields (its defaults are the section's);
+        `TrainConfig.options` holds an instance. None with `options_section` None.
     """
 
     name: str
     cfg: Any
+    options_section: str | None = None
+    options_class: type | None = None
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -128,10 +144,12 @@ class Task:
     # ----------------------------------------------------------------------- optional
 
     @staticmethod
-    def check_config(cfg: Any) -> None:
-        """Raises ValueError for settings the task cannot run (its task_options), when the
-        TrainConfig is built: a command line's error before anything is set up. Default:
-        nothing to check."""
+    def check_config(cfg: Any) -> Any:
+        """Raises ValueError for settings the task cannot run (its options section), when the
+        TrainConfig is built: a command line's error before anything is set up. Returns the
+        options as the run records them (e.g. an "auto" field resolved for the platform), or
+        None: as given. Default: nothing to check."""
+        return None
 
     @staticmethod
     def check_data(cfg: Any) -> None:
@@ -228,6 +246,68 @@ def factory(name: str) -> Callable[[Any], Task]:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"task {name!r}: cannot import {target!r} ({err}).") from None
+
+
+LEGACY_SECTION = "task_options"  # the untyped dict of the task's fields, until 2026-12-05
+
+
+def options_section(task: str) -> str | None:
+    """The config section of the task named `task` (`Task.options_section`), or None: it
+    has no fields of its own (BERT pretraining), or is a factory that is no Task subclass.
+
+    Raises:
+      ValueError: an unknown or unimportable task (`factory`).
+    """
+    return getattr(factory(task), "options_section", None)
+
+
+def make_options(task: str, given: Any) -> Any:
+    """The typed options of the task named `task` from `given` (a mapping of its section, an
+    instance of its `options_class`, or None = the defaults); None for a task with none.
+
+    Raises:
+      ValueError: fields its options class lacks (naming the closest), fields given to a task
+        that has none, or an invalid value (the dataclass's own checks).
+    """
+    from ln_jax.validate import reject_unknown_keys
+
+    made_by = factory(task)
+    kind, section = getattr(made_by, "options_class", None), options_section(task)
+    if kind is None:
+        if given:
+            raise ValueError(f"task {task!r} has no config section of its own; given {given}.")
+        return None
+    if isinstance(given, kind):
+        return given
+    if dataclasses.is_dataclass(given):  # another task's options: their fields checked here
+        given = dataclasses.asdict(given)
+    values = dict(given or {})
+    reject_unknown_keys(section, values, [f.name for f in dataclasses.fields(kind)])
+    return kind(**values)
+
+
+def checked_options(cfg: Any) -> Any:
+    """The typed options of `cfg` (a TrainConfig being built) as the run records them: checked
+    by the task's `check_config`, with what it resolved (an "auto" field)."""
+    check = getattr(factory(cfg.task), "check_config", None)
+    recorded = check(cfg) if check is not None else None
+    return cfg.options if recorded is None else recorded
+
+
+def moved_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A config mapping (a workdir's config.json) with the task's fields of a config written
+    before 2026-12-05, `task_options`, moved into the task's own section: such a run then
+    reads, resumes and compares as one written since. Other mappings are returned as given."""
+    values = dict(values)
+    if LEGACY_SECTION not in values:
+        return values
+    old = values.pop(LEGACY_SECTION)
+    section = options_section(values.get("task", "bert_pretraining"))
+    if section is not None:
+        values[section] = {**dict(old or {}), **dict(values.get(section) or {})}
+    elif old:
+        values[LEGACY_SECTION] = old  # a task without a section: the config's error says so
+    return values
 
 
 _REQUIRED = (

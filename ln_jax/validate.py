@@ -148,6 +148,20 @@ def reject_unknown_keys(kind: str, given: Mapping[str, Any], valid: Iterable[str
             raise ValueError(f"unknown {kind} field {key!r}.{hint} Valid: {', '.join(valid)}.")
 
 
+def moved_message(dotted: str, section: str | None) -> str:
+    """The one line of a field given as `task_options.FIELD` (or the section itself): the task's
+    own fields moved into its section on 2026-12-05."""
+    field = dotted.partition(".")[2]
+    if section is None:
+        return f"config field {dotted} is gone: the task has no fields of its own; remove it."
+    if not field:
+        return (
+            f"config section {dotted} moved: the task's own fields are its section {section} "
+            f"(--config.{section}.FIELD; c.{section}.FIELD in a config file)."
+        )
+    return f"config field {dotted} moved: use --config.{section}.{field}"
+
+
 # --------------------------------------------------------------------------- field names
 # The declared config field that an unknown `--config.` name most likely means.
 #
@@ -165,7 +179,7 @@ def reject_unknown_keys(kind: str, given: Mapping[str, Any], valid: Iterable[str
 #
 # Only fields the config being overridden declares are suggested.
 
-_SEQ = ("data.max_seq_length", "task_options.max_source_length", "task_options.max_target_length")
+_SEQ = ("data.max_seq_length", "translation.max_source_length", "translation.max_target_length")
 
 # Another trainer's name -> the declared fields it names (those a config lacks are skipped).
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -317,9 +331,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("logging_steps", "log_interval", "log_period"), ("log_every",)),
     **dict.fromkeys(("mlm_probability", "mask_prob", "mask_ratio"), ("data.masked_lm_prob",)),
     **dict.fromkeys(("vocab", "n_vocab"), ("data.vocab_size",)),
-    **dict.fromkeys(("label_smoothing_factor", "smoothing"), ("task_options.label_smoothing",)),
-    **dict.fromkeys(("beam", "beam_size", "num_beams"), ("task_options.eval_beam",)),
-    **dict.fromkeys(("lenpen", "length_penalty"), ("task_options.eval_lenpen",)),
+    **dict.fromkeys(("label_smoothing_factor", "smoothing"), ("translation.label_smoothing",)),
+    **dict.fromkeys(("beam", "beam_size", "num_beams"), ("translation.eval_beam",)),
+    **dict.fromkeys(("lenpen", "length_penalty"), ("translation.eval_lenpen",)),
 }
 
 

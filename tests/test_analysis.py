@@ -6,7 +6,6 @@ thresholds were set from measurements at these sizes with a margin.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -283,7 +282,7 @@ def checkpoint_run(tmp_path_factory):
     }
     state = jax.tree.map(jnp.asarray, state)
     ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig(async_save=False))
-    config = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    config = json.loads(json.dumps(cfg.to_dict(), default=str))
     ckpt.save(7, state, {}, config)
     ckpt.close()
     return str(workdir), nnx.merge(graphdef, params, rest)

@@ -85,10 +85,8 @@ def test_explicit_values_win_and_text_from_a_command_line_is_parsed():
 
 
 def test_a_decoder_deeper_than_its_encoder_is_straight_line_code_too():
-    from ln_jax.models.translation.options import TranslationOptions
-
     cfg = built(mt, "tiny", "gpu")
-    options = TranslationOptions.from_mapping({**cfg.task_options, "decoder_layers": 5}, cfg.model)
+    options = dataclasses.replace(cfg.options, decoder_layers=5).resolved(cfg.model)
     decoder = options.decoder_config(cfg.model)
     assert (decoder.scan_layers, decoder.scan_unroll) == (True, 5)
 
@@ -209,7 +207,7 @@ def test_a_workdir_begun_as_a_list_resumes_as_a_list_when_auto_would_stack(
 
 
 def test_a_translation_warm_start_takes_parameters_of_the_other_layout():
-    """`task_options.init_from` a workdir trained with its layers as a list into a run whose
+    """`translation.init_from` a workdir trained with its layers as a list into a run whose
     "auto" stacks them (and back): every parameter arrives, in the model's layout."""
     from ln_jax.models.translation.task import Translation, _set_params
 

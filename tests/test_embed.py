@@ -40,7 +40,7 @@ def test_the_families_embeddings_keep_their_parameter_paths_and_axes():
     }
     mt = _params("configs/mt.py:tiny")  # sinusoidal positions: no table
     assert {k: axes for k, (_, axes) in mt.items()} == {"embed/word": ("vocab", "embed")}
-    learned = _params("configs/mt.py:tiny", **{"task_options.positions": "learned"})
+    learned = _params("configs/mt.py:tiny", **{"translation.positions": "learned"})
     assert learned["embed/position"][1] == ("position", "embed")
 
 

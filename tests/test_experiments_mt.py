@@ -71,11 +71,11 @@ def test_depth_and_deep_encoder_grids():
         "L6-admin_radam-s0",
     ]
     post = specs[0].overrides
-    assert post["model.num_layers"] == post["task_options.decoder_layers"] == 6
+    assert post["model.num_layers"] == post["translation.decoder_layers"] == 6
     assert post["optim.warmup_steps"] == 96 and post["optim.clip_norm"] == 0.0
     radam = specs[-1].overrides
     assert radam["model.placement"] == "admin" and radam["optim.optimizer"] == "radam"
-    assert radam["optim.warmup_steps"] == 0 and radam["task_options.decoder_layers"] == 12
+    assert radam["optim.warmup_steps"] == 0 and radam["translation.decoder_layers"] == 12
     deep = mt_grids.mt_depth_grid([18], mt_grids.DEEP_ENCODER_ARMS, [0], 1e-3, 96, decoder_layers=6)
     assert [s.name for s in deep] == [
         "E18D6-post_warmup-s0", "E18D6-pre_warmup-s0", "E18D6-pre_warmup+dlcl-s0"
@@ -83,7 +83,7 @@ def test_depth_and_deep_encoder_grids():
     dlcl = deep[2].overrides
     assert dlcl["model.dlcl"] is True and dlcl["model.placement"] == "pre"
     assert "model.dlcl" not in deep[1].overrides
-    assert dlcl["model.num_layers"] == 18 and dlcl["task_options.decoder_layers"] == 6
+    assert dlcl["model.num_layers"] == 18 and dlcl["translation.decoder_layers"] == 6
     with pytest.raises(ValueError, match="unknown study arm"):
         mt_grids.mt_depth_grid([6], ["postln_warmup"], [0], 1e-3, 96)
 
@@ -94,7 +94,7 @@ def test_study_configs_build_with_the_papers_protocol():
     spec = mt_grids.mt_depth_grid([12], ["pre_warmup+dlcl"], [3], 1e-3, 96)[0]
     cfg = runner.run_config(study_mt.get_config("depth").to_dict(), spec)
     assert cfg.task == "translation" and cfg.model.num_layers == 12 and cfg.model.dlcl
-    assert cfg.task_options["decoder_layers"] == 12 and cfg.task_options["label_smoothing"] == 0.1
+    assert cfg.options.decoder_layers == 12 and cfg.options.label_smoothing == 0.1
     assert cfg.optim.clip_norm == 0.0 and cfg.optim.b2 == 0.98 and cfg.seed == 3
     assert build_config(study_mt.get_config("warmup").to_dict()).optim.clip_norm == 0.0
 
@@ -336,7 +336,7 @@ def _argv(out, *extra):
     return [
         "mt_warmup", f"--out={out}", "--config=configs/mt.py:tiny",
         "--config.data.dataset=synthetic:copy", "--config.data.vocab_size=36",
-        "--config.task_options.max_source_length=16", "--config.task_options.max_target_length=16",
+        "--config.translation.max_source_length=16", "--config.translation.max_target_length=16",
         "--config.data.max_tokens=512", "--config.total_steps=12", "--config.eval_every=6",
         "--config.checkpoint_every=6", "--config.log_every=4", "--config.monitor.every=6",
         "--config.model.hidden_dropout=0", "--config.model.attention_dropout=0",

@@ -244,7 +244,7 @@ def test_init_from_hf_starts_training_from_the_marian_parameters(one_device, mar
     for path, var in want:
         np.testing.assert_array_equal(np.asarray(got[path].get_value()), var.get_value())
     small = build_config(
-        {**mt.get_config("tiny").to_dict(), "task_options": {"init_from": f"hf:{folder}"}}
+        {**mt.get_config("tiny").to_dict(), "translation": {"init_from": f"hf:{folder}"}}
     )
     tiny_task = Translation(small)
     with pytest.raises(ConfigError, match=r"configs/mt.py:hf:"):

@@ -81,7 +81,7 @@ def test_every_field_named_safe_is_a_field_of_the_config():
     from ln_jax.models.translation.options import TranslationOptions
 
     fields = set(run_identity.flatten(run_identity.as_dict(TrainConfig())))
-    fields |= {f"task_options.{f.name}" for f in dataclasses.fields(TranslationOptions)}
+    fields |= {f"translation.{f.name}" for f in dataclasses.fields(TranslationOptions)}
     named = run_identity.FREE_FIELDS | run_identity.CONSENT_FIELDS | run_identity.SCHEDULE_FIELDS
     assert named <= fields, named - fields
     for section in run_identity.FREE_SECTIONS:

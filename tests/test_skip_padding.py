@@ -1,5 +1,5 @@
 """Position-wise work on the real tokens only (`ln_jax.nn.tokens`, translation's
-`task_options.skip_padding`): the same values and gradients as computing every position,
+`translation.skip_padding`): the same values and gradients as computing every position,
 chunks past the real tokens really skipped, the option resolved and checked."""
 
 from __future__ import annotations
@@ -122,6 +122,6 @@ def test_the_resolved_value_is_in_the_config():
     from ln_jax.config.load import build_config
 
     values = mt.get_config("tiny").to_dict()
-    assert build_config(values).task_options["skip_padding"] == "on"
-    values["task_options"]["skip_padding"] = "off"
-    assert build_config(values).task_options["skip_padding"] == "off"
+    assert build_config(values).options.skip_padding == "on"
+    values["translation"]["skip_padding"] = "off"
+    assert build_config(values).options.skip_padding == "off"

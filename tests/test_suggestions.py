@@ -100,6 +100,7 @@ CASES = [
     ("python train.py", [TINY, "--config.optim.peak_lr=1e-4", "--lr=1e-3"], config_and_preflight),
     ("python train.py", [TINY, "--workdr=/tmp/w"], config_and_preflight),
     ("python train.py", [MT_TINY, "--config.data.dataset=synthetic:cpy"], config_and_preflight),
+    ("python train.py", [MT_TINY, "--config.task_options.eval_beam=2"], config_and_preflight),
     ("python train.py", [MT_TINY, "--config.data.dataset={corpus}",
                          "--config.data.vocab_size=5000"], tokenizer_too),
     ("python train.py", [TINY, f"--workdir={WORKDIR}", "--config.total_steps=240"],

@@ -133,4 +133,22 @@ def test_a_task_is_named_or_imported_and_errors_say_what_is_wrong():
     import dataclasses
 
     with pytest.raises(ValueError, match="is not a Task: it lacks"):
-        make_task(dataclasses.replace(cfg, task="tests.test_task:NotATask"))
+        make_task(dataclasses.replace(cfg, task="tests.test_task:NotATask", options=None))
+
+
+def test_the_toy_s_own_config_section_is_its_file_s(tmp_path):
+    """The toy declares its fields (tests/toy_task.py's `ToyOptions`, section "toy"): set on
+    the command line's way, typed, checked and recorded under its name, with no edit to ln_jax."""
+    from tests.toy_task import ToyOptions
+
+    assert toy_config().options == ToyOptions()
+    values = {**load_config("configs/bert_preln.py:tiny"), "task": TOY, "toy": {"length": 4}}
+    cfg = build_config(override(values, {"toy.length": "6", "model.hidden_size": 16}))
+    assert cfg.options == ToyOptions(length=6) and cfg.to_dict()["toy"] == {"length": 6}
+    from ln_jax import sharding
+
+    assert make_task(cfg).abstract_batch(sharding.single_device_mesh())["x"].shape[1] == 6
+    with pytest.raises(Exception, match="unknown toy field 'lenght'.*'length'"):
+        build_config({**values, "toy": {"lenght": 3}})
+    with pytest.raises(Exception, match="toy.length=0 must be positive"):
+        build_config({**values, "toy": {"length": 0}})

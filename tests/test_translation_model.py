@@ -155,7 +155,7 @@ def test_search_errors_are_one_clear_line():
     src, src_mask, _ = batch(vocab=5)
     with pytest.raises(ValueError, match="wider than the vocabulary"):
         translate(model, src, src_mask, Search(beam=6))
-    with pytest.raises(ValueError, match="task_options.positions"):
+    with pytest.raises(ValueError, match="translation.positions"):
         make(options={"positions": "rotary"})
     with pytest.raises(ValueError, match="exceed model.max_position_embeddings"):
         make(options={"max_source_length": 40})

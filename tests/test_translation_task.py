@@ -32,8 +32,8 @@ def mt_config(**extra):
             "data.dataset": "synthetic:copy",
             "data.vocab_size": 36,  # 4 special ids + 32 symbols
             "data.max_tokens": 1024,
-            "task_options.max_source_length": 16,
-            "task_options.max_target_length": 16,
+            "translation.max_source_length": 16,
+            "translation.max_target_length": 16,
             "model.placement": "pre",
             "model.hidden_dropout": 0.0,
             "model.attention_dropout": 0.0,
@@ -133,12 +133,12 @@ def test_translate_input_that_is_not_utf8_is_one_line_before_any_model_is_loaded
 
 def test_scoring_bleu_says_what_it_decodes():
     """The trainer shows it before an evaluation, and its time after (tests/test_trainer.py)."""
-    greedy, beam = make_task(mt_config()), make_task(mt_config(**{"task_options.eval_beam": 4}))
+    greedy, beam = make_task(mt_config()), make_task(mt_config(**{"translation.eval_beam": 4}))
     assert greedy.eval_description() is None  # before its pipelines: nothing to score yet
     greedy.references = beam.references = ["a reference"] * 256
     assert greedy.eval_description() == "scoring validation BLEU: 256 sentences, greedy decoding"
     assert beam.eval_description().endswith("256 sentences, beam 4 decoding")
-    no_bleu = make_task(mt_config(**{"task_options.eval_bleu": False}))
+    no_bleu = make_task(mt_config(**{"translation.eval_bleu": False}))
     no_bleu.references = greedy.references
     assert no_bleu.eval_description() is None
 
@@ -146,7 +146,7 @@ def test_scoring_bleu_says_what_it_decodes():
 def test_the_mesh_does_not_change_the_losses_and_resume_is_exact(tmp_path):
     base = dict(total_steps=6, eval_every=6, checkpoint_every=3, log_every=1)
     base["optim.warmup_steps"] = 2
-    base["task_options.eval_bleu"] = False
+    base["translation.eval_bleu"] = False
     one = mt_config(**base, **{"mesh.data": 8, "mesh.fsdp": 1, "mesh.tensor": 1})  # replicated
     trainer.train_and_evaluate(one, str(tmp_path / "one"))
 
@@ -189,10 +189,10 @@ def test_the_monitor_measures_both_stacks(tmp_path):
 
 
 def test_translation_settings_are_checked():
-    with pytest.raises(Exception, match="task_options.positions"):
-        mt_config(**{"task_options.positions": "rotary"})
+    with pytest.raises(Exception, match="translation.positions"):
+        mt_config(**{"translation.positions": "rotary"})
     with pytest.raises(Exception, match="exceed model.max_position_embeddings"):
-        mt_config(**{"task_options.max_source_length": 300})
+        mt_config(**{"translation.max_source_length": 300})
     task = make_task(mt_config(**{"optim.warmup_steps": 1}))
     assert task.name == "translation" and task.options.decoder_layers == 2
     with sharding.use_mesh(sharding.single_device_mesh()):
@@ -216,7 +216,7 @@ def test_translate_help_prints_usage_and_examples_and_exits_0(flag, capsys):
 
 
 def test_init_from_a_workdir_starts_from_its_latest_parameters(copy_run):
-    """`task_options.init_from=WORKDIR`: a fresh model takes the run's last checkpoint's
+    """`translation.init_from=WORKDIR`: a fresh model takes the run's last checkpoint's
     parameters (in its own shardings); a workdir of another shape is a one-line ConfigError."""
     from flax import nnx
 
@@ -227,7 +227,7 @@ def test_init_from_a_workdir_starts_from_its_latest_parameters(copy_run):
     workdir, _ = copy_run
     trained, _, used = load_translator(str(workdir))
     assert used == [260]
-    cfg = mt_config(**{"task_options.init_from": str(workdir)})
+    cfg = mt_config(**{"translation.init_from": str(workdir)})
     task = make_task(cfg)
     mesh = sharding.make_mesh(2, 2, 2)
     with sharding.use_mesh(mesh):
@@ -238,6 +238,6 @@ def test_init_from_a_workdir_starts_from_its_latest_parameters(copy_run):
         np.testing.assert_array_equal(
             np.asarray(var.get_value()), np.asarray(want[path].get_value())
         )
-    wider = make_task(mt_config(**{"task_options.init_from": str(workdir), "model.mlp_dim": 128}))
+    wider = make_task(mt_config(**{"translation.init_from": str(workdir), "model.mlp_dim": 128}))
     with sharding.use_mesh(mesh), pytest.raises(ConfigError, match="shape"):
         wider.initialize(wider.build(nnx.Rngs(params=0)))

@@ -1,9 +1,11 @@
 """A model family defined outside ln_jax: a two-sub-layer Pre-LN regressor with its own
 weighted squared-error loss, data, evaluation and measurements, reached only through the
-public task protocol (`ln_jax.task`) as `--config.task=tests.toy_task:ToyRegression`."""
+public task protocol (`ln_jax.task`) as `--config.task=tests.toy_task:ToyRegression`, with its
+own config section "toy" (`ToyOptions`: `--config.toy.length=6`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +22,21 @@ from ln_jax.nn.placements import PLACEMENTS
 from ln_jax.task import Task
 
 EVAL_BATCHES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyOptions:
+    """The toy family's own fields: the config section "toy".
+
+    Attributes:
+      length: positions per example (each a `model.hidden_size` input vector).
+    """
+
+    length: int = 4
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise ValueError(f"toy.length={self.length} must be positive.")
 
 
 class ToyNet(nnx.Module):
@@ -55,7 +72,8 @@ class ToyData:
 
     def batch(self, index: int) -> dict[str, jax.Array]:
         rng = np.random.default_rng([self.seed, index])
-        b, t, d = self.cfg.data.global_batch_size, 4, self.cfg.model.hidden_size
+        cfg = self.cfg
+        b, t, d = cfg.data.global_batch_size, cfg.options.length, cfg.model.hidden_size
         x = rng.normal(size=(b, t, d)).astype(np.float32)
         weight = (rng.random((b, t)) < 0.75).astype(np.float32)  # uneven micro-batch weights
         local = {"x": x, "y": target_of(x).astype(np.float32), "weight": weight}
@@ -83,17 +101,20 @@ class ToyRegression(Task):
     """The toy family's task: weighted mean squared error over positions."""
 
     name = "toy_regression"
+    options_section = "toy"
+    options_class = ToyOptions
 
     def build(self, rngs: nnx.Rngs) -> ToyNet:
         return ToyNet(self.cfg.model, rngs=rngs)
 
     def abstract_batch(self, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
         b, d = self.cfg.data.global_batch_size, self.cfg.model.hidden_size
+        t = self.cfg.options.length
         spec = sharding.batch_struct(mesh)
         return {
-            "x": spec((b, 4, d), jnp.float32),
-            "y": spec((b, 4), jnp.float32),
-            "weight": spec((b, 4), jnp.float32),
+            "x": spec((b, t, d), jnp.float32),
+            "y": spec((b, t), jnp.float32),
+            "weight": spec((b, t), jnp.float32),
         }
 
     def normalizers(self, batch: dict) -> dict[str, jax.Array]:

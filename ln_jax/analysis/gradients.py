@@ -351,7 +351,7 @@ def translation_grad_norm_by_layer(
             over = {"placement": placement, "num_layers": depth}
             run_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **over))
             run_cfg = dataclasses.replace(
-                run_cfg, task_options={**dict(cfg.task_options), "decoder_layers": depth}
+                run_cfg, options=dataclasses.replace(cfg.options, decoder_layers=depth)
             )
             per_seed = _ffn_norms_per_seed(run_cfg, data, seeds)
             results[f"{placement} L{depth}"] = {k: _with_seeds(per_seed, k) for k in per_seed[0]}

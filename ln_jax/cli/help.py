@@ -25,6 +25,10 @@ def config_fields(config: Any) -> list[str]:
     for field in dataclasses.fields(cls):
         value = _field_value(config, field)
         section = _section_class(field, value)
+        if field.name == "options":  # a task's own fields: its section, under its name
+            if section is not None:
+                sections.append((config.options_section, section, value))
+            continue
         if section is None:
             scalars.append(_row(f"  {field.name}={_show(value)}", docs.get(field.name, "")))
         else:

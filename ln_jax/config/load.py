@@ -19,7 +19,7 @@ from typing import Any
 
 from ml_collections.config_dict import FieldReference
 
-from ln_jax.validate import ConfigError, Fix, closest, did_you_mean, suggest
+from ln_jax.validate import ConfigError, Fix, closest, did_you_mean, moved_message, suggest
 
 __all__ = [
     "CommandLine",
@@ -46,6 +46,7 @@ __all__ = [
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIG_PREFIX = "--config."
 EXAMPLE_CONFIG = "configs/bert_preln.py:tiny"
+LEGACY_SECTION = "task_options"  # the task's own fields until 2026-12-05 (`ln_jax.task`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +159,13 @@ def _get_config(spec: str, shipped: Callable[[], Sequence[str]] | None = None) -
         return module.get_config(variant or None)
     except ValueError as err:
         raise ConfigError(f"--config={spec!r}: {err}") from None
+    except AttributeError as err:  # a config file setting c.task_options.FIELD
+        if LEGACY_SECTION not in str(err):
+            raise
+        raise ConfigError(
+            f"--config={spec!r}: {path.name} sets c.{LEGACY_SECTION}, which moved: the task's own "
+            "fields are its own section (c.translation.FIELD for translation; ln_jax/task.py)."
+        ) from None
 
 
 def _plain(config: Any) -> dict[str, Any]:
@@ -185,6 +193,8 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
     out = _plain(config)
     for dotted, value in overrides.items():
         node, path = out, dotted.split(".")
+        if path[0] == LEGACY_SECTION and LEGACY_SECTION not in out:
+            raise _moved(out, dotted)
         for depth, key in enumerate(path):
             if not isinstance(node, dict) or key not in node:
                 raise _unknown_field(out, path[:depth], key, node, dotted)
@@ -199,6 +209,22 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
             )
         node[leaf] = parse_value(dotted, value, node[leaf])
     return out
+
+
+def _moved(tree: Mapping[str, Any], dotted: str) -> ConfigError:
+    """The error of `task_options.FIELD`: the task's own fields moved into the task's section
+    (`ln_jax.task`) on 2026-12-05; the fix renames the flag."""
+    from ln_jax.task import options_section  # JAX's import, on this error's path only
+
+    try:
+        section = options_section(str(tree.get("task", "bert_pretraining")))
+    except ValueError:
+        section = None
+    field = dotted.partition(".")[2]
+    fix = None
+    if section is not None and field:
+        fix = Fix(rename={CONFIG_PREFIX + dotted: f"{CONFIG_PREFIX}{section}.{field}"})
+    return ConfigError(moved_message(dotted, section), fix=fix)
 
 
 def fields_meant(tree: Mapping[str, Any], dotted: str) -> list[str]:

@@ -9,12 +9,12 @@ placement table is `ln_jax.nn.placements`.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
 
+from ln_jax import task as task_lib
 from ln_jax.config.auto import (
     AUTO_CHOSEN,
     auto_activation_layout,
@@ -29,13 +29,11 @@ from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
 from ln_jax.runtime import compile_cache, platforms
 from ln_jax.sharding import ACTIVATION_LAYOUTS
-from ln_jax.task import factory as task_factory
-from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
+from ln_jax.validate import ConfigError, check_choice, moved_message, reject_unknown_keys
 
 __all__ = [
     "SIZES",
     "CheckpointConfig",
-    "TaskOptions",
     "ConfigError",
     "MeshConfig",
     "ModelConfig",
@@ -62,14 +60,6 @@ RNG_IMPLS = {
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 AUTO = "auto"  # a field resolved by the platform when the typed config is built
-
-
-class TaskOptions(dict):
-    """A task's own settings (`TrainConfig.task_options`): a plain dict (JSON in config.json)
-    that hashes by value, so that a TrainConfig holding one stays hashable."""
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(json.dumps(self, sort_keys=True, default=str))
 
 
 def platform() -> str:
@@ -466,8 +456,9 @@ class TrainConfig:
       name: config name and variant (e.g. "bert_preln_mini"); names the default workdir.
       task: the model family and objective (`ln_jax.task`): "bert_pretraining", or a
         "module:attribute" Task class defined outside ln_jax.
-      task_options: the task's own settings, read only by the task (e.g. fine-tuning's GLUE
-        task, pretrained source and classifier dropout); {} for BERT pretraining.
+      options: the task's own fields, an instance of its `Task.options_class` (a mapping of
+        them is made one): `TranslationOptions`, `GlueOptions`; None for a task with none (BERT
+        pretraining). Set and recorded under the task's `options_section` (`to_dict`).
       seed: seed of the parameters and of dropout (the data has its own, data.seed).
       total_steps: optimizer updates.
       eval_every / checkpoint_every / log_every: intervals in steps (0 = only at the end).
@@ -494,7 +485,7 @@ class TrainConfig:
 
     name: str = "run"
     task: str = "bert_pretraining"
-    task_options: Mapping[str, Any] = dataclasses.field(default_factory=TaskOptions)
+    options: Any = None
     seed: int = 0
     total_steps: int = 100
     eval_every: int = 0
@@ -521,13 +512,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("nan_policy", self.nan_policy, ("stop", "skip"), config_field="nan_policy")
-        object.__setattr__(self, "task_options", TaskOptions(self.task_options or {}))
         if self.steps_per_epoch < 0:
             raise ValueError(f"steps_per_epoch={self.steps_per_epoch}: use 0 (none) or more.")
-        task_class = task_factory(self.task)  # an unknown or unimportable task: an error here
-        check = getattr(task_class, "check_config", None)
-        if check is not None:  # the task's own fields (task_options) are checked here too
-            check(self)
+        # an unknown or unimportable task is an error here; its own fields are typed and checked
+        object.__setattr__(self, "options", task_lib.make_options(self.task, self.options))
+        object.__setattr__(self, "options", task_lib.checked_options(self))
         check_choice(
             "dropout_rng", self.dropout_rng, (*RNG_IMPLS, AUTO), config_field="dropout_rng"
         )
@@ -553,6 +542,18 @@ class TrainConfig:
                 "model.vocab_size unset to take the tokenizer's)."
             )
 
+    @property
+    def options_section(self) -> str | None:
+        """The config section of the task's own fields ("translation"; None: it has none)."""
+        return task_lib.options_section(self.task)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as nested plain values (as `from_mapping` reads and config.json holds
+        it), the task's options under their section's name (`options_section`)."""
+        values, section = dataclasses.asdict(self), self.options_section
+        options = values.pop("options")
+        return {**values, section: options} if section else values
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrainConfig:
         """Builds the typed config from a (nested) dict, e.g. `ConfigDict.to_dict()`.
@@ -561,7 +562,13 @@ class TrainConfig:
         total_steps follows the run's, and the model's vocabulary the data's, unless set.
         """
         values = dict(values)
-        reject_unknown_keys("config", values, [f.name for f in dataclasses.fields(cls)])
+        section = task_lib.options_section(values.get("task", cls.task))
+        if task_lib.LEGACY_SECTION in values:
+            raise ConfigError(moved_message(task_lib.LEGACY_SECTION, section))
+        fields = [f.name for f in dataclasses.fields(cls) if f.name != "options"]
+        reject_unknown_keys("config", values, fields + ([section] if section else []))
+        if section is not None:
+            values["options"] = values.pop(section, None)
         data = dict(values.pop("data", {}))
         if data.get("vocab_size") is None:
             # The embedded corpus (1.5 MB) supports ~10k pieces; BERT's size for real corpora.

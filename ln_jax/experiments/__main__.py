@@ -26,7 +26,7 @@ Translation (issue 35; the plan: docs/studies/PLAN_MT.md), on configs/study_mt.p
 Every translation arm: Adam (0.9, 0.98), no weight decay, gradient clipping OFF, the inverse
 square root after a linear warm-up (`warmup_rsqrt`; 0 = none), label smoothing 0.1; "full" is
 the paper's 4,000 warm-up steps scaled to the run (8% of total_steps, `mt_grids.full_warmup`).
-Results report BLEU by step (greedy or `--config.task_options.eval_beam`), final BLEU, steps
+Results report BLEU by step (greedy or `--config.translation.eval_beam`), final BLEU, steps
 to each BLEU target, validation NLL, and paired bootstrap intervals of the cells' differences.
 mt_gradients measures Xiong et al.'s Fig. 3 on the encoder-decoder at initialisation.
 

@@ -164,7 +164,7 @@ def mt_depth_grid(
         for arm in arms:
             over = mt_arm_overrides(arm, lr, warmup_steps, b2)
             for seed in seeds:
-                layers = {"model.num_layers": depth, "task_options.decoder_layers": dec}
+                layers = {"model.num_layers": depth, "translation.decoder_layers": dec}
                 tags = {"num_layers": depth, "decoder_layers": dec, "seed": seed, "lr": lr}
                 specs.append(
                     RunSpec(f"{prefix}-{arm}-s{seed}", arm, _seed({**layers, **over}, seed), tags)

@@ -49,6 +49,8 @@ MT_TRACES = ("collapse/", "grad_norm", "omega/", "attention_entropy/")
 STUCK_MARGIN = 0.1
 # The names a translation run's result had before issue 64 (BERT's), and its own names now.
 MT_RENAMED = {"final_eval_mlm_loss": "final_nll", "best_eval_mlm_loss": "best_nll"}
+# A translation run's own fields in the overrides it recorded before 2026-12-05, and now.
+MT_MOVED = ("task_options.", "translation.")
 
 
 class RunsFailed(RuntimeError):
@@ -212,11 +214,17 @@ def stuck(final_nll: float, is_diverged: bool, plateau: float | None) -> bool | 
 def task_named(result: dict[str, Any]) -> dict[str, Any]:
     """A stored result with a translation run's metrics under their own names (a result
     written before issue 64 called the validation NLL "final_eval_mlm_loss"; "final_eval_loss"
-    repeated it)."""
+    repeated it) and its overrides under the config's names (before 2026-12-05 translation's
+    fields were "task_options.FIELD", now "translation.FIELD")."""
     if "bleu_curve" not in result:
         return result
     out = {MT_RENAMED.get(k, k): v for k, v in result.items() if k != "final_eval_loss"}
     out.setdefault("final_nll", result.get("final_eval_loss", math.nan))
+    if "overrides" in out:
+        old, new = MT_MOVED
+        out["overrides"] = {
+            new + k[len(old) :] if k.startswith(old) else k: v for k, v in out["overrides"].items()
+        }
     return out
 
 

@@ -303,9 +303,12 @@ class Checkpointer:
         return restored["state"], restored["data_iter"]
 
     def restore_config(self, step: int) -> dict:
-        return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))[
-            "config"
-        ]
+        """The run's config saved with checkpoint `step` (one saved before 2026-12-05 with the
+        task's fields read into its section: `ln_jax.task.moved_options`)."""
+        from ln_jax.task import moved_options
+
+        args = ocp.args.Composite(config=ocp.args.JsonRestore())
+        return moved_options(self.manager.restore(step, args=args)["config"])
 
 
 class _KeptSteps(ocp.checkpoint_managers.PreservationPolicy):

@@ -35,7 +35,7 @@ CONFIG_FILE = "config.json"
 #   nan_policy                  "skip" and "stop" train alike until a non-finite step, where
 #                               "stop" ends the run: a run that finishes computed the same.
 #   compilation_cache           where compiled programs are kept: the same programs run.
-#   task_options.skip_padding   whether translation's padded positions are computed: the real
+#   translation.skip_padding    whether translation's padded positions are computed: the real
 #                               tokens get the same values (tests/test_skip_padding.py).
 #   checkpoint.*                how checkpoints are kept, written and restored (`fallback`:
 #                               the way back from a corrupt one).
@@ -70,7 +70,7 @@ FREE_FIELDS = frozenset(
         "checkpoint_every",
         "nan_policy",
         "compilation_cache",
-        "task_options.skip_padding",
+        "translation.skip_padding",
         "data.cache_dir",
         "data.download",
         "data.worker_count",
@@ -152,8 +152,10 @@ def kind_of(field: str) -> str:
 
 
 def as_dict(cfg: Any) -> dict[str, Any]:
-    """A typed config as plain JSON values (tuples become lists), as config.json holds it."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    """A typed config as plain JSON values (tuples become lists), as config.json holds it (a
+    TrainConfig's task options under their section's name: `TrainConfig.to_dict`)."""
+    values = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
+    return json.loads(json.dumps(values, default=str))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -224,11 +226,16 @@ def _check_workdir(workdir: str) -> None:
 
 
 def read_config(workdir: str) -> dict[str, Any] | None:
-    """The config recorded in `workdir`, or None if the run recorded none."""
+    """The config recorded in `workdir`, or None if the run recorded none. A config.json
+    written before 2026-12-05 holds the task's own fields in `task_options`: they are read
+    into the task's section (`ln_jax.task.moved_options`), so the run resumes, compares and
+    loads as one written since."""
+    from ln_jax.task import moved_options
+
     path = paths.as_path(workdir) / CONFIG_FILE
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    return moved_options(json.loads(path.read_text()))
 
 
 def record_config(workdir: str, config: Mapping[str, Any]) -> None:

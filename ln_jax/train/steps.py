@@ -114,7 +114,7 @@ def create_model(task: Task, mesh: jax.sharding.Mesh | None = None) -> nnx.Modul
     return sharding.create_seeded(
         task.build,
         cfg.seed,
-        cache_key=(task.name, cfg.model, cfg.task_options),
+        cache_key=(task.name, cfg.model, cfg.options),
         mesh=mesh,
         rules=sharding.DEFAULT_RULES,
     )

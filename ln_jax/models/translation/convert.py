@@ -79,8 +79,8 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
 
 
 def marian_config(hf: Mapping[str, Any], **model_fields: Any) -> tuple[ModelConfig, dict]:
-    """(ModelConfig, task_options) of a Marian config.json; `model_fields` override the model's
-    (e.g. scan_layers, dtype, vocab_multiple).
+    """(ModelConfig, the "translation" section's fields) of a Marian config.json;
+    `model_fields` override the model's (e.g. scan_layers, dtype, vocab_multiple).
 
     Raises:
       MarianError: an activation ln_jax lacks, unequal encoder/decoder widths, separate

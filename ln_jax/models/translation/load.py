@@ -2,7 +2,7 @@
 averaged) or a local HuggingFace Marian folder (`hf:PATH`): `load_translator`.
 
 Used by `python -m ln_jax.translate` and by the translation task's warm start
-(`task_options.init_from`).
+(`translation.init_from`).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def hf_translator(path: str, dataset: str = DEFAULT_DATASET):
         cfg = build_config({
             "task": "translation",
             "model": dataclasses.asdict(model_cfg),
-            "task_options": options,
+            "translation": options,
             "data": {"dataset": dataset, "tokenizer_model": source,
                      "vocab_size": model_cfg.vocab_size},
         })  # fmt: skip

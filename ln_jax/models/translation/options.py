@@ -1,4 +1,5 @@
-"""Translation's own settings (`TrainConfig.task_options` of the task "translation").
+"""Translation's own settings: the config section "translation" (`TrainConfig.options` of the
+task "translation", `--config.translation.FIELD`).
 
 The layer-stack fields (width, heads, FFN, placement, norm, dropout, dtype, init, the encoder's
 depth `num_layers`) are the shared `ModelConfig`'s; what only an encoder-decoder has lives here.
@@ -18,6 +19,7 @@ if TYPE_CHECKING:  # ln_jax.config.run imports JAX: configs/mt.py reads these wi
 # Token ids of ln_jax's translation vocabularies (`ln_jax.data` builds its sentencepiece models
 # so): the defaults of `TranslationOptions`' pad_id / bos_id / eos_id. An imported model
 # (HuggingFace Marian: pad = vocab - 1, eos = 0, decoder start = pad) sets its own.
+SECTION = "translation"  # the config section of these fields (`Translation.options_section`)
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 POSITIONS = ("sinusoidal", "learned")
 SKIP_PADDING = ("auto", "on", "off")
@@ -80,11 +82,16 @@ class TranslationOptions:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None, cfg: ModelConfig) -> TranslationOptions:
-        """Checks `task_options` (a misspelt key names the valid ones) and fills the decoder
-        depth from the model's."""
+        """The section's fields from a mapping (a misspelt key names the valid ones),
+        `resolved` for the model `cfg`."""
         values = dict(values or {})
-        reject_unknown_keys("task_options", values, [f.name for f in dataclasses.fields(cls)])
-        out = cls(**values)
+        reject_unknown_keys(SECTION, values, [f.name for f in dataclasses.fields(cls)])
+        return cls(**values).resolved(cfg)
+
+    def resolved(self, cfg: ModelConfig) -> TranslationOptions:
+        """These options checked against the model `cfg`, the decoder depth filled from the
+        model's and an "auto" `skip_padding` resolved for the platform."""
+        out = self
         if out.decoder_layers is None:
             out = dataclasses.replace(out, decoder_layers=cfg.num_layers)
         if out.skip_padding == "auto":
@@ -99,27 +106,27 @@ class TranslationOptions:
         return Specials(self.pad_id, self.bos_id, self.eos_id)
 
     def check(self, cfg: ModelConfig) -> None:
-        check_choice("task_options.positions", self.positions, POSITIONS)
-        check_choice("task_options.skip_padding", self.skip_padding, SKIP_PADDING)
+        check_choice(f"{SECTION}.positions", self.positions, POSITIONS)
+        check_choice(f"{SECTION}.skip_padding", self.skip_padding, SKIP_PADDING)
         for name, value in zip(("pad_id", "bos_id", "eos_id"), self.specials, strict=True):
             if not 0 <= value < cfg.vocab_size:
                 raise ValueError(
-                    f"task_options.{name}={value} is not an id of the {cfg.vocab_size}-token "
+                    f"{SECTION}.{name}={value} is not an id of the {cfg.vocab_size}-token "
                     "vocabulary (model.vocab_size)."
                 )
         if self.eos_id in (self.pad_id, self.bos_id):
             raise ValueError(
-                f"task_options.eos_id={self.eos_id} must differ from pad_id and bos_id "
+                f"{SECTION}.eos_id={self.eos_id} must differ from pad_id and bos_id "
                 f"({self.pad_id}, {self.bos_id})."
             )
         if self.decoder_layers <= 0:
-            raise ValueError(f"task_options.decoder_layers={self.decoder_layers} must be > 0.")
+            raise ValueError(f"{SECTION}.decoder_layers={self.decoder_layers} must be > 0.")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"task_options.label_smoothing={self.label_smoothing}: use [0, 1).")
+            raise ValueError(f"{SECTION}.label_smoothing={self.label_smoothing}: use [0, 1).")
         longest = max(self.max_source_length, self.max_target_length + 1)
         if longest > cfg.max_position_embeddings:
             raise ValueError(
-                f"task_options.max_source_length/max_target_length ({longest} positions with "
+                f"{SECTION}.max_source_length/max_target_length ({longest} positions with "
                 f"BOS) exceed model.max_position_embeddings={cfg.max_position_embeddings}; "
                 "raise it or shorten them."
             )

@@ -4,12 +4,13 @@ Batch keys (global arrays, leading axis the sentences): src, src_mask [batch, sr
 tgt_in, tgt_out [batch, tgt_len] int32 (BOS + target / target + EOS); tgt_mask [batch, tgt_len]
 float32. The loss is fairseq's label-smoothed cross-entropy over the batch's target tokens
 (token-weighted under accumulation); evaluation sums the smoothed and plain NLL over every
-validation batch and decodes the same batches (greedy, or beam `task_options.eval_beam`) for
+validation batch and decodes the same batches (greedy, or beam `translation.eval_beam`) for
 corpus BLEU with sacrebleu against the raw references.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,7 @@ from ln_jax.data import joint_tokenizer as tok_lib
 from ln_jax.models import hf_io
 from ln_jax.models.translation import convert
 from ln_jax.models.translation.model import Translator, translator_views
-from ln_jax.models.translation.options import TranslationOptions
+from ln_jax.models.translation.options import SECTION, TranslationOptions
 from ln_jax.models.translation.search import Search, translate
 from ln_jax.nn.stack import StackView, relayout, stack_output
 from ln_jax.task import Task
@@ -49,19 +50,21 @@ class Translation(Task):
     """The task of `configs/mt.py` (`--config.task=translation`)."""
 
     name = "translation"
+    options_section = SECTION
+    options_class = TranslationOptions
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
-        self.options = TranslationOptions.from_mapping(cfg.task_options, cfg.model)
+        self.options = cfg.options.resolved(cfg.model)
         self.tokenizer = None  # set by `pipelines`
         self.references: list[str] | None = None
 
     @staticmethod
-    def check_config(cfg: Any) -> None:
-        """Raises ValueError for task_options the model cannot run (called by TrainConfig), and
-        records the platform's choice of an "auto" `skip_padding` in the config."""
-        options = TranslationOptions.from_mapping(cfg.task_options, cfg.model)
-        cfg.task_options["skip_padding"] = options.skip_padding
+    def check_config(cfg: Any) -> TranslationOptions:
+        """Raises ValueError for options the model cannot run (called by TrainConfig); the
+        options recorded have the platform's choice of an "auto" `skip_padding`."""
+        options = cfg.options.resolved(cfg.model)
+        return dataclasses.replace(cfg.options, skip_padding=options.skip_padding)
 
     # ----------------------------------------------------------------- model and loss
 
@@ -141,7 +144,7 @@ class Translation(Task):
         return model.loss_sums(hidden, batch["tgt_out"], batch["tgt_mask"], eps)
 
     def initialize(self, model: Translator) -> bool:
-        """A fresh run from `task_options.init_from`: a translation workdir's latest parameters
+        """A fresh run from `translation.init_from`: a translation workdir's latest parameters
         or a HuggingFace Marian folder ("hf:PATH"), in the model's shardings. False (the
         placements' own set-up runs) when it is not set."""
         source = self.options.init_from
@@ -238,7 +241,7 @@ class Translation(Task):
             train.close()
             raise ConfigError(
                 f"the tokenizer's (pad, bos, eos) ids are {tok_lib.specials(tokenizer)} but "
-                f"task_options has {tuple(o.specials)}; set task_options.pad_id/bos_id/eos_id "
+                f"{SECTION} has {tuple(o.specials)}; set {SECTION}.pad_id/bos_id/eos_id "
                 "to the tokenizer's."
             )
         evals, _ = make_translation_pipeline(

@@ -46,10 +46,9 @@ PROG = "python -m ln_jax.translate"
 def translate_sentences(model, cfg, tokenizer, sources: Sequence[str], search, batch: int = 64):
     """The hypotheses (detokenised strings) of `sources`, in order."""
     from ln_jax import sharding
-    from ln_jax.models.translation.options import TranslationOptions
     from ln_jax.models.translation.search import translate
 
-    options = TranslationOptions.from_mapping(cfg.task_options, cfg.model)
+    options = cfg.options.resolved(cfg.model)
     search.check(cfg.model.vocab_size)
     ids = [tokenizer.encode(s) + [options.eos_id] for s in sources]
     longest = max((len(i) for i in ids), default=0)

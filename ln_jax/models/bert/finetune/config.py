@@ -3,9 +3,9 @@
 `FinetuneConfig.from_mapping` validates once; `train_config(cell, seed, ...)` turns one cell of
 the lr x batch x epochs grid and one seed into the `TrainConfig` that the one trainer
 (`ln_jax.train.trainer.train_and_evaluate`) runs: task "glue_classification" with its
-`task_options` (the GLUE task, the pretrained source and step, the classifier dropout, the
-example limits), evaluation and a checkpoint every epoch, the optimizer, schedule, seed, mesh,
-NaN policy and dropout PRNG.
+section "glue" (`GlueOptions`: the GLUE task, the pretrained source and step, the classifier
+dropout, the example limits), evaluation and a checkpoint every epoch, the optimizer, schedule,
+seed, mesh, NaN policy and dropout PRNG.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from ln_jax.config.optim import OptimConfig
 from ln_jax.config.run import CheckpointConfig, MeshConfig, ModelConfig, MonitorConfig, TrainConfig
 from ln_jax.data.config import DataConfig
+from ln_jax.models.bert.finetune.options import GlueOptions
 from ln_jax.models.bert.finetune.tasks import TASKS
 from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
 
@@ -176,14 +177,14 @@ def train_config(
         hidden_dropout=hidden,
         attention_dropout=encoder.attention_dropout if attention is None else attention,
     )
-    options = {
-        "glue_task": cfg.task,
-        "init_from": init[0],
-        "init_step": init[1],
-        "classifier_dropout": hidden if cfg.classifier_dropout is None else cfg.classifier_dropout,
-        "max_train_examples": cfg.data.max_train_examples,
-        "max_eval_examples": cfg.data.max_eval_examples,
-    }
+    options = GlueOptions(
+        glue_task=cfg.task,
+        init_from=init[0],
+        init_step=init[1],
+        classifier_dropout=hidden if cfg.classifier_dropout is None else cfg.classifier_dropout,
+        max_train_examples=cfg.data.max_train_examples,
+        max_eval_examples=cfg.data.max_eval_examples,
+    )
     data = DataConfig(
         dataset=task.dataset,
         data_dir=cfg.data.data_dir,
@@ -199,7 +200,7 @@ def train_config(
     return TrainConfig(
         name=f"{cfg.name}/{cell.name}/seed{seed}",
         task="glue_classification",
-        task_options=options,
+        options=options,
         seed=seed,
         total_steps=total,
         eval_every=steps_per_epoch,

@@ -2,7 +2,7 @@
 (`ln_jax.train.trainer.train_and_evaluate`) needs to fine-tune a pretrained encoder.
 
 A run's `TrainConfig` (made by `finetune.config.train_config`) names the task and carries its
-settings in `task_options`:
+settings in its section "glue" (`GlueOptions`, `TrainConfig.options`):
 
   glue_task            a key of `finetune.tasks.TASKS` ("offline", "mrpc", "rte", ...)
   init_from, init_step the pretrained source (a `train.py` workdir and its step, or "hf:PATH")
@@ -30,6 +30,7 @@ from ln_jax import sharding
 from ln_jax.data import glue
 from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune.model import BertClassifier, classification_loss
+from ln_jax.models.bert.finetune.options import SECTION, GlueOptions
 from ln_jax.models.bert.finetune.tasks import TASKS, GlueTask, predictions, task_scores
 from ln_jax.task import Task
 from ln_jax.validate import ConfigError
@@ -50,17 +51,19 @@ class GlueClassification(Task):
     """
 
     name = "glue_classification"
+    options_section = SECTION
+    options_class = GlueOptions
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
-        options = cfg.task_options
-        if options.get("glue_task") not in TASKS:
+        options: GlueOptions = cfg.options
+        if options.glue_task not in TASKS:
             raise ConfigError(
-                f"task_options.glue_task={options.get('glue_task')!r}: task glue_classification "
+                f"{SECTION}.glue_task={options.glue_task!r}: task glue_classification "
                 f"needs one of {', '.join(TASKS)}."
             )
-        self.glue: GlueTask = TASKS[options["glue_task"]]
-        dropout = options.get("classifier_dropout")
+        self.glue: GlueTask = TASKS[options.glue_task]
+        dropout = options.classifier_dropout
         self.classifier_dropout = cfg.model.hidden_dropout if dropout is None else float(dropout)
 
     def build(self, rngs: Any) -> BertClassifier:
@@ -138,14 +141,14 @@ class GlueClassification(Task):
     # ----------------------------------------------------------------------- data
 
     def pretrained(self, mesh: jax.sharding.Mesh) -> pretrained_lib.Pretrained:
-        options = self.cfg.task_options
-        init = (options.get("init_from"), options.get("init_step"))
+        options = self.cfg.options
+        init = (options.init_from, options.init_step)
         return pretrained_lib.cached_pretrained(*init, mesh)
 
     def arrays(self, mesh: jax.sharding.Mesh) -> tuple[dict, dict]:
         """(train, dev) `glue.encode_examples` of the task (`cached_arrays`)."""
-        data, options = self.cfg.data, self.cfg.task_options
-        limits = (options.get("max_train_examples"), options.get("max_eval_examples"))
+        data, options = self.cfg.data, self.cfg.options
+        limits = (options.max_train_examples, options.max_eval_examples)
         where = (data.data_dir, data.download, data.max_seq_length)
         return cached_arrays(self.glue, *where, *limits, self.pretrained(mesh))
 
