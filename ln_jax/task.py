@@ -50,6 +50,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ln_jax.validate import LEGACY_SECTION  # the task's fields until 2026-12-05
+
 Array = jax.Array
 Batch = dict[str, Array]
 
@@ -246,9 +248,6 @@ def factory(name: str) -> Callable[[Any], Task]:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"task {name!r}: cannot import {target!r} ({err}).") from None
-
-
-LEGACY_SECTION = "task_options"  # the untyped dict of the task's fields, until 2026-12-05
 
 
 def options_section(task: str) -> str | None:

@@ -148,6 +148,10 @@ def reject_unknown_keys(kind: str, given: Mapping[str, Any], valid: Iterable[str
             raise ValueError(f"unknown {kind} field {key!r}.{hint} Valid: {', '.join(valid)}.")
 
 
+# The section of a task's own fields until 2026-12-05: one untyped dict (`ln_jax.task`).
+LEGACY_SECTION = "task_options"
+
+
 def moved_message(dotted: str, section: str | None) -> str:
     """The one line of a field given as `task_options.FIELD` (or the section itself): the task's
     own fields moved into its section on 2026-12-05."""

@@ -19,7 +19,15 @@ from typing import Any
 
 from ml_collections.config_dict import FieldReference
 
-from ln_jax.validate import ConfigError, Fix, closest, did_you_mean, moved_message, suggest
+from ln_jax.validate import (
+    LEGACY_SECTION,
+    ConfigError,
+    Fix,
+    closest,
+    did_you_mean,
+    moved_message,
+    suggest,
+)
 
 __all__ = [
     "CommandLine",
@@ -46,7 +54,6 @@ __all__ = [
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIG_PREFIX = "--config."
 EXAMPLE_CONFIG = "configs/bert_preln.py:tiny"
-LEGACY_SECTION = "task_options"  # the task's own fields until 2026-12-05 (`ln_jax.task`)
 
 
 @dataclasses.dataclass(frozen=True)
