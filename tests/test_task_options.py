@@ -21,8 +21,10 @@ from ln_jax.train import run_identity
 from ln_jax.validate import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# Workdirs of the running gate study (issue 66), recorded with `task_options`.
+# The gate study's attempt-3 runs (issue 64) as they were recorded to step 2,000, with
+# `task_options` (their config.json is rewritten as the runs go on, in the new format).
 OLD_RUNS = REPO / "docs/studies/mt_gate/attempt3-fairseq-lr5e-4-w500"
+OLD_CONFIG = "config_to_step_2000.json"
 MT_TINY = "--config=configs/mt.py:tiny"
 STUDY = ["--config=configs/study_mt.py:gate", "--config.model.init=fairseq"]
 
@@ -30,7 +32,7 @@ STUDY = ["--config=configs/study_mt.py:gate", "--config.model.init=fairseq"]
 def old_workdir(tmp_path: pathlib.Path, name: str) -> pathlib.Path:
     workdir = tmp_path / name
     workdir.mkdir()
-    shutil.copy(OLD_RUNS / name / "config.json", workdir / "config.json")
+    shutil.copy(OLD_RUNS / name / OLD_CONFIG, workdir / "config.json")
     return workdir
 
 
@@ -146,7 +148,7 @@ def test_a_checkpoint_s_old_config_reads_into_the_section(tmp_path):
     from ln_jax.config.run import CheckpointConfig
     from ln_jax.train.checkpoint import Checkpointer
 
-    raw = json.loads((OLD_RUNS / "L6-post_warmup-s0" / "config.json").read_text())
+    raw = json.loads((OLD_RUNS / "L6-post_warmup-s0" / OLD_CONFIG).read_text())
     ckpt = Checkpointer(str(tmp_path / "checkpoints"), CheckpointConfig(async_save=False))
     try:
         ckpt.save(1, {"params": {"w": jnp.zeros(2)}}, {}, raw)
