@@ -260,6 +260,19 @@ def options_section(task: str) -> str | None:
     return getattr(factory(task), "options_section", None)
 
 
+def free_fields(task: str) -> frozenset[str]:
+    """The dotted fields of the task's own section that a resumed run may change without
+    asking (`ln_jax.train.run_identity`): the names in its options class's `FREE_ON_RESUME`,
+    which change no value the run computes, e.g. {"translation.skip_padding"}.
+
+    Raises:
+      ValueError: an unknown or unimportable task (`factory`).
+    """
+    section = options_section(task)
+    kind = getattr(factory(task), "options_class", None)
+    return frozenset(f"{section}.{name}" for name in getattr(kind, "FREE_ON_RESUME", ()))
+
+
 def make_options(task: str, given: Any) -> Any:
     """The typed options of the task named `task` from `given` (a mapping of its section, an
     instance of its `options_class`, or None = the defaults); None for a task with none.

@@ -129,6 +129,26 @@ def test_free_changes_resume_consent_ones_ask_and_unsafe_ones_need_a_new_workdir
         assert err.value.fix.set == {"--workdir": f"{tmp_path}_3"}
 
 
+def test_a_family_names_its_own_free_fields(tmp_path):
+    """translation.skip_padding is free because the translation family's options class says
+    so (`FREE_ON_RESUME`), not because the resume table names it: a translation run resumes
+    across it, while its other fields stay unsafe."""
+    from ln_jax.models.translation.options import TranslationOptions
+    from ln_jax.task import free_fields
+
+    assert free_fields("translation") == {"translation.skip_padding"}
+    assert free_fields("bert_pretraining") == frozenset()
+    assert not any(f.startswith("translation.") for f in run_identity.FREE_FIELDS)
+    section = run_identity.as_dict(TranslationOptions(skip_padding="on"))
+    old = {**_config(task="translation"), "translation": section}
+    new = {**old, "translation": {**section, "skip_padding": "off"}}
+    notes = run_identity.check_resume(old, new, 8, str(tmp_path))
+    assert notes == ["translation.skip_padding: 'on' -> 'off'"]
+    smoothed = {**old, "translation": {**section, "label_smoothing": 0.2}}
+    with pytest.raises(run_identity.RunMismatchError, match="label_smoothing cannot change"):
+        run_identity.check_resume(old, smoothed, 8, str(tmp_path), accept_changes=True)
+
+
 def test_a_tpu_run_begun_with_rbg_bits_resumes_with_consent(tmp_path):
     """On a TPU "auto" dropout bits were rbg before 2026-11-28 and are hash since: such a run
     resumes with --accept_changes (masks of the same distribution from then on), not only in

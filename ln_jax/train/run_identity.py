@@ -35,8 +35,8 @@ CONFIG_FILE = "config.json"
 #   nan_policy                  "skip" and "stop" train alike until a non-finite step, where
 #                               "stop" ends the run: a run that finishes computed the same.
 #   compilation_cache           where compiled programs are kept: the same programs run.
-#   translation.skip_padding    whether translation's padded positions are computed: the real
-#                               tokens get the same values (tests/test_skip_padding.py).
+#   a family's own fields       those its options class names in `FREE_ON_RESUME`
+#                               (`ln_jax.task.free_fields`; translation: skip_padding).
 #   checkpoint.*                how checkpoints are kept, written and restored (`fallback`:
 #                               the way back from a corrupt one).
 #   monitor.*                   what is measured and warned about (cadence, thresholds).
@@ -70,7 +70,6 @@ FREE_FIELDS = frozenset(
         "checkpoint_every",
         "nan_policy",
         "compilation_cache",
-        "translation.skip_padding",
         "data.cache_dir",
         "data.download",
         "data.worker_count",
@@ -123,11 +122,7 @@ class Change:
     field: str
     old: Any
     new: Any
-
-    @property
-    def kind(self) -> str:
-        """ "free" (resumes as it is), "consent" (needs --accept_changes) or "unsafe"."""
-        return kind_of(self.field)
+    kind: str = "unsafe"  # "free" (resumes as it is), "consent" (--accept_changes), "unsafe"
 
     @property
     def safe(self) -> bool:
@@ -141,10 +136,11 @@ class Change:
 _ABSENT = object()
 
 
-def kind_of(field: str) -> str:
+def kind_of(field: str, family_free: frozenset[str] = frozenset()) -> str:
     """What a change of `field` (dotted, e.g. "checkpoint.fallback") needs on resume: "free",
-    "consent" or "unsafe" (the table above)."""
-    if field in FREE_FIELDS or field.startswith(FREE_SECTIONS):
+    "consent" or "unsafe" (the table above; `family_free`: the task's own free fields,
+    `ln_jax.task.free_fields`)."""
+    if field in FREE_FIELDS or field in family_free or field.startswith(FREE_SECTIONS):
         return "free"
     if field in CONSENT_FIELDS or field in SCHEDULE_FIELDS:
         return "consent"
@@ -171,9 +167,15 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     """The fields whose values differ (a field only one side has counts as a change)."""
+    from ln_jax.task import free_fields
+
     a, b = flatten(old), flatten(new)
     a = {**{k: v for k, v in ADDED_FIELDS.items() if k not in a}, **a}
-    changes = [Change(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in sorted(set(a) | set(b))]
+    free = free_fields(b.get("task", ADDED_FIELDS["task"]))
+    changes = [
+        Change(k, a.get(k, _ABSENT), b.get(k, _ABSENT), kind_of(k, free))
+        for k in sorted(set(a) | set(b))
+    ]
     return [c for c in changes if c.old != c.new]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from ln_jax.validate import check_choice, reject_unknown_keys
 
@@ -79,6 +79,9 @@ class TranslationOptions:
     output_bias: bool = False
     init_from: str | None = None
     skip_padding: str = "auto"
+    # Fields a resumed run may change without asking (`ln_jax.task.free_fields`): computing
+    # the padded positions or not gives the real tokens the same values (test_skip_padding.py).
+    FREE_ON_RESUME: ClassVar[tuple[str, ...]] = ("skip_padding",)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None, cfg: ModelConfig) -> TranslationOptions:
