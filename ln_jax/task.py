@@ -35,9 +35,10 @@ Fine-tuning (`ln_jax.models.bert.finetune.task.GlueClassification`, "glue_classi
 overrides `initialize` and `run_result`; translation
 (`ln_jax.models.translation.task.Translation`) `check_config`, `check_data`, `initialize`,
 `tokens_per_step`, `eval_description` and `host_batches`; BERT pretraining `check_data`,
-`random_batch` and `host_batches`; the toy of tests/toy_task.py none. The model a task builds
-may also be `ln_jax.nn.stack.Stacked` (its stacks seen by Admin's profiling, the monitor and the
-analyses).
+`random_batch` and `host_batches`; the toy of tests/toy_task.py none (its config,
+tests/toy_config.py, starts from the typed defaults, not from BERT's recipe). The model a task
+builds may also be `ln_jax.nn.stack.Stacked` (its stacks seen by Admin's profiling, the monitor
+and the analyses).
 """
 
 from __future__ import annotations

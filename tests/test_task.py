@@ -27,29 +27,8 @@ class NotATask:
 
 
 def toy_config(**extra):
-    values = override(
-        load_config("configs/bert_preln.py:tiny"),
-        {
-            "task": TOY,
-            "total_steps": 8,
-            "log_every": 2,
-            "eval_every": 4,
-            "checkpoint_every": 4,
-            "eval_batches": None,
-            "grad_accum_steps": 1,
-            "optim.peak_lr": 1e-2,
-            "optim.warmup_steps": 0,
-            "data.global_batch_size": 16,
-            "model.hidden_size": 16,
-            "model.mlp_dim": 24,
-            "model.hidden_dropout": 0.0,
-            "mesh.data": 2,
-            "mesh.fsdp": 2,
-            "mesh.tensor": 2,
-            **extra,
-        },
-    )
-    return build_config(values)
+    """The toy's own config (tests/toy_config.py: no BERT recipe) with `extra` overrides."""
+    return build_config(override(load_config("tests/toy_config.py"), extra))
 
 
 def records(workdir) -> list[dict]:
@@ -142,7 +121,7 @@ def test_the_toy_s_own_config_section_is_its_file_s(tmp_path):
     from tests.toy_task import ToyOptions
 
     assert toy_config().options == ToyOptions()
-    values = {**load_config("configs/bert_preln.py:tiny"), "task": TOY, "toy": {"length": 4}}
+    values = load_config("tests/toy_config.py")
     cfg = build_config(override(values, {"toy.length": "6", "model.hidden_size": 16}))
     assert cfg.options == ToyOptions(length=6) and cfg.to_dict()["toy"] == {"length": 6}
     from ln_jax import sharding
