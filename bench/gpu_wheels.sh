@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python packages the GPU machine's image lacks, as cp312 wheels in .whl/ (ignored by git),
-# for `bench/accelerator_suite.sh --wheels .whl` (the device tool carries them: carry [".whl"]).
+# for `bench/gpu/accelerator_suite.sh --wheels .whl` (the device tool carries them: carry [".whl"]).
 #
 #   bench/gpu_wheels.sh            # here, on the CPU host, with network access to the registry
 #

@@ -1,4 +1,4 @@
-"""bench/accelerator_suite.sh in its CPU mode (tiny shapes): every step runs, and the table it
+"""bench/gpu/accelerator_suite.sh in its CPU mode (tiny shapes): every step runs, and the table it
 prints follows from the step results it wrote (so the GPU mode's table can be trusted)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench import suite_report
+from bench.gpu import suite_report
 
 pytest_plugins = ("tests.data_fixtures",)
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -26,7 +26,7 @@ def test_the_suite_runs_on_cpu_and_its_table_follows_from_its_results(
         # Two of the arms (each compiles its own step: the others add CI minutes, not checks;
         # an arm's fields are parsed in tests/test_bench_accel.py, the kernel's step runs in
         # tests/test_flash.py)
-        ["bash", "bench/accelerator_suite.sh", "--cpu", "--out", str(out), "--budget", "400",
+        ["bash", "bench/gpu/accelerator_suite.sh", "--cpu", "--out", str(out), "--budget", "400",
          "--arms", "default,main"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

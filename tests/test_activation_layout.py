@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from bench import accel_step
+from bench.speed import accel_step
 from configs import bert_preln
 from ln_jax import sharding
 from ln_jax.config.run import TrainConfig

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from bench.bench_translate_hf import train_batch
-from bench.measure import make_batch
+from bench.speed.bench_translate_hf import train_batch
+from bench.speed.measure import make_batch
 from configs import bert_preln, mt
 from ln_jax import sharding
 from ln_jax.config.run import TrainConfig

@@ -1,4 +1,4 @@
-"""bench/bench_accel.py runs on CPU at a tiny shape and its figures follow from its timings."""
+"""bench/speed/bench_accel.py runs on CPU at a tiny shape; its figures follow from its timings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from bench import accel_step, bench_accel
+from bench.speed import accel_step, bench_accel
 
 pytest_plugins = ("tests.data_fixtures",)
 
@@ -104,7 +104,7 @@ def test_an_arm_s_xla_options_are_split_from_its_config_fields():
     """`--arm=NAME:xla.OPTION=VALUE,...`: the xla.* keys are compiler options of that arm's
     compile (typed), the rest config fields; on a CPU all arms compile at once, elsewhere one
     at a time (autotuning times kernels on the device)."""
-    from bench import accel_arms
+    from bench.speed import accel_arms
 
     name, overrides = bench_accel.parse_arm(
         "cublas:xla.xla_gpu_enable_triton_gemm=false,model.dtype=bfloat16,xla.xla_gpu_x=3"
@@ -123,7 +123,7 @@ def test_on_a_gpu_each_arm_dumps_its_autotuning_and_an_xla_without_the_option_st
     refuses the option, the arm compiles without it; on a CPU nothing is asked."""
     import argparse
 
-    from bench import accel_arms
+    from bench.speed import accel_arms
 
     args = argparse.Namespace(autotune_dump=str(tmp_path / "at"))
     assert accel_arms.autotune_dump(args, "default") == ""  # the tests' CPU
@@ -156,7 +156,7 @@ def test_on_a_gpu_each_arm_dumps_its_autotuning_and_an_xla_without_the_option_st
 
 
 def test_a_batch_too_short_for_its_predictions_is_refused_before_compiling():
-    from bench import measure
+    from bench.speed import measure
 
     shape = dict(batch=2, seq=16, predictions=20, vocab=50)
     with pytest.raises(measure.ShapeError, match=r"length 16 has 14 maskable .* 20 masked.*--seq"):

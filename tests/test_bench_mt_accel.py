@@ -1,4 +1,4 @@
-"""bench/bench_mt_accel.py: its counted FLOPs (the formula of its docstring, checked against
+"""bench/speed/bench_mt_accel.py: its counted FLOPs (the formula of its docstring, checked against
 XLA's own count of the same forward pass on the CPU, where XLA's cost analysis sees every dot),
 and its CPU mode against HuggingFace Marian with both layers' layouts in flight."""
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from bench import bench_mt_accel
+from bench.speed import bench_mt_accel
 from ln_jax import sharding
 from ln_jax.models.translation.task import Translation
 
@@ -43,7 +43,7 @@ def test_both_layouts_in_flight_against_marian_and_the_reports_targets(tmp_path,
     (eager here; torch.compile on a GPU) on the same batch, ln_jax's search against Marian's
     generate on one model's weights; the targets follow from the timings, and the suite's
     report prints them (judged only on a GPU)."""
-    from bench import suite_report
+    from bench.gpu import suite_report
 
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # what --marian sets
     out = tmp_path / "mt.json"

@@ -1,9 +1,9 @@
-"""bench/gpu_call.sh in its CPU mode: the suite's part (every step skipped: its CPU mode runs in
-tests/test_accelerator_suite.py), then bench/gpu_mt_fig2.sh in its CPU mode (tiny shapes, 2
+"""bench/gpu/gpu_call.sh in its CPU mode: the suite's part (every step skipped: its CPU mode runs in
+tests/test_accelerator_suite.py), then bench/gpu/gpu_mt_fig2.sh in its CPU mode (tiny shapes, 2
 steps), in one results folder; the readout's figures follow from the runs' result.json files.
 
 One study only, for the suite's time: on 2 loaded cores the fig2 part took 81 s, the liu part
-(bench/gpu_mt_liu_depth.sh --cpu: Admin's profiling and a third compiled placement) 75 s
+(bench/gpu/gpu_mt_liu_depth.sh --cpu: Admin's profiling and a third compiled placement) 75 s
 more. The readouts of both are tested on made-up study folders (tests/test_gpu_study_readout.py).
 """
 
@@ -44,7 +44,7 @@ def _rise(train):
 def test_the_call_runs_the_suite_then_the_fig2_study_and_reads_it_out(tmp_path):
     out, back = tmp_path / "call", tmp_path / "back"
     run = subprocess.run(
-        ["bash", "bench/gpu_call.sh", "--cpu", f"--out={out}", f"--collect={back}",
+        ["bash", "bench/gpu/gpu_call.sh", "--cpu", f"--out={out}", f"--collect={back}",
          "--suite_skip=bench,profile,torch,mt,main_job", "--studies=fig2", "--budget=400"],
         cwd=ROOT, env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True,
         timeout=600,

@@ -1,6 +1,6 @@
-"""The one-call GPU study scripts (bench/gpu_mt_warmup.sh, bench/gpu_bert_xiong.sh,
-bench/gpu_mt_fig2.sh, bench/gpu_mt_liu_depth.sh) share their command line
-(bench/gpu_common.sh): help, a wrong argument, the missing prepared data; bench/gpu_call.sh
+"""The one-call GPU study scripts (bench/gpu/gpu_mt_warmup.sh, bench/gpu/gpu_bert_xiong.sh,
+bench/gpu/gpu_mt_fig2.sh, bench/gpu/gpu_mt_liu_depth.sh) share their command line
+(bench/gpu/gpu_common.sh): help, a wrong argument, the missing prepared data; bench/gpu/gpu_call.sh
 too. Their CPU modes run in tests/test_gpu_call.py."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ SCRIPTS = {"gpu_mt_warmup.sh": "gettext_de_en", "gpu_bert_xiong.sh": "sitedocs",
 
 def _run(script: str, *args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", os.path.join(cwd, "bench", script), *args],
+        ["bash", os.path.join(cwd, "bench", "gpu", script), *args],
         capture_output=True, text=True, timeout=60, cwd=cwd,
     )  # fmt: skip
 
@@ -41,12 +41,12 @@ def test_an_unknown_argument_is_a_one_line_error(script):
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_without_prepared_data_it_names_the_prepare_command(script, tmp_path):
     copy = tmp_path / "repo"
-    (copy / "bench").mkdir(parents=True)
+    (copy / "bench" / "gpu").mkdir(parents=True)
     for name in (script, "gpu_common.sh"):
-        shutil.copy(os.path.join(ROOT, "bench", name), copy / "bench" / name)
+        shutil.copy(os.path.join(ROOT, "bench", "gpu", name), copy / "bench" / "gpu" / name)
     run = _run(script, f"--out={tmp_path / 'out'}", cwd=str(copy))
     assert run.returncode == 2
-    assert f"run bench/{script} --prepare here first" in run.stderr
+    assert f"run bench/gpu/{script} --prepare here first" in run.stderr
     assert SCRIPTS[script] in run.stderr
     assert not (tmp_path / "out").exists()  # nothing started
 
@@ -64,8 +64,9 @@ def test_the_call_checks_its_arguments_and_the_prepared_data(tmp_path):
     assert run.returncode == 2
     assert run.stderr.strip() == "gpu_call.sh: unknown argument --bogus; see --help"
     copy = tmp_path / "repo"
-    (copy / "bench").mkdir(parents=True)
-    shutil.copy(os.path.join(ROOT, "bench", "gpu_call.sh"), copy / "bench" / "gpu_call.sh")
+    (copy / "bench" / "gpu").mkdir(parents=True)
+    gpu_call = ("bench", "gpu", "gpu_call.sh")
+    shutil.copy(os.path.join(ROOT, *gpu_call), copy.joinpath(*gpu_call))
     run = _run("gpu_call.sh", f"--out={tmp_path / 'out'}", cwd=str(copy))
-    assert run.returncode == 2 and "bench/gpu_mt_warmup.sh --prepare here first" in run.stderr
+    assert run.returncode == 2 and "bench/gpu/gpu_mt_warmup.sh --prepare here first" in run.stderr
     assert not (tmp_path / "out").exists()

@@ -1,4 +1,4 @@
-"""bench/gpu_study_readout.py: the GPU studies' pre-registered readouts, from synthetic study
+"""bench/gpu/gpu_study_readout.py: the GPU studies' pre-registered readouts, from synthetic study
 folders (result.json files as `ln_jax.experiments` writes them, and a run cut off by the budget
 that left only its metrics.jsonl)."""
 
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from bench import gpu_study_readout as readout
+from bench.gpu import gpu_study_readout as readout
 
 
 def _result(name, arm, depth, evals, bleus, train, collapse, diverged=False):

@@ -159,10 +159,10 @@ def test_text_that_is_not_an_hlo_module_is_a_clear_error():
 
 
 def test_a_profile_joined_with_its_hlo_gives_each_class_s_rate(tmp_path):
-    """bench/profile_summary.py --hlo_dir: the dumped module the profile's kernel names match
+    """bench/gpu/profile_summary.py --hlo_dir: the dumped module the profile's kernel names match
     is read; its classes name the profile's kernels, and bytes (FLOPs) over measured time give
     each class's rate against the chip's."""
-    from bench import profile_summary
+    from bench.gpu import profile_summary
 
     (tmp_path / "module_0001.jit_step_fn.sm_9.0_gpu_after_optimizations.txt").write_text(HLO)
     other = HLO.replace("input_transpose_fusion.2", "other_fusion.5").replace("fusion.9", "f.9")
@@ -193,7 +193,7 @@ def test_a_profile_joined_with_its_hlo_gives_each_class_s_rate(tmp_path):
 
 
 def test_a_module_the_census_cannot_read_is_left_out_and_named(tmp_path, capsys):
-    from bench import profile_summary
+    from bench.gpu import profile_summary
 
     (tmp_path / "module_0001.jit_step_fn.sm_9.0_gpu_after_optimizations.txt").write_text(HLO)
     (tmp_path / "module_0002.jit_step_fn.sm_9.0_gpu_after_optimizations.txt").write_text("}")
@@ -208,7 +208,7 @@ def test_a_module_the_census_cannot_read_is_left_out_and_named(tmp_path, capsys)
 def test_a_profile_summary_counts_its_small_kernels_by_duration():
     """profile_summary's `by_duration`: kernels and ms per step in each duration band, so the
     cost of a step's many tiny kernels is read off the profile (the bands' times add up)."""
-    from bench import profile_summary
+    from bench.gpu import profile_summary
 
     step = [("adam_a", 0.002), ("adam_b", 0.003), ("norm", 0.004), ("ln", 0.010),
             ("ln", 0.015), ("gelu", 0.050), ("gemm", 0.400)]  # fmt: skip
@@ -349,7 +349,7 @@ def test_a_fusion_named_for_a_copy_that_computes_is_elementwise():
 # hlo.tgz, module_430916): a cuBLAS GEMM whose left operand is element 1 of a multi-output
 # fusion ("%input_multiply_reduce_fusion#1", bf16[256,768]), whose element 0 (bf16[768]) has
 # one dimension. The census read the tuple's first array as the operand and failed
-# (IndexError: the GEMM contracts dimension 1), so bench/profile_summary.py crashed on that
+# (IndexError: the GEMM contracts dimension 1), so bench/gpu/profile_summary.py crashed on that
 # step. The lines are XLA's; the entry's producers of the fusion's operands are parameters.
 GEMM_OF_A_TUPLE_ELEMENT = """HloModule jit_step_fn, is_scheduled=true
 

@@ -1,4 +1,4 @@
-"""bench/suite_report.py's targets from given result files: the PyTorch target is judged against
+"""bench/gpu/suite_report.py's targets from given result files: the PyTorch target is judged against
 the like-for-like anchor (HuggingFace + torch.compile with MLM at the masked positions, issue
 67), the every-position anchor printed beside it; the translation targets against Marian."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench import suite_report
+from bench.gpu import suite_report
 
 
 def _arm(ms: float, ms_in_flight: float, mfu: float, batch: int = 256) -> dict:

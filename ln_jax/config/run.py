@@ -241,7 +241,7 @@ class ModelConfig:
         if self.head_dim > 128 or self.head_dim % 8:
             return f"it needs a head_dim that is a multiple of 8 up to 128, not {self.head_dim}"
         if self.attention_dropout > 0.0:
-            # Measured (jax 0.11.2, H200; bench/cudnn_dropout_facts.py): cuDNN draws the same
+            # Measured (jax 0.11.2, H200; bench/probes/cudnn_dropout_facts.py): cuDNN draws the same
             # masks at every step of a jitted program, and aborts XLA inside CUDA graphs.
             return (
                 "its attention dropout is not usable (cuDNN repeats the same masks at every "

@@ -40,7 +40,7 @@ class DataWorkerError(RuntimeError):
 
 # Arrays below this size cross from a worker by pickle instead of a shared-memory block each.
 # grain's default, a shared-memory block per chunk, gave 0.79x the pipe's examples/s with two
-# workers (`python bench/bench_data.py --transport 2 --rounds=6`, docs/benchmarks.md).
+# workers (`python bench/speed/bench_data.py --transport 2 --rounds=6`, docs/benchmarks.md).
 _NO_SHARED_MEMORY = grain.experimental.DatasetOptions(min_shm_size=1 << 40)
 
 

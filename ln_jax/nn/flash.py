@@ -174,7 +174,7 @@ def _pad(x: Array, length: int, head: int) -> Array:
 
 class Tuning(NamedTuple):
     """Triton launch settings (GPU only): warps per program of the forward and backward
-    kernels, software-pipeline stages (defaults: the fastest of bench/bench_flash.py's on one
+    kernels, software-pipeline stages (defaults: the fastest of bench/speed/bench_flash.py's on one
     H100 at BERT-base shapes: 1.08 ms a layer against 2.12 with 4 warps), and whether a
     query/key pair of single blocks (lengths up to 128: BERT) takes one backward kernel for dq,
     dk and dv (the probabilities recomputed once; 1.43 ms with two) instead of two."""
@@ -190,7 +190,7 @@ TUNING_ENV = "LN_JAX_FLASH_TUNING"
 
 def default_tuning() -> Tuning:
     """`Tuning()`, or the settings in $LN_JAX_FLASH_TUNING ("warps_fwd,warps_bwd,stages,fused",
-    e.g. "4,8,2,1"; bench/bench_flash.py prints the fastest), read when a step is traced."""
+    e.g. "4,8,2,1"; bench/speed/bench_flash.py prints the fastest), read when a step is traced."""
     text = os.environ.get(TUNING_ENV, "").strip()
     if not text:
         return Tuning()

@@ -20,7 +20,7 @@ the matmuls are cut differently); padded positions get fn(x) or zeros, which no 
 reads (attention masks padded keys, the loss weights them 0).
 
 Measured on one core (the `small` train step, 64 x 32 batch, 43% padding; `python
-bench/bench_translate_hf.py --mode=skip`): the feed-forward layers and the output projection
+bench/speed/bench_translate_hf.py --mode=skip`): the feed-forward layers and the output projection
 this way take the step to 0.84 of its time. Slower, each interleaved with the unskipped step
 in one process: one `lax.cond` per later chunk (0.885; an executed `cond` copies its weights
 in and returns a whole weight gradient), every chunk under a `cond` (0.92), one `lax.switch`

@@ -4,7 +4,7 @@ A jitted function's call flattens its arguments and builds its outputs again, on
 before and after the device runs. The train state's parameters and Adam moments are NNX
 `Variable`s, each flattened and built again by a Python call, so the host's part of a step grew
 with the number of arrays: on this CPU (BERT-base, 629 state arrays, one device; `python
-bench/bench_launch.py --size=base`) the step's call returned after 6.6 ms with the state as
+bench/speed/bench_launch.py --size=base`) the step's call returned after 6.6 ms with the state as
 nested `nnx.State`s and 3.1 ms with the same arrays in one list. Where the device's step is
 short (BERT-tiny to -small on a GPU or TPU) that host time is the step's time.
 

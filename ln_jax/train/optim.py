@@ -219,8 +219,8 @@ def grouped_norm(tree: Any) -> jax.Array:
     together; other leaves (plain arrays) one by one.
 
     Compiled for an H200, BERT-base's step (208 parameters) does 26 norm reductions instead of
-    286 (`bench/gpu_compile_arms.py`); XLA fuses the stacking into the reduction, so no copy is
-    made and the bytes read are those of the per-leaf norm. Values equal optax's up to the
+    286 (`bench/probes/gpu_compile_arms.py`); XLA fuses the stacking into the reduction, so no
+    copy is made and the bytes read are those of the per-leaf norm. Values equal optax's up to the
     order of float32 additions."""
     groups: dict[Any, list[jax.Array]] = {}
     for i, leaf in enumerate(jax.tree.leaves(tree, is_leaf=_is_variable)):

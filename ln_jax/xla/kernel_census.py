@@ -13,7 +13,7 @@ the compiler of a host without the GPU does not autotune (`ln_jax.xla.deviceless
     print(census.format(kernel_census.SPECS["h100"]))
     census.kernels_of("copy")          # the transposes and copies, largest first
 
-Classes (`kernel_class`, shared with `bench/profile_summary.py`, which classes a profile's
+Classes (`kernel_class`, shared with `bench/gpu/profile_summary.py`, which classes a profile's
 kernels by the same names): matmul, attention, reduction, copy, elementwise, collective.
 Bytes of a kernel: its output plus each operand once (a kernel that re-reads an operand
 moves more; one that writes in place, less). A loop body (`scan_layers`, accumulation) counts

@@ -49,7 +49,7 @@ class Search:
       stop: "bound" or "first" (module docstring).
       greedy: argmax decoding (beam must be 1).
       cache: decode incrementally with the caches (False: recompute the whole prefix at
-        every step, the baseline `bench/bench_translate.py` measures the caches against).
+        every step, the baseline `bench/speed/bench_translate.py` measures the caches against).
     """
 
     beam: int = 5

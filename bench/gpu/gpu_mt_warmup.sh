@@ -11,26 +11,26 @@
 # accelerator suite: compilation (about a minute a program, three processes at once) left the
 # runs at step 200-250 of 2,000, no BLEU. Give it a call of its own (the default 480 s budget).
 #
-#   bench/gpu_mt_warmup.sh --prepare            # here, on the CPU: writes .gpu_data/ (once)
-#   bench/gpu_mt_warmup.sh [--out DIR] [--steps N] [--eval_every N] [--budget SECONDS]
+#   bench/gpu/gpu_mt_warmup.sh --prepare            # here, on the CPU: writes .gpu_data/ (once)
+#   bench/gpu/gpu_mt_warmup.sh [--out DIR] [--steps N] [--eval_every N] [--budget SECONDS]
 #                          [--config.FIELD=VALUE ...]   (passed on to every run of the study)
 #
 # --prepare exports the ln_jax_gettext/de-en pairs of THIS machine to plain files
 # (.gpu_data/gettext_de_en.{train,valid,test}.{src,tgt}, read as paralleltext:PREFIX): the
 # gettext corpus is built from the catalogues installed where it runs, so the GPU machine's own
 # would be another corpus. .gpu_data/ is ignored (.git/info/exclude) and carried:
-#   device run: carry [".gpu_data"], command "bench/gpu_mt_warmup.sh --out=$OUT/mt", timeout 540.
+#   device run: carry [".gpu_data"], command "bench/gpu/gpu_mt_warmup.sh --out=$OUT/mt", timeout 540.
 # As the accelerator suite: the python3 on PATH (or $PYTHON), nothing installed from a network,
 # a JAX compilation cache, every step under a time limit drawn from --budget (default 480 s).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUT=/tmp/gpu_mt_warmup
 STEPS=3000
 EVAL_EVERY=500
 BUDGET=480
 PREPARE=0
-. bench/gpu_common.sh
+. bench/gpu/gpu_common.sh
 gpu_parse_args "$0" 24 "$@"
 PY=${PYTHON:-python3}
 DATA=$ROOT/.gpu_data/gettext_de_en
@@ -54,7 +54,7 @@ for split, infix in (("train", "train"), ("validation", "valid"), ("test", "test
 PYEOF
   exit $?
 fi
-[ -f "$DATA.train.src" ] || { echo "no $DATA.train.src: run bench/gpu_mt_warmup.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
+[ -f "$DATA.train.src" ] || { echo "no $DATA.train.src: run bench/gpu/gpu_mt_warmup.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
 gpu_environment
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.28  # three runs share the GPU
 FULL=$(( STEPS * 8 / 100 ))

@@ -8,25 +8,25 @@
 #   corpus of THIS machine, exported to text and carried.
 # STATUS: prepared, NOT RUN YET (no GPU was lent to the session that wrote it).
 #
-#   bench/gpu_bert_xiong.sh --prepare        # here, on the CPU: .gpu_data/sitedocs/*.txt (once)
-#   bench/gpu_bert_xiong.sh [--out DIR] [--steps N] [--eval_every N] [--budget SECONDS]
+#   bench/gpu/gpu_bert_xiong.sh --prepare        # here, on the CPU: .gpu_data/sitedocs/*.txt (once)
+#   bench/gpu/gpu_bert_xiong.sh [--out DIR] [--steps N] [--eval_every N] [--budget SECONDS]
 #
 # ln_jax_sitedocs is built from the packages installed where it runs (its name hashes them), so
 # the GPU machine's own would be another corpus: --prepare writes this machine's documents
 # (train and validation splits) as .txt files, read there as textdir:.gpu_data/sitedocs.
-#   device run: carry [".gpu_data"], command "bench/gpu_bert_xiong.sh --out=$OUT/bert", timeout 540.
+#   device run: carry [".gpu_data"], command "bench/gpu/gpu_bert_xiong.sh --out=$OUT/bert", timeout 540.
 # As the accelerator suite: the python3 on PATH (or $PYTHON), nothing from a network, a JAX
 # compilation cache, each run under a time limit from --budget (default 480 s); a run cut off
 # resumes from its last checkpoint when the script runs again with the same --out.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUT=/tmp/gpu_bert_xiong
 STEPS=2500
 EVAL_EVERY=250
 BUDGET=480
 PREPARE=0
-. bench/gpu_common.sh
+. bench/gpu/gpu_common.sh
 gpu_parse_args "$0" 20 "$@"
 PY=${PYTHON:-python3}
 TEXT=$ROOT/.gpu_data/sitedocs
@@ -57,7 +57,7 @@ for split in ("train", "validation"):
 PYEOF
   exit $?
 fi
-ls "$TEXT"/*.txt > /dev/null 2>&1 || { echo "no $TEXT/*.txt: run bench/gpu_bert_xiong.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
+ls "$TEXT"/*.txt > /dev/null 2>&1 || { echo "no $TEXT/*.txt: run bench/gpu/gpu_bert_xiong.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
 gpu_environment
 COMMON=(--config.data.dataset=textdir:$TEXT --config.data.vocab_size=8000
         --config.total_steps=$STEPS --config.eval_every=$EVAL_EVERY --config.eval_batches=10

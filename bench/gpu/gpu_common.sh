@@ -1,5 +1,5 @@
-# Sourced by the one-call GPU study scripts (bench/gpu_mt_warmup.sh, bench/gpu_bert_xiong.sh,
-# bench/gpu_mt_fig2.sh, bench/gpu_mt_liu_depth.sh): their shared command line and environment.
+# Sourced by the one-call GPU study scripts (bench/gpu/gpu_mt_warmup.sh, gpu_bert_xiong.sh,
+# gpu_mt_fig2.sh, gpu_mt_liu_depth.sh): their shared command line and environment.
 # Not run on its own.
 #
 #   gpu_parse_args SCRIPT HELP_LAST_LINE "$@"
@@ -15,7 +15,7 @@
 #   gpu_cpu_mode (after gpu_environment)
 #     A study script's --cpu: JAX on the CPU as one device, and CPU_BASE, the study flags of
 #     tiny shapes (configs/mt.py:tiny on the synthetic copy task: no corpus to build) with
-#     the compilation cache of gpu_environment, which bench/gpu_call.sh shares between its
+#     the compilation cache of gpu_environment, which bench/gpu/gpu_call.sh shares between its
 #     studies (their runs of the same shape compile once: on 2 CPU cores compiling is most of
 #     a CPU-mode run).
 #   gpu_run_study, gpu_collect: below.
@@ -72,7 +72,7 @@ left() { echo $((BUDGET - ($(date +%s) - START))); }
 # gpu_collect SRC DEST: the light files of a results folder (logs, JSON, metrics, tables) into
 # DEST, without what does not travel back from a device machine: checkpoints, compilation
 # caches, prepared data, a profile's trace, the suite's HLO dump and autotuning results
-# (bench/gpu_call.sh adds the last two as one .tgz).
+# (bench/gpu/gpu_call.sh adds the last two as one .tgz).
 gpu_collect() {
   mkdir -p "$2"
   tar -C "$1" --exclude=checkpoints --exclude=jax_cache --exclude=jax_compilation \

@@ -1,7 +1,7 @@
 """What cuDNN's fused attention dropout does, read off the kernel on an NVIDIA GPU.
 
-  python bench/cudnn_dropout_facts.py --out=/tmp/cudnn_facts.json
-  python bench/cudnn_dropout_facts.py --command_buffers     # XLA's CUDA graphs left as they are
+  python bench/probes/cudnn_dropout_facts.py --out=/tmp/cudnn_facts.json
+  python bench/probes/cudnn_dropout_facts.py --command_buffers  # XLA's CUDA graphs left as they are
 
 cuDNN draws its dropout masks itself, from a static seed and an offset that XLA's runtime is
 meant to advance, so which calls share a mask is a property of JAX/XLA, not of ln_jax. ln_jax's

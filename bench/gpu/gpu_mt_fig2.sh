@@ -9,7 +9,7 @@
 # 50,000), validation NLL and greedy BLEU every --eval_every (1,000) steps, the monitor every
 # 500 (step 1 included), the training loss every 20.
 #
-# PRE-REGISTERED READOUT (printed at the end, bench/gpu_study_readout.py fig2; fixed
+# PRE-REGISTERED READOUT (printed at the end, bench/gpu/gpu_study_readout.py fig2; fixed
 # 2026-12-04 before any GPU ran it), per arm: the largest rise of the training loss (a trailing
 # mean of 5 logged values, 100 steps) above its running minimum in the first 1,000 steps;
 # validation NLL and greedy BLEU at each evaluation;
@@ -38,20 +38,20 @@
 # evaluation beside the verdict's).
 # STATUS: prepared, NOT RUN YET (no GPU was lent to the session that wrote it).
 #
-#   bench/gpu_mt_fig2.sh --prepare          # here, on the CPU: .gpu_data/ (once; shared with
+#   bench/gpu/gpu_mt_fig2.sh --prepare          # here, on the CPU: .gpu_data/ (once; shared with
 #                                           # gpu_mt_warmup.sh and gpu_mt_liu_depth.sh)
-#   bench/gpu_mt_fig2.sh [--out=DIR] [--steps=N] [--eval_every=N] [--budget=SECONDS]
+#   bench/gpu/gpu_mt_fig2.sh [--out=DIR] [--steps=N] [--eval_every=N] [--budget=SECONDS]
 #                        [--collect=DIR] [--config.FIELD=VALUE ...]  (on to every run)
-#   bench/gpu_mt_fig2.sh --cpu --out=DIR    # tiny shapes, 1 layer, 2 steps (the tests)
+#   bench/gpu/gpu_mt_fig2.sh --cpu --out=DIR    # tiny shapes, 1 layer, 2 steps (the tests)
 #
 #   device run: carry [".gpu_data"], command
-#     "bench/gpu_mt_fig2.sh --out=/tmp/gpu/fig2 --collect=$OUT/fig2", timeout 540.
+#     "bench/gpu/gpu_mt_fig2.sh --out=/tmp/gpu/fig2 --collect=$OUT/fig2", timeout 540.
 # The checkpoints (about 0.45 GB a run) stay in --out; --collect copies the rest (results,
 # metrics, logs, the readout) to DIR. A second call on the still-warm machine with the same
 # --out continues; a fresh machine starts over. As the accelerator suite: the python3 on PATH
 # (or $PYTHON), nothing from a network, a JAX compilation cache in --out.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUT=/tmp/gpu_mt_fig2
 STEPS=6000
@@ -60,9 +60,9 @@ BUDGET=480
 PREPARE=0
 CPU=0
 COLLECT=""
-. bench/gpu_common.sh
+. bench/gpu/gpu_common.sh
 gpu_parse_args "$0" 52 "$@"
-[ "$PREPARE" = 1 ] && exec bash bench/gpu_mt_warmup.sh --prepare
+[ "$PREPARE" = 1 ] && exec bash bench/gpu/gpu_mt_warmup.sh --prepare
 PY=${PYTHON:-python3}
 DATA=$ROOT/.gpu_data/gettext_de_en
 if [ "$CPU" = 1 ]; then
@@ -71,7 +71,7 @@ if [ "$CPU" = 1 ]; then
   DEPTH=1
   BASE=(--jobs=1)
 else
-  [ -f "$DATA.train.src" ] || { echo "no $DATA.train.src: run bench/gpu_mt_fig2.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
+  [ -f "$DATA.train.src" ] || { echo "no $DATA.train.src: run bench/gpu/gpu_mt_fig2.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
   DEPTH=6
   BASE=(--config=configs/mt.py:iwslt --config.data.dataset=paralleltext:$DATA
         --config.log_every=20 --config.monitor.every=500 --jobs=4)
@@ -88,7 +88,7 @@ STUDY=(mt_depth --out="$OUT/study" "${BASE[@]}" "${CPU_BASE[@]}" --depths=$DEPTH
 # the runs' SIGTERM 60 s before the budget ends: 40 s to save, then the readout
 gpu_run_study 60 "$OUT/study.log" "${STUDY[@]}"
 echo "study: rc=$? ($(( $(date +%s) - START ))s)" | tee "$OUT/status.txt"
-"$PY" bench/gpu_study_readout.py fig2 "$OUT/study" --out="$OUT/readout.json" \
+"$PY" bench/gpu/gpu_study_readout.py fig2 "$OUT/study" --out="$OUT/readout.json" \
   | tee "$OUT/readout.txt"
 echo "readout: rc=${PIPESTATUS[0]} ($(( $(date +%s) - START ))s)" | tee -a "$OUT/status.txt"
 [ -n "$COLLECT" ] && gpu_collect "$OUT" "$COLLECT"

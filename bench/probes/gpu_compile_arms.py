@@ -1,14 +1,14 @@
 """The suite's step arms compiled for a GPU on this host, without one: kernels, bytes and floors.
 
   pip install -e ".[gpu-compile]"           # JAX's CUDA plugin: XLA's GPU compiler, ~430 MB
-  python bench/gpu_compile_arms.py --gpu=h100 --size=base --batch=256 \\
+  python bench/probes/gpu_compile_arms.py --gpu=h100 --size=base --batch=256 \\
       --arm=default --arm=row_major:model.activation_layout=row_major \\
       --out=docs/gpu/deviceless/arms.json --hlo_dir=/tmp/hlo
   # as a GPU whose autotuner kept XLA's Triton GEMMs (at their default tiling): what they fuse
-  python bench/gpu_compile_arms.py --gpu=h200 --size=base --batch=256 --arm=default \
+  python bench/probes/gpu_compile_arms.py --gpu=h200 --size=base --batch=256 --arm=default \
       --arm=triton:xla.xla_gpu_enable_triton_gemm=true,xla.xla_gpu_autotune_level=0
 
-Each `--arm` (the syntax of `bench/bench_accel.py`, whose config the arms share: BERT-base,
+Each `--arm` (the syntax of `bench/speed/bench_accel.py`, whose config the arms share: BERT-base,
 bf16, dropout 0.1 everywhere) is built as on a GPU ("auto" fields), compiled for `--gpu`
 (`ln_jax.xla.deviceless`) by `ln_jax.xla.aot.gpu_report`, and read by
 `ln_jax.xla.kernel_census`: kernels, bytes moved and FLOPs per class, and each class's floor on
@@ -17,7 +17,7 @@ is a compiler option of its compile (over `ln_jax.xla.deviceless.COMPILER_OPTION
 cuBLAS); with Triton GEMMs on, the Triton GEMMs that compute on an operand are listed
 (`kernel_census.gemm_prologues`). Side by side, a change's
 effect on what the GPU would run shows before a GPU is at hand; whether its time follows its
-bytes is for the accelerator suite to measure (`bench/accelerator_suite.sh`). Not a timing.
+bytes is for the accelerator suite to measure (`bench/gpu/accelerator_suite.sh`). Not a timing.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from bench.accel_step import split_xla_options, train_config  # noqa: E402
-from bench.bench_accel import parse_args  # noqa: E402
+from bench.speed.accel_step import split_xla_options, train_config  # noqa: E402
+from bench.speed.bench_accel import parse_args  # noqa: E402
 from ln_jax.xla import aot, deviceless, kernel_census  # noqa: E402
 
 DEFAULT_ARMS = ("default",)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name}: compiled in {time.perf_counter() - start:.0f} s", flush=True)
     print_arms(results, gpu)
     out = {
-        "command": ["python", "bench/gpu_compile_arms.py", *argv],
+        "command": ["python", "bench/probes/gpu_compile_arms.py", *argv],
         "gpu": gpu,
         "spec": deviceless.spec(gpu).__dict__,
         "jaxlib": importlib.metadata.version("jaxlib"),

@@ -1,7 +1,7 @@
 """Throughput of the pretraining-data pipeline at seq 128, next to what a train step consumes.
 
-Run:  python bench/bench_data.py [--data_dir DIR] [--seconds 3] [--step_seconds 0.3 0.5 1.0]
-      (pin one core for steadier numbers: taskset -c 0 python bench/bench_data.py)
+Run:  python bench/speed/bench_data.py [--data_dir DIR] [--seconds 3] [--step_seconds 0.3 0.5 1.0]
+      (pin one core for steadier numbers: taskset -c 0 python bench/speed/bench_data.py)
 
 It prepares the embedded corpus and the tokenizer if needed (timed), then reads batches from
 the host pipeline (numpy) and from the device pipeline (global jax.Arrays on a one-device mesh)
@@ -11,12 +11,13 @@ examples/s: the loader is not the bottleneck while its rate is well above that.
 Comparisons (issue 17), each alternating its arms in one run (ABAB) and reporting medians and
 ratios, with the machine's load before and after:
 
-  taskset -c 0 python bench/bench_data.py --compare_old=REV   # batched loader vs the per-example
-      loader of git revision REV (extracted with `git archive`), in-process, one core, batch 256
-  python bench/bench_data.py --workers 0 1 2                  # grain worker processes
-  python bench/bench_data.py --transport 2        # 2 workers' chunks: pipe vs shared memory
-  python bench/bench_data.py --closes 20          # seconds per close of a 2-worker pipeline
-  python bench/bench_data.py --pairs [--pairs_scale=20] [--compare_old=REV]   # pair index:
+  taskset -c 0 python bench/speed/bench_data.py --compare_old=REV   # batched loader vs the
+      per-example loader of git revision REV (extracted with `git archive`), in-process, one
+      core, batch 256
+  python bench/speed/bench_data.py --workers 0 1 2  # grain worker processes
+  python bench/speed/bench_data.py --transport 2        # 2 workers' chunks: pipe vs shared memory
+  python bench/speed/bench_data.py --closes 20          # seconds per close of a 2-worker pipeline
+  python bench/speed/bench_data.py --pairs [--pairs_scale=20] [--compare_old=REV]   # pair index:
       first start (build + save) vs second start (memory-map the cache) [vs REV's build]
 """
 
@@ -39,7 +40,7 @@ import types
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402

@@ -2,9 +2,9 @@
 
 Run pinned to one core (two-thread timings on the 2-core CI machine are bimodal):
 
-  taskset -c 0 python bench/bench_train.py --size=mini --batch=16 --seq=128 --steps=30 \\
+  taskset -c 0 python bench/speed/bench_train.py --size=mini --batch=16 --seq=128 --steps=30 \\
       --warmup=3 --out=/tmp/bench_mini.json                        # about 4 minutes
-  taskset -c 0 python bench/bench_train.py --size=base --batch=4 --steps=6 --warmup=2 \\
+  taskset -c 0 python bench/speed/bench_train.py --size=base --batch=4 --steps=6 --warmup=2 \\
       --skip_xla_flops                                             # about 7 minutes
 
 Not a test. Three implementations of the same BERT pretraining step run in ONE process,
@@ -60,14 +60,14 @@ from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.measure import (  # noqa: E402
+from bench.speed.measure import (  # noqa: E402
     compiled_flops,
     make_batch,
     model_flops,

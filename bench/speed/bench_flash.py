@@ -4,9 +4,9 @@ calls alternating): ln_jax's fused Pallas kernel under several Triton settings
 attention_impl=xla runs), and cuDNN's fused attention without dropout (a floor: the recipe's
 dropout cannot run on it, docs/gpu/journal.md).
 
-  python bench/bench_flash.py --out=/tmp/flash.json             # GPU: BERT-base shapes
-  python bench/bench_flash.py --env_out=/tmp/tuning.env && . /tmp/tuning.env  # use the fastest
-  python bench/bench_flash.py --batch=2 --heads=2 --steps=2       # CPU: the interpreter
+  python bench/speed/bench_flash.py --out=/tmp/flash.json          # GPU: BERT-base shapes
+  python bench/speed/bench_flash.py --env_out=/tmp/tuning.env && . /tmp/tuning.env  # the fastest
+  python bench/speed/bench_flash.py --batch=2 --heads=2 --steps=2    # CPU: the interpreter
 
 Each variant is jitted as value_and_grad of sum(out * w) over q, k, v (bf16 on a GPU), with
 right-padded key lengths; reported: median ms per call and the ratio to the first variant.
@@ -21,12 +21,12 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bench import measure  # noqa: E402
+from bench.speed import measure  # noqa: E402
 from ln_jax.nn import attention, flash  # noqa: E402
 
 TUNINGS = {

@@ -2,12 +2,12 @@
 # The accelerator suite: what any session with a GPU runs first, in one call (8 minutes on one
 # H100/H200, compilation included), writing one results folder and printing one table.
 #
-#   bench/accelerator_suite.sh [--cpu] [--out DIR] [--wheels DIR] [--budget SECONDS]
+#   bench/gpu/accelerator_suite.sh [--cpu] [--out DIR] [--wheels DIR] [--budget SECONDS]
 #                              [--skip STEP,...]   (steps: gpu_tests flash bench profile
 #                                                   torch mt main_job cudnn_facts)
 #                              [--arms NAME,...]   (the step arms to time; default all)
 #                              [--tests EXPR]      (pytest -k EXPR for gpu_tests; default all)
-#                              [--quick]           (the first part of bench/gpu_call.sh)
+#                              [--quick]           (the first part of bench/gpu/gpu_call.sh)
 #
 #   GPU (default): BERT-base, batch 256 x 128, bf16, dropout 0.1 everywhere:
 #     1. the GPU tests (tests/test_accelerator.py: cuDNN dropout read off the kernel, ...)
@@ -44,7 +44,7 @@
 #   --cpu: the same steps at tiny shapes on the CPU (CI runs this so the suite never rots);
 #     no GPU tests, cuDNN facts, cudnn_nodrop arm, HLO dump or torch.compile (the pallas
 #     arms run Pallas's interpreter).
-#   --quick: the suite as bench/gpu_call.sh runs it before the studies, about 6 minutes on an
+#   --quick: the suite as bench/gpu/gpu_call.sh runs it before the studies, about 6 minutes on an
 #     H200 with --arms default,unstacked (estimated: arms 110 s, profile 15 s, torch 45 s,
 #     translation 125 s, main job 110 s): no GPU tests, kernel tuning or cuDNN facts (skipped),
 #     10 timed steps an arm, the PyTorch anchor as torch.compile with MLM at the masked
@@ -57,7 +57,7 @@
 # Each step runs under a time limit drawn from --budget (default 480 s); a step that fails or
 # runs out of time is recorded in status.txt and the suite goes on.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 MODE=gpu
 OUT=/tmp/accelerator_suite
@@ -191,7 +191,8 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 [ "$MODE" = gpu ] && ARMS+=(--arm=xla_layout:model.activation_layout=xla)
 # XLA's Triton GEMMs off (cuBLAS for every matmul), for this arm's compile alone: on the H200
 # of 2026-11-28 the step had 26 Triton GEMM fusions and 8.5 GB more elementwise traffic than
-# the same step compiled for an H200 with them off (bench/gpu_compile_arms.py; docs/gpu/journal.md)
+# the same step compiled for an H200 with them off (bench/probes/gpu_compile_arms.py;
+# docs/gpu/journal.md)
 [ "$MODE" = gpu ] && ARMS+=(--arm=cublas:xla.xla_gpu_enable_triton_gemm=false)
 # XLA's dot merger off: on that H200 it merged each layer's key and value projections into
 # one GEMM, so the backward concatenated dK and dV (12 copies of 2 x 50 MB a step)
@@ -223,9 +224,9 @@ if [ -n "$ONLY" ]; then  # --arms: keep the named ones, in the order above
   ARMS=("${KEPT[@]}")
 fi
 if [ "$MODE" = gpu ]; then
-  step flash 120 "$PY" bench/bench_flash.py --out="$OUT/flash.json" --env_out="$OUT/tuning.env"
+  step flash 120 "$PY" bench/speed/bench_flash.py --out="$OUT/flash.json" --env_out="$OUT/tuning.env"
 else
-  step flash 120 "$PY" bench/bench_flash.py --batch=2 --heads=2 --steps=2 --warmup=1 \
+  step flash 120 "$PY" bench/speed/bench_flash.py --batch=2 --heads=2 --steps=2 --warmup=1 \
     --out="$OUT/flash.json" --env_out="$OUT/tuning.env"
 fi
 [ -f "$OUT/tuning.env" ] && . "$OUT/tuning.env" && echo "kernel settings: $LN_JAX_FLASH_TUNING"
@@ -242,23 +243,23 @@ DUMP=()
 [ "$MODE" = gpu ] && DUMP=(--autotune_dump="$OUT/autotune")
 # 360 s: seven arms compile one at a time on a GPU (autotuning each: ~30 s on the H200 of
 # 2026-11-28, where four arms took 130 s in all); a bench cut off by its limit writes nothing
-step bench 360 "${BENCH_ENV[@]}" "$PY" bench/bench_accel.py "${SHAPE[@]}" "${ARMS[@]}" "${DUMP[@]}" \
+step bench 360 "${BENCH_ENV[@]}" "$PY" bench/speed/bench_accel.py "${SHAPE[@]}" "${ARMS[@]}" "${DUMP[@]}" \
   --profile_arm="$PROFILE_ARM" --profile_dir="$OUT/trace" --profile_steps=3 --out="$OUT/arms.json"
 HLO_ARGS=()
 [ "$MODE" = gpu ] && HLO_ARGS=(--hlo_dir="$OUT/hlo")  # classes and achieved rates from the HLO
-step profile 60 "$PY" bench/profile_summary.py "$OUT/trace" --steps=3 "${HLO_ARGS[@]}" \
+step profile 60 "$PY" bench/gpu/profile_summary.py "$OUT/trace" --steps=3 "${HLO_ARGS[@]}" \
   --out="$OUT/profile.json"
-step torch 200 "$PY" bench/bench_torch_anchor.py "${TORCH[@]}" --out="$OUT/torch.json"
+step torch 200 "$PY" bench/speed/bench_torch_anchor.py "${TORCH[@]}" --out="$OUT/torch.json"
 # on an H100 the two train shapes and the search compiled in 42 + 37 + 12 s, the whole step 147 s;
 # with the list arm and Marian (torch.compile, generate) about 100 s more. It writes mt.json
 # after each part, so a step cut by its limit keeps the train steps it timed
-step mt 260 "$PY" bench/bench_mt_accel.py "${MT[@]}" --out="$OUT/mt.json"
+step mt 260 "$PY" bench/speed/bench_mt_accel.py "${MT[@]}" --out="$OUT/mt.json"
 rm -rf "$OUT/main_job"
 # 200 s: on an H200 110 s passed before the first step (the auto accumulation's compile
 # among them) and the monitored first step compiled for 35 s (docs/gpu/journal.md, 2026-11-27)
 step main_job 200 "$PY" train.py "${MAIN[@]}" --workdir="$OUT/main_job"
 if [ "$MODE" = gpu ]; then
-  step cudnn_facts 60 "$PY" bench/cudnn_dropout_facts.py --out="$OUT/cudnn_facts.json"
+  step cudnn_facts 60 "$PY" bench/probes/cudnn_dropout_facts.py --out="$OUT/cudnn_facts.json"
 fi
-"$PY" bench/suite_report.py "$OUT"
+"$PY" bench/gpu/suite_report.py "$OUT"
 echo "suite done in $(( $(date +%s) - START )) s; results in $OUT"

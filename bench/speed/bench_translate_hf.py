@@ -1,7 +1,7 @@
 """Translation speed against HuggingFace Marian (PyTorch): the train step and beam search.
 
-  taskset -c 0 python bench/bench_translate_hf.py --mode=train --rounds=12 --out=/tmp/t.json
-  taskset -c 0 python bench/bench_translate_hf.py --mode=decode --rounds=5 --out=/tmp/d.json
+  taskset -c 0 python bench/speed/bench_translate_hf.py --mode=train --rounds=12 --out=/tmp/t.json
+  taskset -c 0 python bench/speed/bench_translate_hf.py --mode=decode --rounds=5 --out=/tmp/d.json
 
 Not a test. Both arms run in ONE process on one pinned core (torch with one thread), alternating
 (A B A B ...) so that machine noise hits them alike; medians and their ratio are printed.
@@ -36,13 +36,13 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.measure import run_alternating, write_result  # noqa: E402
+from bench.speed.measure import run_alternating, write_result  # noqa: E402
 
 SHAPE = {"layers": 3, "width": 256, "ffn": 1024, "heads": 4, "vocab": 8000}
 

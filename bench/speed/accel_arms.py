@@ -1,4 +1,4 @@
-"""`bench/bench_accel.py --arm=...`: several configs built, compiled in parallel threads and
+"""`bench/speed/bench_accel.py --arm=...`: several configs built, compiled in parallel threads and
 timed side by side in one process (blocked, and with `--pipeline=K` steps in flight), each
 arm's figures and its speed-up over the first. The module docstring of bench_accel.py says
 what is measured and how; this holds the arms' part of it.
@@ -15,8 +15,8 @@ from typing import Any
 
 import jax
 
-from bench import measure
-from bench.accel_step import (
+from bench.speed import measure
+from bench.speed.accel_step import (
     Feeds,
     arm_result,
     compile_step,
@@ -54,7 +54,7 @@ def _compile_arm(args, argv, name, overrides) -> tuple[TrainConfig, Any, Any, An
 def autotune_dump(args: argparse.Namespace, name: str) -> str:
     """Where arm `name`'s compile writes its autotuning results on a GPU (`--autotune_dump`:
     DIR/NAME.textproto), or "" (no flag, or not a GPU). Loaded into a compile without a GPU
-    (`bench/gpu_compile_arms.py --arm=NAME:xla.xla_gpu_load_autotune_results_from=PATH`),
+    (`bench/probes/gpu_compile_arms.py --arm=NAME:xla.xla_gpu_load_autotune_results_from=PATH`),
     they may let it choose the GPU's kernels: cuBLAS or Triton for each GEMM."""
     if not getattr(args, "autotune_dump", None) or jax.default_backend() != "gpu":
         return ""

@@ -2,9 +2,10 @@
 instead of ln_jax, timed on the same device and batch as `bench_accel.py`.
 
   # one H100/H200: BERT-base, batch 256 x 128, bf16 autocast, dropout 0.1 everywhere
-  python bench/bench_torch_anchor.py --size=base --batch=256 --steps=20 --out=/tmp/torch.json
+  python bench/speed/bench_torch_anchor.py --size=base --batch=256 --steps=20 --out=/tmp/torch.json
   # CPU (CI): tiny shapes, eager only
-  python bench/bench_torch_anchor.py --size=tiny --batch=8 --steps=2 --modes=eager_all,eager_masked
+  python bench/speed/bench_torch_anchor.py --size=tiny --batch=8 --steps=2 \\
+      --modes=eager_all,eager_masked
 
 Modes (`--modes`, alternating in one process, each with its own model and optimizer):
 * eager_all / compile_all: `BertForPreTraining(**inputs, labels=...)` as HuggingFace ships it:
@@ -30,10 +31,10 @@ import sys
 import time
 from typing import Any
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
 
-from bench import measure  # noqa: E402
+from bench.speed import measure  # noqa: E402
 
 SIZES = {"tiny": (2, 128, 2, 512), "mini": (4, 256, 4, 1024), "base": (12, 768, 12, 3072)}
 MODES = ("eager_all", "eager_masked", "compile_all", "compile_masked")
@@ -90,7 +91,7 @@ def build_model(s: dict[str, int], dropout: float, device: Any) -> Any:
 
 
 def tensors(batch: dict, device: Any) -> dict[str, Any]:
-    """The synthetic batch (bench.measure.make_batch) as torch tensors, HF's labels added."""
+    """The synthetic batch (bench.speed.measure.make_batch) as torch tensors, HF's labels added."""
     import numpy as np
     import torch
 
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dtype": "bfloat16 autocast" if device.type == "cuda" else "float32",
         "dropout": args.dropout,
         "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
-        "command": ["python", "bench/bench_torch_anchor.py", *(argv or sys.argv[1:])],
+        "command": ["python", "bench/speed/bench_torch_anchor.py", *(argv or sys.argv[1:])],
     }
     for m, ts in pipelined.items():
         x = measure.timing_summary(ts, s, flops, 1.0)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_translate_hf import _same_outputs, hf_config, sources
+from bench.speed.bench_translate_hf import _same_outputs, hf_config, sources
 
 
 def torch_device() -> Any:

@@ -2,13 +2,13 @@
 
   # H100 / H200: the `iwslt` shape (6-6, 512/1024/4, vocab 10k), the recipe's 4,096-token batch
   # and a larger one, then beam 5 on 256 sources
-  python bench/bench_mt_accel.py --batches=128x32,512x64 --out=/tmp/mt_accel.json
+  python bench/speed/bench_mt_accel.py --batches=128x32,512x64 --out=/tmp/mt_accel.json
   # + the layers' two layouts, 5 steps in flight, HuggingFace Marian + torch.compile and
   # generate (issue 67 item 4: what the accelerator suite runs)
-  python bench/bench_mt_accel.py --batches=128x32 --layouts=auto,list --pipeline=5 \\
+  python bench/speed/bench_mt_accel.py --batches=128x32 --layouts=auto,list --pipeline=5 \\
       --marian=compile --out=/tmp/mt_accel.json
   # CPU (what CI runs, tiny shapes)
-  python bench/bench_mt_accel.py --config=configs/mt.py:tiny --batches=8x16 --steps=2 \\
+  python bench/speed/bench_mt_accel.py --config=configs/mt.py:tiny --batches=8x16 --steps=2 \\
       --warmup=1 --sentences=4 --max_length=8 --rounds=1
 
 Not a test. Train: the trainer's own step (`ln_jax.train.steps`: init_state + jit_steps, the
@@ -26,7 +26,7 @@ cuBLAS calls on a GPU), a multiply-add = 2, training = 3 x forward, over padded 
 N_enc = L_enc (4 d^2 + 2 d f), N_dec = L_dec (6 d^2 + 2 d f) (self-attention, the cross-
 attention's query and output, the FFN); the cross-attention's keys and values (2 L_dec d^2 per
 source token) are the third term; embeddings are lookups, the tied output projection is d V.
-MFU divides by the device kind's dense peak (`bench.accel_step.PEAKS`), or none on a CPU.
+MFU divides by the device kind's dense peak (`bench.speed.accel_step.PEAKS`), or none on a CPU.
 
 Layouts (`--layouts`): "auto" (the config's own: on a GPU the layers stacked and unrolled
 since issue 67, a list elsewhere; its arm is named ROWSxLENGTH), "list" and "stacked" (named
@@ -34,14 +34,14 @@ since issue 67, a list elsewhere; its arm is named ROWSxLENGTH), "list" and "sta
 `--pipeline=K` each train arm is also timed as a training loop runs it: K steps launched back
 to back, one wait on the last, the time over K ("pipelined").
 
-The PyTorch anchor (`--marian=compile[,eager]`, `bench/mt_marian.py`): HuggingFace's
+The PyTorch anchor (`--marian=compile[,eager]`, `bench/speed/mt_marian.py`): HuggingFace's
 `MarianMTModel` of the same shape, batch and dropout, bf16 autocast on CUDA, `torch.compile`,
 label-smoothed loss and AdamW, its steps alternating with ln_jax's (blocked and, with
 `--pipeline`, in flight) on the first batch of `--batches` (the recipe's); and `generate` with
 beam `--beam` against ln_jax's beam search on one random Marian model imported into ln_jax
 (the same weights and sources: `--sentences` x up to `--src_len` tokens, at most
 `--max_length` generated), alternating. Targets (printed, and judged by
-`bench/suite_report.py` on a GPU): the train step >= 1.25x Marian + torch.compile, the search
+`bench/gpu/suite_report.py` on a GPU): the train step >= 1.25x Marian + torch.compile, the search
 >= 1.5x generate. JAX's memory is not preallocated then (`XLA_PYTHON_CLIENT_PREALLOCATE`),
 so both frameworks fit on one GPU.
 
@@ -61,15 +61,15 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.accel_step import table_peak  # noqa: E402
-from bench.bench_torch_anchor import pipelined_times  # noqa: E402
-from bench.bench_translate_hf import train_batch  # noqa: E402
-from bench.measure import run_alternating, write_result  # noqa: E402
+from bench.speed.accel_step import table_peak  # noqa: E402
+from bench.speed.bench_torch_anchor import pipelined_times  # noqa: E402
+from bench.speed.bench_translate_hf import train_batch  # noqa: E402
+from bench.speed.measure import run_alternating, write_result  # noqa: E402
 
 LAYOUTS = {"auto": {}, "list": {"model.scan_layers": False},
            "stacked": {"model.scan_layers": True}}  # fmt: skip
@@ -202,7 +202,7 @@ def train_result(cfgs: dict, args, batches) -> dict:
     first = arm_name(*batches[0])
     cfg = next(iter(cfgs.values()))
     for mode in args.marian:
-        from bench import mt_marian
+        from bench.speed import mt_marian
 
         start = time.perf_counter()
         arms[f"marian_{mode}"] = mt_marian.train_step(cfg, data[first], mode)
@@ -266,7 +266,7 @@ def marian_decode_result(cfg, args) -> dict:
     """ln_jax's beam search against Marian's `generate` on the same weights and sources."""
     import tempfile
 
-    from bench import mt_marian
+    from bench.speed import mt_marian
 
     with tempfile.TemporaryDirectory() as folder:
         calls, pad = mt_marian.decode_pair(cfg, args, folder)

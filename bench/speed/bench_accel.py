@@ -1,17 +1,17 @@
 """The trainer's train step on any backend: ms/step, sequences/s and MFU two ways.
 
   # H100 / H200 / A100: BERT-base, batch 256 x 128, bf16, a fixed device batch
-  python bench/bench_accel.py --size=base --batch=256 --steps=50 --out=/tmp/accel.json
-  python bench/bench_accel.py --size=base --batch=256 --attention=cudnn \\
+  python bench/speed/bench_accel.py --size=base --batch=256 --steps=50 --out=/tmp/accel.json
+  python bench/speed/bench_accel.py --size=base --batch=256 --attention=cudnn \\
       --config.model.attention_dropout=0               # cuDNN attention (no attention dropout)
-  python bench/bench_accel.py --size=base --batch=256 --feed=both --profile_dir=/tmp/trace
+  python bench/speed/bench_accel.py --size=base --batch=256 --feed=both --profile_dir=/tmp/trace
   # TPU (device kind "TPU v5 lite" = v5e, 197 TFLOP/s): the same commands, e.g. --batch=128
   # several configs side by side in one process (compiled in parallel, steps alternating)
-  python bench/bench_accel.py --size=base --batch=256 --steps=30 \\
+  python bench/speed/bench_accel.py --size=base --batch=256 --steps=30 \\
       --arm=default --arm=rbg:dropout_rng=rbg --arm=cudnn_nodrop:model.attention_dropout=0 \\
       --profile_arm=default --profile_dir=/tmp/trace
   # CPU: a measured matmul peak; pin one core (two-thread timings here are bimodal)
-  taskset -c 0 python bench/bench_accel.py --size=mini --batch=32 --dtype=f32 --feed=both \\
+  taskset -c 0 python bench/speed/bench_accel.py --size=mini --batch=32 --dtype=f32 --feed=both \\
       --steps=30 --warmup=3 --out=/tmp/accel_cpu.json
 
 What runs: `configs/bert_preln.py:SIZE` (or `--config=FILE[:variant]`) through the config front of
@@ -23,7 +23,7 @@ metrics); a trainer does not, so host work that a run hides behind the device st
 full.
 
 Feeds (`--feed`):
-* fixed: one synthetic batch (`bench.measure.make_batch`) put on the devices once.
+* fixed: one synthetic batch (`bench.speed.measure.make_batch`) put on the devices once.
 * loader: the trainer's pipeline, `ln_jax.data.make_pipeline(cfg.data, split="train")`; the
   timed step includes `next()` (its wait is also reported alone). Reads `cfg.data` (the
   embedded corpus by default, prepared on first use; `--config.data.data_dir=...`).
@@ -37,7 +37,7 @@ FLOPs per step (a multiply-add = 2):
   the train state, embeddings included (the tied word embedding then stands for an MLM decoder
   at all T positions). The convention of MaxText-style MFU figures.
 * done: the work the step really does, the encoder + MLM head at the P masked positions + NSP
-  (`bench.measure.model_flops`); smaller than 6ND because ln_jax decodes only P positions.
+  (`bench.speed.measure.model_flops`); smaller than 6ND because ln_jax decodes only P positions.
 * xla: XLA's `cost_analysis()` of the compiled step (per device x devices), when given; not
   on a GPU, where it leaves out the cuBLAS and cuDNN calls (1.5 of 17.9 TFLOP at BERT-base).
 MFU = FLOPs / median step time / peak. Peak: the dense bf16 (or float32 at default precision:
@@ -73,14 +73,14 @@ import sys
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
 
-from bench import measure  # noqa: E402
-from bench.accel_arms import print_arms, run_arms  # noqa: E402
-from bench.accel_step import (  # noqa: E402
+from bench.speed import measure  # noqa: E402
+from bench.speed.accel_arms import print_arms, run_arms  # noqa: E402
+from bench.speed.accel_step import (  # noqa: E402
     DTYPES,
     Feeds,
     arm_result,
@@ -139,7 +139,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--autotune_dump",
         default=None,
-        help="GPU: each arm's autotuning results to DIR/ARM.textproto (bench/accel_arms.py)",
+        help="GPU: each arm's autotuning results to DIR/ARM.textproto (bench/speed/accel_arms.py)",
     )
     p.add_argument(
         "--pipeline",
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.arms:
         result = run_arms(args, argv)
         result.update(
-            command=["python", "bench/bench_accel.py", *argv],
+            command=["python", "bench/speed/bench_accel.py", *argv],
             versions={"jax": jax.__version__, "jaxlib": jax.lib.__version__},
         )
         print_arms(result)
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         feeds = Feeds(compiled, pieces, fixed, pipeline)
         result = run(args, cfg, mesh, feeds)
         result.update(
-            command=["python", "bench/bench_accel.py", *argv],
+            command=["python", "bench/speed/bench_accel.py", *argv],
             compile_s=seconds,
             affinity=sorted(os.sched_getaffinity(0)),
             versions={"jax": jax.__version__, "jaxlib": jax.lib.__version__},

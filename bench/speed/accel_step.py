@@ -1,7 +1,7 @@
-"""The measuring half of `bench/bench_accel.py`: the benchmark's config, its compiled step,
+"""The measuring half of `bench/speed/bench_accel.py`: the benchmark's config, its compiled step,
 the feeds (a fixed batch, the trainer's loader), the peaks MFU divides by, and one arm's
-figures. `bench_accel.py` (the command) and `bench/accel_arms.py` (several configs side by side)
-both build on it; the command's docstring says what is measured and how.
+figures. `bench_accel.py` (the command) and `bench/speed/accel_arms.py` (several configs side
+by side) both build on it; the command's docstring says what is measured and how.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bench import measure
+from bench.speed import measure
 from ln_jax import sharding
 from ln_jax.config.load import (
     build_config,
@@ -80,7 +80,7 @@ def train_config(
 
 
 def shape_of(cfg: TrainConfig) -> dict[str, int]:
-    """The shape dict of `bench.measure` (unpadded vocabulary: the task's work)."""
+    """The shape dict of `bench.speed.measure` (unpadded vocabulary: the task's work)."""
     m, d = cfg.model, cfg.data
     return dict(
         layers=m.num_layers, d=m.hidden_size, heads=m.num_heads, mlp=m.mlp_dim,

@@ -1,6 +1,6 @@
 """Decoding speed: the cached beam search against the same search recomputing the prefix.
 
-  taskset -c 0 python bench/bench_translate.py --beam=5 --sentences=32 --src_len=24 \\
+  taskset -c 0 python bench/speed/bench_translate.py --beam=5 --sentences=32 --src_len=24 \\
       --max_length=32 --repeats=3
 
 One process, one model (`configs/mt.py:small` shapes by default, random weights, Post-LN), the
@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

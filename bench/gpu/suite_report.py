@@ -1,7 +1,7 @@
-"""The accelerator suite's table: reads the results folder of `bench/accelerator_suite.sh` and
+"""The accelerator suite's table: reads the results folder of `bench/gpu/accelerator_suite.sh` and
 prints (and writes as summary.json / summary.md) one table and the issue's targets.
 
-  python bench/suite_report.py /tmp/accelerator_suite
+  python bench/gpu/suite_report.py /tmp/accelerator_suite
 
 Inputs (each optional: a missing one is reported as not run): `arms.json` (bench_accel.py
 --arm), `torch.json` (bench_torch_anchor.py), `profile.json` (profile_summary.py),
@@ -337,7 +337,7 @@ def render(folder: str) -> tuple[str, dict]:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        raise SystemExit("usage: python bench/suite_report.py RESULTS_FOLDER")
+        raise SystemExit("usage: python bench/gpu/suite_report.py RESULTS_FOLDER")
     folder = argv[0]
     text, summary = render(folder)
     print(text)

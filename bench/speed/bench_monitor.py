@@ -1,6 +1,6 @@
 """What the training-time measurements (`ln_jax.train.monitor`, issue 19) cost over a run.
 
-  taskset -c 0 python bench/bench_monitor.py --size=mini --batch=16 --seq=128 --every=10 \\
+  taskset -c 0 python bench/speed/bench_monitor.py --size=mini --batch=16 --seq=128 --every=10 \\
       --pairs=40                                                    # about 3 minutes on CPU
 
 Not a test. The trainer's two compiled steps (`ln_jax.train.steps.jit_train_step`, without and with
@@ -25,7 +25,7 @@ import jax
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])  # the repository root, for configs/
 
-from bench.measure import make_batch, run_alternating, synthetic_bert_config, write_result  # noqa: E402
+from bench.speed.measure import make_batch, run_alternating, synthetic_bert_config, write_result  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """The host's part of a train step: how long the step's call takes to return.
 
-  python bench/bench_launch.py --size=base --pairs=30        # about 2 minutes on this CPU
+  python bench/speed/bench_launch.py --size=base --pairs=30        # about 2 minutes on this CPU
 
 Not a test. Two forms of the same jitted train step, called alternately in one process on a
 one-device mesh, each timed from its call to its return (the launch: flattening the
@@ -30,7 +30,7 @@ import jax
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])  # the repository root, for configs/
 
-from bench.measure import make_batch, synthetic_bert_config, write_result  # noqa: E402
+from bench.speed.measure import make_batch, synthetic_bert_config, write_result  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -10,12 +10,12 @@
 # SHAPE: configs/mt.py:iwslt's (512 / FFN 1,024 / 4 heads, 4,096 tokens a batch), not wmt_base's
 # (512 / 2,048 / 8 heads, 8,192 tokens): the offline corpus (17,143 training pairs) is smaller
 # than IWSLT14, let alone WMT14, and fairseq's IWSLT recipe is the one sized for it; the 6-6
-# rows are then bench/gpu_mt_fig2.sh's with-warm-up model (a check of one against the other);
+# rows are then bench/gpu/gpu_mt_fig2.sh's with-warm-up model (a check of one against the other);
 # and wmt_base's step does about twice the work (FFN and batch twice as large), which would halve
 # the 18-18 runs' steps in the 8 minutes. The width and the depths are Liu's; the FFN and heads
 # are IWSLT's.
 #
-# PRE-REGISTERED READOUT (printed at the end, bench/gpu_study_readout.py depth; fixed 2026-12-04
+# PRE-REGISTERED READOUT (printed at the end, bench/gpu/gpu_study_readout.py depth; fixed 2026-12-04
 # before any GPU ran it), per depth and arm: final validation NLL and greedy BLEU (the last
 # evaluation), diverged (a non-finite loss, or the last training losses above the first), stuck
 # (did not diverge and ends below 1 greedy BLEU: translates nothing), the encoder output's
@@ -26,7 +26,7 @@
 # vs 28.26). One seed: a first reading at the paper's width, not a test.
 #
 # SIZING (an estimate: nothing here has run on a GPU yet): the 6-6 runs as in
-# bench/gpu_mt_fig2.sh (one H200: 11.75 ms a step alone); an 18-18 step launches three times the
+# bench/gpu/gpu_mt_fig2.sh (one H200: 11.75 ms a step alone); an 18-18 step launches three times the
 # kernels of a 6-6 one and the recipe's batch is launch-bound, so about 35 ms alone. Six runs
 # at once: a round of one step each is about 3 x 12 + 3 x 35 = 140 ms of GPU time, less the
 # overlap three runs at once had on the H100 (1.9x): about 75 ms, 13 steps/s for each run while
@@ -37,17 +37,17 @@
 # command again on the same machine continues them.
 # STATUS: prepared, NOT RUN YET (no GPU was lent to the session that wrote it).
 #
-#   bench/gpu_mt_liu_depth.sh --prepare     # here, on the CPU: .gpu_data/ (once; shared)
-#   bench/gpu_mt_liu_depth.sh [--out=DIR] [--steps=N] [--eval_every=N] [--budget=SECONDS]
+#   bench/gpu/gpu_mt_liu_depth.sh --prepare     # here, on the CPU: .gpu_data/ (once; shared)
+#   bench/gpu/gpu_mt_liu_depth.sh [--out=DIR] [--steps=N] [--eval_every=N] [--budget=SECONDS]
 #                             [--collect=DIR] [--config.FIELD=VALUE ...]  (on to every run)
-#   bench/gpu_mt_liu_depth.sh --cpu --out=DIR    # tiny shapes, depth 1, 2 steps (the tests)
+#   bench/gpu/gpu_mt_liu_depth.sh --cpu --out=DIR    # tiny shapes, depth 1, 2 steps (the tests)
 #
 #   device run: carry [".gpu_data"], command
-#     "bench/gpu_mt_liu_depth.sh --out=/tmp/gpu/liu --collect=$OUT/liu", timeout 540.
-# As bench/gpu_mt_fig2.sh: checkpoints stay in --out, --collect copies the rest; a second call
+#     "bench/gpu/gpu_mt_liu_depth.sh --out=/tmp/gpu/liu --collect=$OUT/liu", timeout 540.
+# As bench/gpu/gpu_mt_fig2.sh: checkpoints stay in --out, --collect copies the rest; a second call
 # on the still-warm machine with the same --out continues.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUT=/tmp/gpu_mt_liu_depth
 STEPS=3000
@@ -56,9 +56,9 @@ BUDGET=480
 PREPARE=0
 CPU=0
 COLLECT=""
-. bench/gpu_common.sh
+. bench/gpu/gpu_common.sh
 gpu_parse_args "$0" 48 "$@"
-[ "$PREPARE" = 1 ] && exec bash bench/gpu_mt_warmup.sh --prepare
+[ "$PREPARE" = 1 ] && exec bash bench/gpu/gpu_mt_warmup.sh --prepare
 PY=${PYTHON:-python3}
 DATA=$ROOT/.gpu_data/gettext_de_en
 if [ "$CPU" = 1 ]; then
@@ -67,7 +67,7 @@ if [ "$CPU" = 1 ]; then
   DEPTHS=1  # one depth: two would compile three more programs (the readout's tests have two)
   BASE=(--jobs=1)
 else
-  [ -f "$DATA.train.src" ] || { echo "no $DATA.train.src: run bench/gpu_mt_liu_depth.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
+  [ -f "$DATA.train.src" ] || { echo "no $DATA.train.src: run bench/gpu/gpu_mt_liu_depth.sh --prepare here first and carry .gpu_data" >&2; exit 2; }
   DEPTHS=6,18
   BASE=(--config=configs/mt.py:iwslt --config.data.dataset=paralleltext:$DATA
         --config.log_every=20 --config.monitor.every=500 --jobs=6)
@@ -85,7 +85,7 @@ STUDY=(mt_depth --out="$OUT/study" "${BASE[@]}" "${CPU_BASE[@]}" --depths=$DEPTH
 # the runs' SIGTERM 60 s before the budget ends: 40 s to save, then the readout
 gpu_run_study 60 "$OUT/study.log" "${STUDY[@]}"
 echo "study: rc=$? ($(( $(date +%s) - START ))s)" | tee "$OUT/status.txt"
-"$PY" bench/gpu_study_readout.py depth "$OUT/study" --out="$OUT/readout.json" \
+"$PY" bench/gpu/gpu_study_readout.py depth "$OUT/study" --out="$OUT/readout.json" \
   | tee "$OUT/readout.txt"
 echo "readout: rc=${PIPESTATUS[0]} ($(( $(date +%s) - START ))s)" | tee -a "$OUT/status.txt"
 [ -n "$COLLECT" ] && gpu_collect "$OUT" "$COLLECT"

@@ -1,7 +1,7 @@
 """The pre-registered readouts of the one-call GPU studies, from a study folder's runs.
 
-  python bench/gpu_study_readout.py fig2 STUDY_DIR [--out=FILE.json]    # bench/gpu_mt_fig2.sh
-  python bench/gpu_study_readout.py depth STUDY_DIR [--out=FILE.json]   # bench/gpu_mt_liu_depth.sh
+  python bench/gpu/gpu_study_readout.py fig2 STUDY_DIR [--out=FILE.json]    # gpu_mt_fig2.sh
+  python bench/gpu/gpu_study_readout.py depth STUDY_DIR [--out=FILE.json]   # gpu_mt_liu_depth.sh
 
 STUDY_DIR is a `python -m ln_jax.experiments mt_depth --out=STUDY_DIR` folder. Each run's figures
 come from its `runs/NAME/result.json` (keys `eval_curve` [[step, nll, seconds], ...],
@@ -43,7 +43,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 EARLY_STEPS = 1000  # the window of the early train-loss rise (Xiong's Fig. 2: the first 1k)
 SMOOTH = 5  # logged training losses averaged (a trailing mean) before the rise is read
@@ -244,7 +244,7 @@ def _flags(row: dict[str, Any]) -> str:
 
 def format_fig2(readout: dict[str, Any]) -> str:
     """The fig2 readout as text."""
-    lines = ["Xiong Fig. 2 readout (pre-registered: bench/gpu_mt_fig2.sh's header)"]
+    lines = ["Xiong Fig. 2 readout (pre-registered: bench/gpu/gpu_mt_fig2.sh's header)"]
     if not readout["seeds"]:
         return lines[0] + "\n  no run has started"
     for seed, e in readout["seeds"].items():
@@ -280,7 +280,7 @@ def format_fig2(readout: dict[str, Any]) -> str:
 
 def format_depth(readout: dict[str, Any]) -> str:
     """The depth readout as text."""
-    lines = ["Liu depth readout (pre-registered: bench/gpu_mt_liu_depth.sh's header)"]
+    lines = ["Liu depth readout (pre-registered: bench/gpu/gpu_mt_liu_depth.sh's header)"]
     if not readout["seeds"]:
         return lines[0] + "\n  no run has started"
     for seed, depths in readout["seeds"].items():

@@ -1,9 +1,9 @@
 """Where a profiled step's device time goes, by kernel class: matmul, attention, elementwise,
 reduction, copy, collective, other.
 
-  python bench/bench_accel.py --size=base --batch=256 --arm=default \
+  python bench/speed/bench_accel.py --size=base --batch=256 --arm=default \
       --profile_arm=default --profile_dir=/tmp/trace --profile_steps=3
-  python bench/profile_summary.py /tmp/trace --steps=3 --out=/tmp/profile.json
+  python bench/gpu/profile_summary.py /tmp/trace --steps=3 --out=/tmp/profile.json
 
 Reads the newest `*.xplane.pb` under the folder with `jax.profiler.ProfileData`. On a GPU the
 kernels are the events of the `/device:GPU:N` planes' stream lines; on a CPU (where XLA runs
@@ -31,7 +31,7 @@ import re
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from ln_jax.xla.kernel_census import kernel_class  # noqa: E402  (one classifier: HLO and profiles)
 
