@@ -8,7 +8,7 @@
 # (jax 0.11, flax 0.12.10, optax, torch, transformers, sentencepiece, sacrebleu, tensorstore,
 # protobuf, pyarrow, psutil, ...) lacks these; `promise` exists only as a source archive and is
 # built here (pure Python). On 2026-11-27 a set without portpicker (grain imports it) failed
-# both the step benchmark and the main job on an H200 (docs/gpu/journal.md, session 25).
+# both the step benchmark and the main job on an H200 (docs/results/gpu/journal.md, session 25).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NEEDED=(ml_collections grain tensorflow-datasets tensorboardX array_record dm-tree simple-parsing

@@ -97,7 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
     # (cudnn on a GPU where it can run the config, else xla)
     c.model.attention_impl = "auto"
     # xla (XLA picks memory layouts) | row_major (the residual stream pinned row-major) | auto
-    # (row_major on a GPU, measured faster there, docs/gpu/journal.md; xla elsewhere)
+    # (row_major on a GPU, measured faster there, docs/results/gpu/journal.md; xla elsewhere)
     c.model.activation_layout = "auto"
     c.model.remat = "none"  # none | full | dots: recompute activations in the backward pass
     # the layers' parameters stacked [num_layers, ...] under lax.scan (True) or a list (False);

@@ -1,6 +1,6 @@
 """CPU-scale settings of the studies in `ln_jax.experiments` (not a recipe of their own: every
-arm of a study sets its placement, optimizer and schedule on top of this; docs/studies/PLAN.md
-has the plan and the commands).
+arm of a study sets its placement, optimizer and schedule on top of this;
+docs/results/studies/PLAN.md has the plan and the commands).
 
   python -m ln_jax.experiments depth --out=results/depth     # uses configs/study.py:depth
   python -m ln_jax.experiments warmup --out=results/warmup   # uses configs/study.py:warmup

@@ -1,6 +1,6 @@
-"""CPU-scale settings of the translation studies (issue 35; docs/studies/PLAN_MT.md has the plan,
-the measured cost per step and the commands). Not a recipe of its own: every arm of a study sets
-its placement, optimiser, warm-up and depth on top of this.
+"""CPU-scale settings of the translation studies (issue 35; docs/results/studies/PLAN_MT.md has the
+plan, the measured cost per step and the commands). Not a recipe of its own: every arm of a study
+sets its placement, optimiser, warm-up and depth on top of this.
 
   python -m ln_jax.experiments mt_warmup --out=studies/mt_warmup    # configs/study_mt.py:warmup
   python -m ln_jax.experiments mt_depth --out=studies/mt_depth      # configs/study_mt.py:depth
@@ -9,7 +9,7 @@ Variants: "warmup" (Xiong et al.'s Fig. 2 grid), "depth" (Liu et al.'s Table 2 d
 run), "deep_encoder" (Wang et al.'s deep encoders, 6-layer decoder) and "gradients" (Fig. 3 at
 initialisation), all at width 128 (FFN 512, 4 heads: the width the CPU budget paid for 6-6 to
 18-18 stacks in issue 35, PLAN_MT.md); "gate" (issue 64: the healthy-baseline gate and the
-studies on it, width 256, FFN 1,024, 2,000 steps, docs/studies/PLAN_MT2.md). All:
+studies on it, width 256, FFN 1,024, 2,000 steps, docs/results/studies/PLAN_MT2.md). All:
 `configs/mt.py:small`'s data and model family (the offline `ln_jax_gettext/de-en` corpus, an
 8,000-piece joint BPE, 2,048 tokens a batch, tied output, sinusoidal positions, Xavier init,
 ReLU, label smoothing 0.1); Adam (0.9, 0.98), no weight
@@ -30,7 +30,7 @@ SHAPES = {
     "gate": (6, 6, 2000, 200),
 }
 # variant: (width, FFN); issue 64's gated protocol runs at `configs/mt.py:small`'s width 256
-# (docs/studies/PLAN_MT2.md), the issue-35 studies at 128
+# (docs/results/studies/PLAN_MT2.md), the issue-35 studies at 128
 WIDTHS = {"gate": (256, 1024)}
 
 

@@ -167,7 +167,7 @@ def activation_layout(layout: str) -> Iterator[None]:
 
     Values are unchanged; only where XLA may transpose moves. On an H100, XLA:GPU laid the
     stream out batch-minor and transposed it around every residual add and LayerNorm backward
-    (docs/gpu/journal.md); this pins it.
+    (docs/results/gpu/journal.md); this pins it.
     """
     if layout not in ACTIVATION_LAYOUTS:
         raise ConfigError(

@@ -1,11 +1,11 @@
 """The early warnings against recorded runs (ln_jax.train.warning_replay), and the persistence
 logic of the rules on synthetic sequences.
 
-The recorded runs are committed: the studies' runs (docs/studies/*/runs/*/result.json) and a
-healthy BERT-base run on one H200 (docs/monitor/runs/). With the default `MonitorConfig` a
+The recorded runs are committed: the studies' runs (docs/results/studies/*/runs/*/result.json) and a
+healthy BERT-base run on one H200 (docs/results/monitor/runs/). With the default `MonitorConfig` a
 warning must fire on the two runs that stalled on the unigram plateau, no later than the failure
-shows in their loss, and on none of the runs that trained; docs/monitor/calibration.md has the
-table.
+shows in their loss, and on none of the runs that trained; docs/results/monitor/calibration.md has
+the table.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ from ln_jax.train import warning_replay
 from ln_jax.train.early_warning import Alert, EarlyWarning
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = ROOT / "docs" / "studies"
-GPU_RUN = ROOT / "docs" / "monitor" / "runs" / "2026-11-26-h200-bert_base_preln" / "metrics.jsonl"
+STUDIES = ROOT / "docs" / "results" / "studies"
+GPU_RUN = ROOT / "docs" / "results" / "monitor" / "runs" / "2026-11-26-h200-bert_base_preln"
+GPU_RUN = GPU_RUN / "metrics.jsonl"
 FAILED = ("depth/L18-post_warmup-s2", "depth_deepnorm/L18-admin_radam-s2")
 
 
 def bert_studies() -> list[Path]:
-    """The BERT studies the rules were calibrated on (docs/studies/mt_* are translation's)."""
+    """The BERT studies the rules were calibrated on (docs/results/studies/mt_* are
+    translation's)."""
     studies = [p for p in sorted(STUDIES.iterdir()) if not p.name.startswith("mt_")]
     return [p for p in studies if any(p.glob("runs/*/result.json"))]
 
@@ -89,7 +91,7 @@ def test_held_out_translation_runs_score_recorded_as_measured():
     """The rules were calibrated on the BERT runs; the 35 translation runs of issue 35 (width 128,
     their monitor's per-layer collapse and gradient norms of both stacks) are held out. They
     warn on every stuck run, and also on 19 of the 31 that were not stuck (false alarms:
-    docs/monitor/calibration.md, "Held out")."""
+    docs/results/monitor/calibration.md, "Held out")."""
     mt = [str(STUDIES / s) for s in ("mt_deep_encoder", "mt_depth", "mt_warmup")]  # issue 35's
     runs = [warning_replay.load_run(p) for p in warning_replay.find_runs(mt)]
     held = {r.run.name: r for r in (warning_replay.replay(r, MonitorConfig()) for r in runs)}

@@ -23,7 +23,7 @@ from ln_jax.validate import ConfigError
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The gate study's attempt-3 runs (issue 64) as they were recorded to step 2,000, with
 # `task_options` (their config.json is rewritten as the runs go on, in the new format).
-OLD_RUNS = REPO / "docs/studies/mt_gate/attempt3-fairseq-lr5e-4-w500"
+OLD_RUNS = REPO / "docs/results/studies/mt_gate/attempt3-fairseq-lr5e-4-w500"
 OLD_CONFIG = "config_to_step_2000.json"
 MT_TINY = "--config=configs/mt.py:tiny"
 STUDY = ["--config=configs/study_mt.py:gate", "--config.model.init=fairseq"]

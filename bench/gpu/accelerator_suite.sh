@@ -183,16 +183,16 @@ ARMS+=(--arm=hash:dropout_rng=hash)  # hidden dropout bits from a fused counter 
 ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 [ "$MODE" = gpu ] && ARMS+=(--arm=cudnn_nodrop:model.attention_dropout=0.0)  # -> cuDNN
 # tanh GELU (not the recipe's erf): XLA can fuse bias + tanh GELU into cuBLASLt's epilogue; the
-# erf GELU's forward alone took 3.7 ms of the 60.7 ms step on an H100 (docs/gpu/journal.md, session 15)
+# erf GELU's forward alone took 3.7 ms of the 60.7 ms step on an H100 (docs/results/gpu/journal.md, session 15)
 [ "$MODE" = gpu ] && ARMS+=(--arm=gelu_tanh:model.activation=gelu_tanh)
 # XLA's own layout of the residual stream: on an H100 and an H200 it laid it out batch-minor
 # and transposed around every residual add and LayerNorm backward; "auto" pins it row-major
-# on a GPU since 2026-11-27 (H200: 67.8 -> 65.4 ms; docs/gpu/journal.md)
+# on a GPU since 2026-11-27 (H200: 67.8 -> 65.4 ms; docs/results/gpu/journal.md)
 [ "$MODE" = gpu ] && ARMS+=(--arm=xla_layout:model.activation_layout=xla)
 # XLA's Triton GEMMs off (cuBLAS for every matmul), for this arm's compile alone: on the H200
 # of 2026-11-28 the step had 26 Triton GEMM fusions and 8.5 GB more elementwise traffic than
 # the same step compiled for an H200 with them off (bench/probes/gpu_compile_arms.py;
-# docs/gpu/journal.md)
+# docs/results/gpu/journal.md)
 [ "$MODE" = gpu ] && ARMS+=(--arm=cublas:xla.xla_gpu_enable_triton_gemm=false)
 # XLA's dot merger off: on that H200 it merged each layer's key and value projections into
 # one GEMM, so the backward concatenated dK and dV (12 copies of 2 x 50 MB a step)
@@ -202,7 +202,7 @@ ARMS+=(--arm=pallas_hash:model.attention_impl=pallas,dropout_rng=hash)
 [ "$MODE" = gpu ] && ARMS+=(--arm=cublas_no_merge:xla.xla_gpu_enable_triton_gemm=false,xla.xla_gpu_dot_merger_threshold_mb=0)
 # The layers' parameters stacked and the scan unrolled (straight-line code): compiled for an
 # H200 without one, 1,016 -> 780 kernels a step at the same bytes (each stacked parameter's
-# AdamW update and cast one kernel for all 12 layers; docs/gpu/journal.md, sessions 29 and 34)
+# AdamW update and cast one kernel for all 12 layers; docs/results/gpu/journal.md, sessions 29 and 34)
 [ "$MODE" = gpu ] && ARMS+=(--arm=stacked:model.scan_layers=true,model.scan_unroll=12)
 # The layers as a list: the default's layout before issue 67 ("auto" stacks them on a GPU
 # since: H200 2026-12-04, 56.2 -> 52.3 ms blocked, 49.8 -> 49.4 in flight); the two layouts
@@ -256,7 +256,7 @@ step torch 200 "$PY" bench/speed/bench_torch_anchor.py "${TORCH[@]}" --out="$OUT
 step mt 260 "$PY" bench/speed/bench_mt_accel.py "${MT[@]}" --out="$OUT/mt.json"
 rm -rf "$OUT/main_job"
 # 200 s: on an H200 110 s passed before the first step (the auto accumulation's compile
-# among them) and the monitored first step compiled for 35 s (docs/gpu/journal.md, 2026-11-27)
+# among them) and the monitored first step compiled for 35 s (docs/results/gpu/journal.md, 2026-11-27)
 step main_job 200 "$PY" train.py "${MAIN[@]}" --workdir="$OUT/main_job"
 if [ "$MODE" = gpu ]; then
   step cudnn_facts 60 "$PY" bench/probes/cudnn_dropout_facts.py --out="$OUT/cudnn_facts.json"

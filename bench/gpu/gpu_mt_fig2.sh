@@ -24,7 +24,7 @@
 # SIZING: one H200 ran the iwslt train step in 11.75 ms blocked on the 4,096-token batch (85
 # steps/s alone; ../shared/gpu/2026-12-04-h200/summary_mt.md). On the H100 of 2026-11-26 three
 # runs at once made 34-38 steps/s each, 1.9x that H100's blocked rate of 58/s in all (17.1 ms):
-# the runs fill each other's launch gaps (docs/gpu/journal.md, session 15). The same factor on
+# the runs fill each other's launch gaps (docs/results/gpu/journal.md, session 15). The same factor on
 # the H200 (1.9 x 85 = 160 steps/s) shared by four runs is 40 steps/s each; planned at 30 (the
 # evaluations, the monitor, a fourth process): 6,000 steps in about 200 s. Compilation took
 # about 90 s with three processes on the H100 (first step 56-64 s, the second length bucket

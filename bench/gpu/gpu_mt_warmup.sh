@@ -7,7 +7,7 @@
 #   gradient clipping off, label smoothing 0.1 (python -m ln_jax.experiments mt_warmup), the
 #   three runs at once on the one GPU, greedy BLEU and validation NLL every --eval_every steps,
 #   beam-5 BLEU of each final checkpoint at the end.
-# STATUS: tried once (2026-11-26, one H100, docs/gpu/journal.md "session 15") with 320 s after the
+# STATUS: tried once (2026-11-26, one H100, docs/results/gpu/journal.md "session 15") with 320 s after the
 # accelerator suite: compilation (about a minute a program, three processes at once) left the
 # runs at step 200-250 of 2,000, no BLEU. Give it a call of its own (the default 480 s budget).
 #

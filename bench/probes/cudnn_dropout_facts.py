@@ -6,8 +6,8 @@
 cuDNN draws its dropout masks itself, from a static seed and an offset that XLA's runtime is
 meant to advance, so which calls share a mask is a property of JAX/XLA, not of ln_jax. ln_jax's
 model refuses cuDNN attention dropout (`ModelConfig.cudnn_problem`) because of what this reads
-(jax 0.11.2, H200, 2026-11-26, docs/gpu/journal.md): two executions of one jitted program draw
-the SAME masks (every training step would drop the same probabilities), and inside XLA's CUDA
+(jax 0.11.2, H200, 2026-11-26, docs/results/gpu/journal.md): two executions of one jitted program
+draw the SAME masks (every training step would drop the same probabilities), and inside XLA's CUDA
 graphs the call aborts the process, which is why this script keeps cuDNN out of them
 (`--xla_gpu_enable_command_buffer=-CUDNN`) unless `--command_buffers`. Rerun it on a newer JAX
 before lifting the refusal. It reports, each as a measured fact:

@@ -3,7 +3,7 @@
   pip install -e ".[gpu-compile]"           # JAX's CUDA plugin: XLA's GPU compiler, ~430 MB
   python bench/probes/gpu_compile_arms.py --gpu=h100 --size=base --batch=256 \\
       --arm=default --arm=row_major:model.activation_layout=row_major \\
-      --out=docs/gpu/deviceless/arms.json --hlo_dir=/tmp/hlo
+      --out=docs/results/gpu/deviceless/arms.json --hlo_dir=/tmp/hlo
   # as a GPU whose autotuner kept XLA's Triton GEMMs (at their default tiling): what they fuse
   python bench/probes/gpu_compile_arms.py --gpu=h200 --size=base --batch=256 --arm=default \
       --arm=triton:xla.xla_gpu_enable_triton_gemm=true,xla.xla_gpu_autotune_level=0

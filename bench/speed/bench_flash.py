@@ -2,7 +2,7 @@
 calls alternating): ln_jax's fused Pallas kernel under several Triton settings
 (`ln_jax.nn.flash.Tuning`), XLA's attention with a threefry dropout mask (what
 attention_impl=xla runs), and cuDNN's fused attention without dropout (a floor: the recipe's
-dropout cannot run on it, docs/gpu/journal.md).
+dropout cannot run on it, docs/results/gpu/journal.md).
 
   python bench/speed/bench_flash.py --out=/tmp/flash.json          # GPU: BERT-base shapes
   python bench/speed/bench_flash.py --env_out=/tmp/tuning.env && . /tmp/tuning.env  # the fastest

@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def train_config(args: argparse.Namespace) -> Any:
     stacked = {"model.scan_layers": True, "model.scan_unroll": 64} if args.scan else {}
-    # --scan unrolls every layer: the GPU arm "stacked" (docs/gpu/journal.md)
+    # --scan unrolls every layer: the GPU arm "stacked" (docs/results/gpu/journal.md)
     shape = (args.size, args.batch, args.seq, args.predictions)
     return synthetic_bert_config(*shape, grad_accum_steps=1, **stacked)
 

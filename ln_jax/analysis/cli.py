@@ -1,6 +1,6 @@
 """The command line: `python -m ln_jax.analysis SUBCOMMAND --out=DIR [options]`.
 
-  python -m ln_jax.analysis depth --out=docs/analysis
+  python -m ln_jax.analysis depth --out=docs/results/analysis
   python -m ln_jax.analysis layers --out=/tmp/a --placements=post,pre --train_steps=50
   python -m ln_jax.analysis lemma2 --out=/tmp/a --setting=theory,bert --num_layers=12
   python -m ln_jax.analysis output-change --out=/tmp/a --placements=post,pre,admin

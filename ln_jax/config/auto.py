@@ -18,7 +18,7 @@ def auto_activation_layout(on: str) -> str:
     """model.activation_layout="auto": "row_major" on a GPU, where XLA otherwise laid the
     residual stream out batch-minor and transposed it around every residual add and LayerNorm
     backward (one H200, BERT-base bf16, same call: 67.8 -> 65.4 ms a step, the profile's
-    copies 11.3 -> 0.1 ms; docs/gpu/journal.md, 2026-11-27); XLA's choice elsewhere (TPU:
+    copies 11.3 -> 0.1 ms; docs/results/gpu/journal.md, 2026-11-27); XLA's choice elsewhere (TPU:
     unmeasured)."""
     return "row_major" if on == "gpu" else "xla"
 
@@ -26,8 +26,8 @@ def auto_activation_layout(on: str) -> str:
 def auto_dropout_rng(on: str) -> str:
     """dropout_rng="auto": the fused counter hash "hash" on every platform (`on` is kept for
     the other "auto" fields' form). On an H100 BERT-base 77.0 -> 74.6 ms a step with the
-    Pallas attention (docs/gpu/journal.md); on a CPU the translation step against Marian 1.10x ->
-    1.21x (docs/translation.md). On a TPU (rbg there until 2026-11-28, the usual advice,
+    Pallas attention (docs/results/gpu/journal.md); on a CPU the translation step against Marian
+    1.10x -> 1.21x (docs/translation.md). On a TPU (rbg there until 2026-11-28, the usual advice,
     never measured) libtpu's own compile, read here without a TPU, keeps rbg's uint32 bits
     of every dropout site for the backward: BERT-base at 2 x 128 sequences on a v5e-1 needs
     11.0 GiB with rbg and 9.3 with hash, 256 on a v6e-1 19.0 and 15.3 (docs/tpu.md); a TPU's
@@ -43,7 +43,7 @@ def auto_attention(cfg: Any, on: str) -> str:
     (`ModelConfig.cudnn_problem`: bf16/fp16, head_dim, no attention dropout); with the
     recipe's attention dropout, bf16/fp16, the Pallas kernel (`ln_jax.nn.flash`: one H100,
     BERT-base, one layer forward + backward 1.08 ms against XLA's 2.00, the step 90.6 -> 77.0
-    ms; docs/gpu/journal.md) while this JAX has Pallas's Triton backend; else XLA's. XLA's
+    ms; docs/results/gpu/journal.md) while this JAX has Pallas's Triton backend; else XLA's. XLA's
     elsewhere."""
     if on != "gpu":
         return "xla"
@@ -67,7 +67,7 @@ def _pallas_gpu_problem(cfg: Any) -> str | None:
 # model.scan_layers / model.scan_unroll "auto" (issue 67): on a GPU the layers' parameters
 # stacked [num_layers, ...] and the scan unrolled into straight-line code, wherever every
 # feature of the config works stacked; a list of layers elsewhere. One H200, BERT-base 256 x
-# 128, bf16, arms in one process (docs/gpu/journal.md, 2026-12-04): 56.2 -> 52.3 ms a step
+# 128, bf16, arms in one process (docs/results/gpu/journal.md, 2026-12-04): 56.2 -> 52.3 ms a step
 # blocked, 49.8 -> 49.4 with 5 steps in flight, the host's launch 12.1 -> 7.6 ms. What a
 # stacked model cannot have, so "auto" keeps the list for it: a per-layer placement list
 # (mixln, "post*3,pre*9": one compiled layer body has one placement) and DLCL (each layer reads

@@ -160,7 +160,7 @@ class ModelConfig:
       scan_unroll: with scan_layers, the layers each iteration of the scan runs (lax.scan's
         `unroll`); num_layers or more runs them as straight-line code that keeps the stacked
         parameters, so the optimizer updates, casts and norms each one in a kernel for all
-        layers, and the host launches a step faster (docs/gpu/journal.md); on a CPU in
+        layers, and the host launches a step faster (docs/results/gpu/journal.md); on a CPU in
         float32 the step itself is slower. 1: a loop (one compiled layer body: the fastest
         compile). "auto": num_layers when stacked, else 1.
       nsp_head: build the next-sentence-prediction head.
@@ -245,7 +245,7 @@ class ModelConfig:
             # masks at every step of a jitted program, and aborts XLA inside CUDA graphs.
             return (
                 "its attention dropout is not usable (cuDNN repeats the same masks at every "
-                "step; docs/gpu/journal.md); set --config.model.attention_dropout=0"
+                "step; docs/results/gpu/journal.md); set --config.model.attention_dropout=0"
             )
         return None
 
@@ -401,7 +401,7 @@ class MonitorConfig:
     WARNING in train.log, split "warning/<rule>") or as a note (a transient state healthy runs
     also show: INFO, split "note/<rule>"). The defaults are calibrated on recorded runs: they
     warn on the studies' failed runs and not on those that recovered
-    (docs/monitor/calibration.md, `python -m ln_jax.train.warning_replay`).
+    (docs/results/monitor/calibration.md, `python -m ln_jax.train.warning_replay`).
 
     Attributes:
       every: measure every N steps (and at steps 1 and the last); None = at the logging

@@ -9,13 +9,13 @@
   and the Pre-LN / Post-LN step ratio with a bootstrap interval (Xiong: 0.71).
 
 * mt_warmup, mt_depth, mt_deep_encoder, mt_gradients: the translation studies of issue 35
-  (`mt_grids`, `report_mt`; docs/studies/PLAN_MT.md): Xiong et al.'s Fig. 2 warm-up cells, Liu
-  et al.'s Table 2 depths, Wang et al.'s deep encoders, reported in BLEU with paired bootstrap
+  (`mt_grids`, `report_mt`; docs/results/studies/PLAN_MT.md): Xiong et al.'s Fig. 2 warm-up cells,
+  Liu et al.'s Table 2 depths, Wang et al.'s deep encoders, reported in BLEU with paired bootstrap
   intervals, and Fig. 3 on the encoder-decoder (`ln_jax.analysis.gradients`).
 
 Python API: `grids.depth_grid` / `grids.warmup_grid` build `RunSpec` lists, `study.run` trains
 and reports them, `runner.steps_to_target`, `targets.bootstrap_ratio`,
-`plateau.unigram_cross_entropy`. The plan and its CPU budget: docs/studies/PLAN.md.
+`plateau.unigram_cross_entropy`. The plan and its CPU budget: docs/results/studies/PLAN.md.
 """
 
 from ln_jax.experiments.grids import depth_grid, warmup_grid

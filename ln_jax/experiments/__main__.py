@@ -1,4 +1,4 @@
-"""Command line of the studies (see `ln_jax.experiments`; the plan: docs/studies/PLAN.md).
+"""Command line of the studies (see `ln_jax.experiments`; the plan: docs/results/studies/PLAN.md).
 
   python -m ln_jax.experiments depth --out=DIR [--depths=6,12,18] [--arms=...] [--seeds=0,1,2]
       [--lrs=5e-4 (several = a pilot)] [--warmup_steps=200] [--schedule=constant] [--b2=0.98]
@@ -10,7 +10,7 @@
       [--seeds=0,1] [--key_seeds=2,3,4] [--target_offsets=0.3,0.6,1.0] [--target=LOSS]
       [--schedule=constant] [--b2=0.98] [--jobs=2] [--config=...] [--config.FIELD=value ...]
 
-Translation (issue 35; the plan: docs/studies/PLAN_MT.md), on configs/study_mt.py:<study>:
+Translation (issue 35; the plan: docs/results/studies/PLAN_MT.md), on configs/study_mt.py:<study>:
 
   python -m ln_jax.experiments mt_warmup --out=DIR [--lrs=5e-4,1e-3] [--warmup_steps=0,500,full]
       [--full_warmup=N] [--pre_lrs=5e-4,1e-3] [--seeds=0] [--key_cells=CELL,...]
@@ -82,7 +82,7 @@ from ln_jax.experiments.grids import B2, DEPTH_ARMS, SCHEDULE, STUDY_SCHEDULES
 from ln_jax.validate import UserError
 
 STUDIES = {
-    "depth": "post/pre/admin/... arms at depths 6, 12, 18 (docs/studies/PLAN.md)",
+    "depth": "post/pre/admin/... arms at depths 6, 12, 18 (docs/results/studies/PLAN.md)",
     "warmup": "Post-LN warm-up lengths x learning rates against Pre-LN without warm-up",
     "downstream": "fine-tuning along pretraining runs' checkpoints",
     "mt_warmup": "translation: Post-LN warm-up x rate against Pre-LN (Xiong Fig. 2; PLAN_MT.md)",

@@ -1,4 +1,4 @@
-"""The two studies as grids of `RunSpec`s (the protocol of issue 20; docs/studies/PLAN.md).
+"""The two studies as grids of `RunSpec`s (the protocol of issue 20; docs/results/studies/PLAN.md).
 
 `depth_grid` (Liu et al. 2020, Wang et al. 2022): encoders of several depths, one or more peak
 learning rates (a pilot sweeps several, the study runs the chosen one), several seeds. An arm is

@@ -1,4 +1,4 @@
-"""The translation studies as grids of `RunSpec`s (issue 35; docs/studies/PLAN_MT.md).
+"""The translation studies as grids of `RunSpec`s (issue 35; docs/results/studies/PLAN_MT.md).
 
 Every arm follows the papers' optimiser: Adam (0.9, 0.98) without weight decay, gradient
 clipping OFF (`optim.clip_norm=0`, as Xiong et al., Liu et al. and fairseq's default; the BERT

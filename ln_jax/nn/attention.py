@@ -161,8 +161,8 @@ class Attention(nnx.Module):
     def _kernel_adds_biases(self) -> bool:
         """Whether the Pallas kernel adds the q/k/v biases as it loads q, k, v: on a GPU whose
         GEMMs take no bias epilogue (Triton GEMMs on: the H200's compile of 2026-11-28 had 36
-        bias-add passes a step, docs/gpu/journal.md) that saves a pass over each. Not with QK-norm
-        (the bias comes before the norm)."""
+        bias-add passes a step, docs/results/gpu/journal.md) that saves a pass over each. Not with
+        QK-norm (the bias comes before the norm)."""
         projections = (self.query, self.key, self.value)
         return (
             self.impl == "pallas"

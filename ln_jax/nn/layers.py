@@ -36,8 +36,8 @@ def dropout(x: Array, rate: float, key: Array | None) -> Array:
     bf16(0.9) = 0.8984: kept entries came out 1.1131 x, not 1.1111 x (0.18% high), and XLA:GPU
     turned the backward's division into a bf16 multiply by 1.109, so the gradient was not the
     forward's derivative; and that bf16 multiply, the last op before the two gradient GEMMs,
-    became a separate pass per GEMM on an H200 (docs/gpu/journal.md, session 28). In float32 the two
-    forms differ only in the last bit.
+    became a separate pass per GEMM on an H200 (docs/results/gpu/journal.md, session 28). In
+    float32 the two forms differ only in the last bit.
     """
     if key is None or rate == 0.0:
         return x
@@ -75,8 +75,8 @@ def _recomputed_dropout(x: Array, key: Array, rate: float) -> Array:
     the two draws back into one stored array, and both fuse into their consumers; the barrier
     also holds the incoming gradient, or XLA:GPU re-ran a Post-LN's LayerNorm backward inside
     the dropout's. Compiled for an H200, BERT-base Pre-LN and Post-LN steps move 1.8 GB less
-    (docs/gpu/journal.md, session 37). Same values. Not on a TPU: compiled for a v5e, the step's
-    temporaries grew 3.76 -> 4.04 GiB.
+    (docs/results/gpu/journal.md, session 37). Same values. Not on a TPU: compiled for a v5e, the
+    step's temporaries grew 3.76 -> 4.04 GiB.
     """
     return _dropped(x, _keep(key, rate, x.shape), rate)
 
@@ -117,8 +117,8 @@ def gelu_erf(x: Array) -> Array:
     `jax.nn.gelu(approximate=False)` evaluates 0.5 x erfc(-x / sqrt 2) instead: XLA expands
     erfc into two polynomials, an exp and two divisions per element, and computed its argument
     in a separate bf16 pass. On an H200 that forward took 3.7 + 1.5 ms of a 53 ms BERT-base
-    step (docs/gpu/journal.md, 2026-11-27), against about 0.1 ms per layer for a pass over its
-    bytes.
+    step (docs/results/gpu/journal.md, 2026-11-27), against about 0.1 ms per layer for a pass over
+    its bytes.
     In float32 over [-10, 10] it is within 1.1e-6 of a float64 reference (the erfc form:
     4e-7); below x = -3, where GELU is under 0.005, 1 + erf cancels and the error is relative
     to 1, not to the value, as in PyTorch's kernel.
@@ -204,8 +204,9 @@ def logsumexp(x: Array) -> Array:
     On a GPU in one pass over x (the running maximum and the sum of exponentials rescaled to
     it, merged pairwise as the reduction goes): `jax.nn.logsumexp` reads x twice, for the
     maximum and then the sum. Compiled for an H200, BERT-base's MLM loss then reads its
-    float32 logits [256, 20, 30592] three times a step, not four (0.6 GB; docs/gpu/journal.md,
-    session 33). Elsewhere `jax.nn.logsumexp` (on a CPU, values unchanged bit for bit).
+    float32 logits [256, 20, 30592] three times a step, not four (0.6 GB;
+    docs/results/gpu/journal.md, session 33). Elsewhere `jax.nn.logsumexp` (on a CPU, values
+    unchanged bit for bit).
     """
     return jax.lax.platform_dependent(
         x, cuda=_one_pass_logsumexp, rocm=_one_pass_logsumexp, default=_two_pass_logsumexp

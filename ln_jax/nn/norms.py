@@ -28,9 +28,9 @@ def row_moments(x: Array) -> tuple[Array, Array]:
     XLA fuses it into the kernel that writes x (the residual add with its dropout). The
     two-pass form (the mean, then the mean of squared deviations) read x again in a kernel of
     its own for the variance: compiled for an H200, BERT-base's step had 53 more kernels and
-    moved 0.8 GB more (docs/gpu/journal.md, session 33). Elsewhere the two passes, as before: on a
-    CPU its values are unchanged bit for bit; on a TPU Welford's reduction does not fuse
-    with x's producer (compiled for a v5e: a pass of its own either way), and the one pass
+    moved 0.8 GB more (docs/results/gpu/journal.md, session 33). Elsewhere the two passes, as
+    before: on a CPU its values are unchanged bit for bit; on a TPU Welford's reduction does not
+    fuse with x's producer (compiled for a v5e: a pass of its own either way), and the one pass
     that does, mean(x^2) - mean(x)^2, loses the variance's digits where the mean is large
     against the spread (2e-3 of it in float32 at 100 standard deviations).
     """
@@ -139,7 +139,7 @@ def layer_norm(x: Array, scale: Array, bias: Array, eps: float) -> Array:
     sums of the scale and bias gradients can read g and x directly. Without it XLA:GPU
     recomputed the mean inside the producer of g · x̂ and wrote that product in float32
     ([B, S, d], 27 times a BERT-base step, 6.1 GB) for a separate column reduction
-    (docs/gpu/journal.md, 2026-11-27).
+    (docs/results/gpu/journal.md, 2026-11-27).
     """
     if not custom_backwards():
         return _plain_standardize(x, eps, True) * scale + bias

@@ -8,7 +8,7 @@ uint32). Two users:
   (seeding, splitting and folding are threefry's) and whose bits are
   `lowbias32(lowbias32(index * golden + k0) ^ k1)` over the element index: elementwise integer
   arithmetic from an iota that XLA fuses into the op that uses the mask, so no mask or bit array
-  is written to memory, where threefry's and rbg's bits are (see docs/gpu/journal.md).
+  is written to memory, where threefry's and rbg's bits are (see docs/results/gpu/journal.md).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A run compiles several programs: the train step per length bucket (translation has one per
 bucket), the measured step of the monitor, evaluation and decoding. On one H100 each took 35-60 s
-(`docs/gpu/journal.md`, "session 15"), so a resumed run, a rerun or a study's next run of the
-same shapes spent minutes compiling what it had compiled before. With the cache, compiled
+(`docs/results/gpu/journal.md`, "session 15"), so a resumed run, a rerun or a study's next run of
+the same shapes spent minutes compiling what it had compiled before. With the cache, compiled
 executables are written to a folder and the next process that compiles the same program (same
 HLO, same jax and XLA versions, same device kind and flags: JAX's cache key) reads it instead.
 The train step's program does not depend on the run's seed or schedule numbers

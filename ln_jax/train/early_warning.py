@@ -20,7 +20,7 @@ as a WARNING, split "warning/<rule>" in metrics.jsonl, and keeps the checkpoint 
   once per episode, which ends when the measure falls below `collapse`.
 At least 3 earlier values are needed before the spike rules speak. The thresholds and their
 defaults were calibrated by replaying recorded runs (`ln_jax.train.warning_replay`,
-docs/monitor/calibration.md).
+docs/results/monitor/calibration.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ on, the same update with its measurements. Compiled lazily, they cost their comp
 after the other: on one H200, BERT-base's first step came 110 s after the command started (the
 automatic accumulation's probe compiled among them), the measured step compiled during step 1
 (34.9 s) and the train step, a second jitted function of the probe's program, was read back
-from the persistent cache during step 2 (4.8 s; docs/gpu/journal.md, 2026-11-27).
+from the persistent cache during step 2 (4.8 s; docs/results/gpu/journal.md, 2026-11-27).
 
 Here both are lowered from the abstract state (`steps.abstract_state`: shapes and shardings,
 nothing allocated) and compiled one after the other in one background thread, the train step

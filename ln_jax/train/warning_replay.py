@@ -1,10 +1,10 @@
 """Replays recorded runs through the early-warning rules, to calibrate them on real outcomes.
 
-  python -m ln_jax.train.warning_replay docs/studies ../shared/gpu/2026-11-26-h200 \\
+  python -m ln_jax.train.warning_replay docs/results/studies ../shared/gpu/2026-11-26-h200 \\
       [--monitor collapse=0.9 --monitor collapse_steps=200 ...] [--sweep collapse=0.9,0.99]
 
-A recorded run is either a study run (`docs/studies/STUDY/runs/NAME/result.json`: its train loss
-curve, its collapse curve of the encoder output, its validation curve and its outcome) or a
+A recorded run is either a study run (`docs/results/studies/STUDY/runs/NAME/result.json`: its train
+loss curve, its collapse curve of the encoder output, its validation curve and its outcome) or a
 trainer's records (a `metrics.jsonl` file, or a workdir or folder holding one or
 `train_metrics.jsonl`: "train" and "monitor" records). Each run's steps are fed, in order, to
 the same `EarlyWarning` the trainer runs, with the values the trainer gives it (the train
@@ -319,7 +319,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Replay recorded runs through the early-warning rules (MonitorConfig's "
         "defaults unless --monitor is given) and print the table: run, outcome, warned, step, "
         "lead time.",
-        epilog="example: python -m ln_jax.train.warning_replay docs/studies "
+        epilog="example: python -m ln_jax.train.warning_replay docs/results/studies "
         "../shared/gpu/2026-11-26-h200 --sweep collapse=0.9,0.95,0.99 --sweep "
         "collapse_steps=100,200",
     )

@@ -238,7 +238,8 @@ def gemm_prologues(hlo_text: str) -> list[dict[str, Any]]:
     Compiled without autotuning (deviceless, `xla_gpu_autotune_level=0`) XLA keeps every GEMM
     it can in Triton and fuses elementwise producers into it. On a GPU the autotuner may pick
     cuBLAS for such a GEMM instead; the fused ops then run as a kernel of their own, once per
-    GEMM that had fused them (the H200's dropout-scale multiply of 2026-11-28, docs/gpu/journal.md).
+    GEMM that had fused them (the H200's dropout-scale multiply of 2026-11-28,
+    docs/results/gpu/journal.md).
     """
     comps, entry = _computations(hlo_text)
     found = []
