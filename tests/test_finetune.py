@@ -24,6 +24,8 @@ from ln_jax.config.load import override
 from ln_jax.config.run import CheckpointConfig, TrainConfig
 from ln_jax.data import glue
 from ln_jax.data.sources import DatasetNotPreparedError
+from ln_jax.experiments import finetune as ft_grid
+from ln_jax.experiments import runner
 from ln_jax.models.bert.finetune import config as ft_config
 from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune import run as ft_run
@@ -207,7 +209,7 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
     learn = {"seeds": (0,), "learning_rates": (1e-3,), "epochs": (3,), "max_seq_length": 64}
     learn |= {"data.max_train_examples": 2048, "data.max_eval_examples": 256}
     cfg = finetune_config(data_dir, pretrained_workdir, **learn)
-    summary = ft_run.finetune(cfg, str(tmp_path / "learn"))
+    summary = ft_grid.finetune(cfg, str(tmp_path / "learn"))
     builder = glue.open_task_dataset(TASKS["offline"].dataset, data_dir)
     assert set(builder.info.features) == {"sentence1", "sentence2", "label", "idx"}
     assert builder.info.features["label"].names == ["not_equivalent", "equivalent"]
@@ -224,7 +226,7 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
         override(run_identity.as_dict(cfg), {"data.max_train_examples": 256})
     )
     ctx = ft_run.setup(short, str(tmp_path / "straight"))
-    ft_run.finetune(short, str(tmp_path / "straight"), ctx=ctx)
+    ft_grid.finetune(short, str(tmp_path / "straight"), ctx=ctx)
 
     class Interrupted(Exception):
         pass
@@ -235,12 +237,26 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
             raise Interrupted
 
     with pytest.raises(Interrupted):
-        ft_run.finetune(short, str(tmp_path / "split"), hooks=[cut_in_epoch_2], ctx=ctx)
+        ft_grid.finetune(short, str(tmp_path / "split"), hooks=[cut_in_epoch_2], ctx=ctx)
     assert [r["step"] for r in _records(tmp_path / "split")][-1] == 10
-    first = ft_run.finetune(short, str(tmp_path / "split"), ctx=ctx)
+    first = ft_grid.finetune(short, str(tmp_path / "split"), ctx=ctx)
     assert _records(tmp_path / "split") == _records(tmp_path / "straight")
-    again = ft_run.finetune(short, str(tmp_path / "split"), ctx=ctx)  # finished: read back
+    again = ft_grid.finetune(short, str(tmp_path / "split"), ctx=ctx)  # finished: read back
     assert again["cells"] == first["cells"]
+    # the runner's specs give each run's TrainConfig exactly
+    base, specs = ft_grid.grid(ctx)
+    assert [s.folder for s in specs] == ["lr0.001_bs32_ep3/seed0"]
+    assert runner.run_config(base, specs[0]) == ft_run.run_config(ctx, short.cells[0], 0)
+    # a workdir finished before runs stored result.json: read back, nothing trained
+    result = tmp_path / "split" / "lr0.001_bs32_ep3" / "seed0" / runner.RESULT
+    assert json.loads(result.read_text())["task_result"] == first["cells"][0]["seeds"]["0"]
+    result.unlink()
+    trained = []
+    old = ft_grid.finetune(
+        short, str(tmp_path / "split"), hooks=[lambda step, run: trained.append(step)], ctx=ctx
+    )
+    assert old["cells"] == first["cells"] and not trained and result.exists()
+    assert _records(tmp_path / "split") == _records(tmp_path / "straight")
 
     # SIGTERM (preemption) mid-epoch: the step in flight is saved, and the rerun goes on from
     # it (not from the epoch's start) to the uninterrupted run's records.
@@ -248,12 +264,12 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
         if step == run.cfg.steps_per_epoch + 3:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    with pytest.raises(ft_run.Preempted, match="SIGTERM: saved step 11"):
-        ft_run.finetune(short, str(tmp_path / "term"), hooks=[sigterm_in_epoch_2], ctx=ctx)
+    with pytest.raises(ft_grid.Preempted, match="SIGTERM: saved step 11"):
+        ft_grid.finetune(short, str(tmp_path / "term"), hooks=[sigterm_in_epoch_2], ctx=ctx)
     ckpts = tmp_path / "term" / "lr0.001_bs32_ep3" / "seed0" / "checkpoints"
     assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())[-1] == 11
     resumed_from = []
-    ft_run.finetune(
+    ft_grid.finetune(
         short, str(tmp_path / "term"), hooks=[lambda step, run: resumed_from.append(step)], ctx=ctx
     )
     assert resumed_from[0] == 12
