@@ -347,6 +347,7 @@ def test_command_line_errors_are_one_line_and_exit_2(tmp_path):
     for args, words in (
         (["--config=configs/glue.py:mrcp"], "unknown config variant 'mrcp'"),
         (["--config.init_from=" + str(tmp_path / "no_run")], "no such workdir"),
+        (["--config.b2=0.98"], "config field b2 moved: use --config.optim.b2"),
     ):
         out = subprocess.run(
             [sys.executable, str(ROOT / "finetune.py"), *args, f"--workdir={tmp_path / 'w'}"],
@@ -365,12 +366,14 @@ def test_every_field_is_declared_with_a_comment_in_configs_glue():
     source = (ROOT / "configs" / "glue.py").read_text().splitlines()
     sections = {"data": ft_config.GlueDataConfig, "mesh": ft_config.MeshConfig}
     sections["checkpoint"] = ft_config.CheckpointConfig
+    sections["optim"] = ft_config.OptimConfig
     import dataclasses
 
     for f in dataclasses.fields(ft_config.FinetuneConfig):
         names = [f.name]
         if f.name in sections:
-            names = [f"{f.name}.{g.name}" for g in dataclasses.fields(sections[f.name])]
+            fields = dataclasses.fields(sections[f.name])
+            names = [f"{f.name}.{g.name}" for g in fields if g.name not in ft_config.GRID_OPTIM]
         for dotted in names:
             section, _, leaf = dotted.rpartition(".")
             assert leaf in (declared[section] if section else declared), dotted
@@ -386,3 +389,34 @@ def test_every_field_is_declared_with_a_comment_in_configs_glue():
     )
     assert parsed.learning_rates == (2e-5, 3e-5) and parsed.seeds == (7,)
     assert [c.name for c in parsed.cells] == ["lr2e-05_bs32_ep3", "lr3e-05_bs32_ep3"]
+
+
+def test_the_optimizer_is_an_optim_section_and_the_old_fields_say_where_they_went(tmp_path):
+    """Fine-tuning's optimizer is an `OptimConfig` (`--config.optim.FIELD`); the top-level
+    fields of before 2026-12-05 are one-line errors naming the new flag, and a workdir recorded
+    then still resumes (its config.json is read into `optim`)."""
+    values = glue_configs.get_config("mrpc")
+    for old in ("optimizer", "weight_decay", "b1", "b2", "eps", "clip_norm"):
+        with pytest.raises(
+            ConfigError, match=f"^config field {old} moved: use --config.optim.{old}$"
+        ) as err:
+            override(values, {old: "1"})
+        assert err.value.fix.rename == {f"--config.{old}": f"--config.optim.{old}"}
+    cfg = ft_config.build_finetune_config(override(values, {"optim.weight_decay": "0.1"}))
+    assert cfg.optim.weight_decay == 0.1 and cfg.optim.schedule == "warmup_linear_decay"
+    with pytest.raises(ConfigError, match="optim.peak_lr is set by the grid's learning_rates"):
+        ft_config.build_finetune_config({**run_identity.as_dict(cfg), "optim": {"peak_lr": 1.0}})
+    identity = {"finetune": run_identity.as_dict(cfg), "init": {"source": "w", "step": 4}}
+    old = dict(identity["finetune"])
+    optim = old.pop("optim")
+    old |= {k: optim[k] for k in ("optimizer", "weight_decay", "b1", "b2", "eps", "clip_norm")}
+    workdir = tmp_path / "old"
+    workdir.mkdir()
+    ft_run._check_workdir(str(workdir), identity)  # a new workdir: recorded
+    ft_run._check_workdir(str(workdir), identity)  # a rerun: the same config
+    (workdir / "config.json").write_text(json.dumps({**identity, "finetune": old}))
+    ft_run._check_workdir(str(workdir), identity)  # resumes: the same config
+    assert json.loads((workdir / "config.json").read_text()) == json.loads(json.dumps(identity))
+    (workdir / "config.json").write_text(json.dumps({**identity, "finetune": old | {"b2": 0.9}}))
+    with pytest.raises(ft_run.FinetuneMismatchError, match=r"finetune.optim.b2: 0.9 -> 0.999"):
+        ft_run._check_workdir(str(workdir), identity)

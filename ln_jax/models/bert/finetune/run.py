@@ -35,7 +35,7 @@ import numpy as np
 from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.models.bert.finetune import task as task_lib
-from ln_jax.models.bert.finetune.config import Cell, FinetuneConfig, train_config
+from ln_jax.models.bert.finetune.config import Cell, FinetuneConfig, moved_optim, train_config
 from ln_jax.models.bert.finetune.pretrained import Pretrained, check_sequence_length
 from ln_jax.models.bert.finetune.tasks import TASKS, GlueTask
 from ln_jax.train import run_identity
@@ -87,12 +87,16 @@ def _identity(cfg: FinetuneConfig, pretrained: Pretrained) -> dict:
 
 
 def _check_workdir(workdir: str, identity: dict) -> None:
-    """A workdir holds one fine-tuning config (the grid and seeds may grow)."""
+    """A workdir holds one fine-tuning config (the grid and seeds may grow). One recorded before
+    the optimizer's fields moved into `optim` (2026-12-05) is read as one recorded since."""
     old = run_identity.read_config(workdir)
     if old is None:
         run_identity.record_config(workdir, identity)
         return
-    changes = [c for c in run_identity.differences(old, identity) if not c.field.startswith(_FREE)]
+    if "finetune" in old:
+        old = {**old, "finetune": moved_optim(old["finetune"])}
+    found = run_identity.differences(old, identity, added={})
+    changes = [c for c in found if not c.field.startswith(_FREE)]
     if changes:
         listed = "; ".join(f"{c.field}: {c.old!r} -> {c.new!r}" for c in changes[:6])
         raise FinetuneMismatchError(
