@@ -169,14 +169,10 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def differences(
-    old: Mapping[str, Any], new: Mapping[str, Any], added: Mapping[str, Any] = ADDED_FIELDS
-) -> list[Change]:
-    """The fields whose values differ (a field only one side has counts as a change). `added`:
-    fields added since `old` was recorded, with the value it had (a TrainConfig's by default;
-    {} for another record, such as a fine-tuning workdir's)."""
+def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    """The fields whose values differ (a field only one side has counts as a change)."""
     a, b = flatten(old), flatten(new)
-    a = {**{k: v for k, v in added.items() if k not in a}, **a}
+    a = {**{k: v for k, v in ADDED_FIELDS.items() if k not in a}, **a}
     changes = [Change(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in sorted(set(a) | set(b))]
     return [c for c in changes if c.old != c.new]
 

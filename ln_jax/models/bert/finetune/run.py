@@ -48,6 +48,7 @@ _FREE = tuple(
     for name in ("seeds", "learning_rates", "batch_sizes", "epochs", "log_every", "mesh.")
     + ("eval_batch_size", "checkpoint.")
 )
+_OWN = ("finetune.", "init.")  # the fields of WORKDIR/config.json (`_identity`)
 
 
 class FinetuneMismatchError(UserError):
@@ -95,8 +96,9 @@ def _check_workdir(workdir: str, identity: dict) -> None:
         return
     if "finetune" in old:
         old = {**old, "finetune": moved_optim(old["finetune"])}
-    found = run_identity.differences(old, identity, added={})
-    changes = [c for c in found if not c.field.startswith(_FREE)]
+    # Only the record's own fields: `differences` also fills in a TrainConfig's added fields.
+    found = run_identity.differences(old, identity)
+    changes = [c for c in found if c.field.startswith(_OWN) and not c.field.startswith(_FREE)]
     if changes:
         listed = "; ".join(f"{c.field}: {c.old!r} -> {c.new!r}" for c in changes[:6])
         raise FinetuneMismatchError(
