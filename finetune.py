@@ -7,7 +7,8 @@
 --config=FILE[:task] names the config; every field it declares can be overridden with
 --config.FIELD=VALUE (see configs/glue.py), e.g. --config.seeds="(0,1,2)",
 --config.learning_rates="(2e-5,3e-5,5e-5)". Every cell x seed is a run of the one trainer
-(`ln_jax.train.trainer`) in WORKDIR/<cell>/seed<k>/. Rerunning the same command keeps finished
+(`ln_jax.train.trainer`) in WORKDIR/<cell>/seed<k>/, on the studies' runner
+(`ln_jax.experiments.finetune`). Rerunning the same command keeps finished
 runs and resumes a cut-off one from its last checkpoint (every epoch; SIGTERM and Ctrl-C save
 the step in flight and exit 0). User errors print one line and exit 2 (--traceback
 shows the traceback); library logs go to WORKDIR/finetune.log.
@@ -68,8 +69,8 @@ def main(inv: cli.Invocation) -> int:
 
 def _finetune(inv: cli.Invocation) -> int:
     from ln_jax import console
-    from ln_jax.models.bert.finetune import finetune, format_summary
-    from ln_jax.models.bert.finetune.run import Preempted
+    from ln_jax.experiments.finetune import Preempted, finetune
+    from ln_jax.models.bert.finetune import format_summary
     from ln_jax.train import run_identity
     from ln_jax.train.preemption import SetupSignals
     from ln_jax.train.workdir_stub import no_stub_workdir

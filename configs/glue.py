@@ -34,12 +34,6 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.batch_sizes = (32,)  # batch sizes of the grid (BERT: 16, 32)
     c.epochs = (3,)  # epochs of the grid (BERT: 2 .. 4)
     c.warmup_fraction = 0.1  # linear warm-up over this fraction of the steps, then linear decay
-    c.optimizer = "adamw"  # adamw | adam | radam | sgd (ln_jax.train.optim)
-    c.weight_decay = 0.01  # decoupled, on matrices and embeddings only
-    c.b1 = 0.9  # Adam beta1
-    c.b2 = 0.999  # Adam beta2
-    c.eps = 1e-6  # Adam epsilon
-    c.clip_norm = 1.0  # global gradient-norm clipping (0 = off)
     c.max_seq_length = 128  # tokens of [CLS] A [SEP] B [SEP]; longer pairs truncated
     c.eval_batch_size = 64  # dev batch (rounded up to a multiple of the data-parallel devices)
     c.hidden_dropout = placeholder(float)  # encoder dropout (None = the checkpoint's)
@@ -48,6 +42,21 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.log_every = 10  # train metrics to metrics.jsonl every N steps (and at each epoch's end)
     c.nan_policy = "stop"  # non-finite loss/gradient: "stop" or "skip" (drop the update)
     c.dropout_rng = "auto"  # dropout PRNG: threefry, hash, rbg, unsafe_rbg, auto (hash)
+
+    # the optimizer (OptimConfig, as train.py's); the grid sets its peak_lr (learning_rates),
+    # warmup_steps (warmup_fraction) and total_steps (epochs) per run
+    c.optim = ml_collections.ConfigDict()
+    c.optim.optimizer = "adamw"  # adamw | adam | radam | sgd (ln_jax.train.optim)
+    c.optim.schedule = "warmup_linear_decay"  # after the warm-up: linear decay to end_lr
+    c.optim.end_lr = 0.0  # the learning rate at the last step
+    c.optim.decay_step = 0  # decay_rsqrt's step of decay
+    c.optim.decay_factor = 1.0  # decay_rsqrt's factor at decay_step
+    c.optim.b1 = 0.9  # Adam beta1
+    c.optim.b2 = 0.999  # Adam beta2
+    c.optim.eps = 1e-6  # Adam epsilon
+    c.optim.weight_decay = 0.01  # decoupled (adamw), on matrices and embeddings only
+    c.optim.clip_norm = 1.0  # global gradient-norm clipping (0 = off)
+    c.optim.momentum = 0.9  # SGD momentum
 
     c.data = ml_collections.ConfigDict()
     c.data.data_dir = placeholder(str)  # TFDS data dir (None = $TFDS_DATA_DIR or default)

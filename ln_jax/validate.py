@@ -166,6 +166,18 @@ def moved_message(dotted: str, section: str | None) -> str:
     return f"config field {dotted} moved: use --config.{section}.{field}"
 
 
+# Fine-tuning's optimizer fields: at the top of its config (configs/glue.py) until 2026-12-05,
+# now its section optim (an `OptimConfig`, as train.py's).
+MOVED_FIELDS = {
+    name: f"optim.{name}" for name in ("optimizer", "weight_decay", "b1", "b2", "eps", "clip_norm")
+}
+
+
+def moved_field_message(name: str) -> str:
+    """The one line of a field given by its name before it moved (`MOVED_FIELDS`)."""
+    return f"config field {name} moved: use --config.{MOVED_FIELDS[name]}"
+
+
 # --------------------------------------------------------------------------- field names
 # The declared config field that an unknown `--config.` name most likely means.
 #
@@ -377,13 +389,8 @@ def suggest(tree: Mapping[str, Any], parents: list[str], key: str, field: bool =
 
 
 def _aliased(key: str, declared: list[str]) -> list[str]:
-    """The declared fields `ALIASES` gives for `key`; "optim.b1" also names a top-level "b1"
-    (finetune.py's config keeps its optimizer's fields at the top)."""
-    out = []
-    for target in ALIASES.get(key.lower(), ()):
-        leaf = target.rsplit(".", 1)[-1]
-        out += [t for t in (target, leaf) if t in declared]
-    return list(dict.fromkeys(out))
+    """The declared fields `ALIASES` gives for `key`."""
+    return [t for t in ALIASES.get(key.lower(), ()) if t in declared]
 
 
 def _join(section: str, name: str) -> str:

@@ -208,7 +208,7 @@ def test_an_unknown_field_names_what_it_likely_means(given, meant):
         ("lr", "learning_rates"),
         ("batch_size", "batch_sizes"),
         ("num_train_epochs", "epochs"),
-        ("adam_beta2", "b2"),  # optim.b2 in train.py's config, b2 in finetune.py's
+        ("adam_beta2", "optim.b2"),  # in finetune.py's config too (before 2026-12-05: b2)
         ("seq_len", "max_seq_length"),
     ],
 )

@@ -24,6 +24,8 @@ from ln_jax.config.load import override
 from ln_jax.config.run import CheckpointConfig, TrainConfig
 from ln_jax.data import glue
 from ln_jax.data.sources import DatasetNotPreparedError
+from ln_jax.experiments import finetune as ft_grid
+from ln_jax.experiments import runner
 from ln_jax.models.bert.finetune import config as ft_config
 from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune import run as ft_run
@@ -207,7 +209,7 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
     learn = {"seeds": (0,), "learning_rates": (1e-3,), "epochs": (3,), "max_seq_length": 64}
     learn |= {"data.max_train_examples": 2048, "data.max_eval_examples": 256}
     cfg = finetune_config(data_dir, pretrained_workdir, **learn)
-    summary = ft_run.finetune(cfg, str(tmp_path / "learn"))
+    summary = ft_grid.finetune(cfg, str(tmp_path / "learn"))
     builder = glue.open_task_dataset(TASKS["offline"].dataset, data_dir)
     assert set(builder.info.features) == {"sentence1", "sentence2", "label", "idx"}
     assert builder.info.features["label"].names == ["not_equivalent", "equivalent"]
@@ -224,7 +226,7 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
         override(run_identity.as_dict(cfg), {"data.max_train_examples": 256})
     )
     ctx = ft_run.setup(short, str(tmp_path / "straight"))
-    ft_run.finetune(short, str(tmp_path / "straight"), ctx=ctx)
+    ft_grid.finetune(short, str(tmp_path / "straight"), ctx=ctx)
 
     class Interrupted(Exception):
         pass
@@ -235,12 +237,26 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
             raise Interrupted
 
     with pytest.raises(Interrupted):
-        ft_run.finetune(short, str(tmp_path / "split"), hooks=[cut_in_epoch_2], ctx=ctx)
+        ft_grid.finetune(short, str(tmp_path / "split"), hooks=[cut_in_epoch_2], ctx=ctx)
     assert [r["step"] for r in _records(tmp_path / "split")][-1] == 10
-    first = ft_run.finetune(short, str(tmp_path / "split"), ctx=ctx)
+    first = ft_grid.finetune(short, str(tmp_path / "split"), ctx=ctx)
     assert _records(tmp_path / "split") == _records(tmp_path / "straight")
-    again = ft_run.finetune(short, str(tmp_path / "split"), ctx=ctx)  # finished: read back
+    again = ft_grid.finetune(short, str(tmp_path / "split"), ctx=ctx)  # finished: read back
     assert again["cells"] == first["cells"]
+    # the runner's specs give each run's TrainConfig exactly
+    base, specs = ft_grid.grid(ctx)
+    assert [s.folder for s in specs] == ["lr0.001_bs32_ep3/seed0"]
+    assert runner.run_config(base, specs[0]) == ft_run.run_config(ctx, short.cells[0], 0)
+    # a workdir finished before runs stored result.json: read back, nothing trained
+    result = tmp_path / "split" / "lr0.001_bs32_ep3" / "seed0" / runner.RESULT
+    assert json.loads(result.read_text())["task_result"] == first["cells"][0]["seeds"]["0"]
+    result.unlink()
+    trained = []
+    old = ft_grid.finetune(
+        short, str(tmp_path / "split"), hooks=[lambda step, run: trained.append(step)], ctx=ctx
+    )
+    assert old["cells"] == first["cells"] and not trained and result.exists()
+    assert _records(tmp_path / "split") == _records(tmp_path / "straight")
 
     # SIGTERM (preemption) mid-epoch: the step in flight is saved, and the rerun goes on from
     # it (not from the epoch's start) to the uninterrupted run's records.
@@ -248,12 +264,12 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
         if step == run.cfg.steps_per_epoch + 3:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    with pytest.raises(ft_run.Preempted, match="SIGTERM: saved step 11"):
-        ft_run.finetune(short, str(tmp_path / "term"), hooks=[sigterm_in_epoch_2], ctx=ctx)
+    with pytest.raises(ft_grid.Preempted, match="SIGTERM: saved step 11"):
+        ft_grid.finetune(short, str(tmp_path / "term"), hooks=[sigterm_in_epoch_2], ctx=ctx)
     ckpts = tmp_path / "term" / "lr0.001_bs32_ep3" / "seed0" / "checkpoints"
     assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())[-1] == 11
     resumed_from = []
-    ft_run.finetune(
+    ft_grid.finetune(
         short, str(tmp_path / "term"), hooks=[lambda step, run: resumed_from.append(step)], ctx=ctx
     )
     assert resumed_from[0] == 12
@@ -331,6 +347,7 @@ def test_command_line_errors_are_one_line_and_exit_2(tmp_path):
     for args, words in (
         (["--config=configs/glue.py:mrcp"], "unknown config variant 'mrcp'"),
         (["--config.init_from=" + str(tmp_path / "no_run")], "no such workdir"),
+        (["--config.b2=0.98"], "config field b2 moved: use --config.optim.b2"),
     ):
         out = subprocess.run(
             [sys.executable, str(ROOT / "finetune.py"), *args, f"--workdir={tmp_path / 'w'}"],
@@ -349,12 +366,14 @@ def test_every_field_is_declared_with_a_comment_in_configs_glue():
     source = (ROOT / "configs" / "glue.py").read_text().splitlines()
     sections = {"data": ft_config.GlueDataConfig, "mesh": ft_config.MeshConfig}
     sections["checkpoint"] = ft_config.CheckpointConfig
+    sections["optim"] = ft_config.OptimConfig
     import dataclasses
 
     for f in dataclasses.fields(ft_config.FinetuneConfig):
         names = [f.name]
         if f.name in sections:
-            names = [f"{f.name}.{g.name}" for g in dataclasses.fields(sections[f.name])]
+            fields = dataclasses.fields(sections[f.name])
+            names = [f"{f.name}.{g.name}" for g in fields if g.name not in ft_config.GRID_OPTIM]
         for dotted in names:
             section, _, leaf = dotted.rpartition(".")
             assert leaf in (declared[section] if section else declared), dotted
@@ -370,3 +389,34 @@ def test_every_field_is_declared_with_a_comment_in_configs_glue():
     )
     assert parsed.learning_rates == (2e-5, 3e-5) and parsed.seeds == (7,)
     assert [c.name for c in parsed.cells] == ["lr2e-05_bs32_ep3", "lr3e-05_bs32_ep3"]
+
+
+def test_the_optimizer_is_an_optim_section_and_the_old_fields_say_where_they_went(tmp_path):
+    """Fine-tuning's optimizer is an `OptimConfig` (`--config.optim.FIELD`); the top-level
+    fields of before 2026-12-05 are one-line errors naming the new flag, and a workdir recorded
+    then still resumes (its config.json is read into `optim`)."""
+    values = glue_configs.get_config("mrpc")
+    for old in ("optimizer", "weight_decay", "b1", "b2", "eps", "clip_norm"):
+        with pytest.raises(
+            ConfigError, match=f"^config field {old} moved: use --config.optim.{old}$"
+        ) as err:
+            override(values, {old: "1"})
+        assert err.value.fix.rename == {f"--config.{old}": f"--config.optim.{old}"}
+    cfg = ft_config.build_finetune_config(override(values, {"optim.weight_decay": "0.1"}))
+    assert cfg.optim.weight_decay == 0.1 and cfg.optim.schedule == "warmup_linear_decay"
+    with pytest.raises(ConfigError, match="optim.peak_lr is set by the grid's learning_rates"):
+        ft_config.build_finetune_config({**run_identity.as_dict(cfg), "optim": {"peak_lr": 1.0}})
+    identity = {"finetune": run_identity.as_dict(cfg), "init": {"source": "w", "step": 4}}
+    old = dict(identity["finetune"])
+    optim = old.pop("optim")
+    old |= {k: optim[k] for k in ("optimizer", "weight_decay", "b1", "b2", "eps", "clip_norm")}
+    workdir = tmp_path / "old"
+    workdir.mkdir()
+    ft_run._check_workdir(str(workdir), identity)  # a new workdir: recorded
+    ft_run._check_workdir(str(workdir), identity)  # a rerun: the same config
+    (workdir / "config.json").write_text(json.dumps({**identity, "finetune": old}))
+    ft_run._check_workdir(str(workdir), identity)  # resumes: the same config
+    assert json.loads((workdir / "config.json").read_text()) == json.loads(json.dumps(identity))
+    (workdir / "config.json").write_text(json.dumps({**identity, "finetune": old | {"b2": 0.9}}))
+    with pytest.raises(ft_run.FinetuneMismatchError, match=r"finetune.optim.b2: 0.9 -> 0.999"):
+        ft_run._check_workdir(str(workdir), identity)

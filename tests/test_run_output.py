@@ -23,9 +23,8 @@ import pytest
 
 from ln_jax import console
 from ln_jax.config.run import TrainConfig
-from ln_jax.models.bert.finetune.run import GridClock
 from ln_jax.train import checkpoint, loop, run_identity, trainer
-from ln_jax.train.metrics import Progress, Scope
+from ln_jax.train.metrics import GridClock, Progress, Scope
 from tests.xla_env import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]

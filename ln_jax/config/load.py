@@ -21,10 +21,12 @@ from ml_collections.config_dict import FieldReference
 
 from ln_jax.validate import (
     LEGACY_SECTION,
+    MOVED_FIELDS,
     ConfigError,
     Fix,
     closest,
     did_you_mean,
+    moved_field_message,
     moved_message,
     suggest,
 )
@@ -202,6 +204,9 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
         node, path = out, dotted.split(".")
         if path[0] == LEGACY_SECTION and LEGACY_SECTION not in out:
             raise _moved(out, dotted)
+        if dotted in MOVED_FIELDS and dotted not in out and "optim" in out:
+            rename = {CONFIG_PREFIX + dotted: CONFIG_PREFIX + MOVED_FIELDS[dotted]}
+            raise ConfigError(moved_field_message(dotted), fix=Fix(rename=rename))
         for depth, key in enumerate(path):
             if not isinstance(node, dict) or key not in node:
                 raise _unknown_field(out, path[:depth], key, node, dotted)

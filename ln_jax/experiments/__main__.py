@@ -420,13 +420,16 @@ def _main(inv: cli.Invocation) -> int:
 
 
 def _downstream(inv: cli.Invocation, base: dict, out: str) -> int:
-    from ln_jax.experiments import downstream
+    from ln_jax.experiments import downstream, runner
 
     try:
         runs = downstream.parse_runs(_RUNS.value)
         downstream.run(base, runs, out, _ints(_STEPS.value, "steps") or None)
     except (UserError, ValueError) as err:
         return inv.report(err)
+    except runner.Preempted as stop:  # SIGTERM / Ctrl-C: the run in flight saved its step
+        print(f"{stop}; run the same command to resume", flush=True)
+        return 0
     print(f"wrote {os.path.join(out, downstream.RESULTS_FILE)} and {downstream.PLOT_FILE}")
     return 0
 

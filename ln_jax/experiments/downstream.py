@@ -3,12 +3,12 @@
   python -m ln_jax.experiments downstream --out=DIR --runs=pre=WORKDIR1,post=WORKDIR2
       [--steps=100,200] [--config=configs/glue.py:offline] [--config.FIELD=value ...]
 
-Every checkpoint kept along each pretraining run (or the `--steps` named) is fine-tuned with
-`ln_jax.models.bert.finetune` on the config's task, every seed of its grid, in `DIR/<run>/step<k>/`
-(rerunning resumes: finished fine-tuning runs are read back). `DIR/results.json` holds, per run
-and step, the seeds' best-epoch and last-epoch dev scores with their median and spread;
-`DIR/downstream.png` plots the pretraining run's validation MLM loss and the median dev score
-(bars: min to max over seeds) against the pretraining step.
+Every checkpoint kept along each pretraining run (or the `--steps` named) is fine-tuned
+(`ln_jax.experiments.finetune`) on the config's task, every seed of its grid, in
+`DIR/<run>/step<k>/` (rerunning resumes: finished fine-tuning runs are read back).
+`DIR/results.json` holds, per run and step, the seeds' best-epoch and last-epoch dev scores
+with their median and spread; `DIR/downstream.png` plots the pretraining run's validation MLM
+loss and the median dev score (bars: min to max over seeds) against the pretraining step.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from typing import Any
 
 from ln_jax import paths
 from ln_jax.config.load import override
-from ln_jax.models.bert.finetune import build_finetune_config, finetune
+from ln_jax.experiments.finetune import finetune
+from ln_jax.models.bert.finetune import build_finetune_config
+from ln_jax.models.bert.finetune.run import spread
 from ln_jax.results import write_json
 from ln_jax.train.metrics import METRICS_FILE, read_records
 from ln_jax.validate import ConfigError
@@ -64,8 +66,6 @@ def _point(step: int, summary: Mapping[str, Any], metric: str) -> dict[str, Any]
     seeds = cell["seeds"]
     best = [r[f"best_{metric}"] for r in seeds.values()]
     last = [r[f"last_{metric}"] for r in seeds.values()]
-    from ln_jax.models.bert.finetune.run import spread
-
     return {"step": step, "cell": cell["cell"], "metric": metric, "best": best, "last": last,
             "best_spread": spread(best), "last_spread": spread(last)}  # fmt: skip
 

@@ -4,6 +4,11 @@ A study is a list of `RunSpec`s, each a name plus dotted config overrides applie
 config. `run_grid` trains every run that has no result yet in `OUT/runs/NAME/result.json`
 (a run cut off midway resumes from its own orbax checkpoint), optionally several at once in
 subprocesses, and `collect` gathers the per-run results into `OUT/results.json`.
+
+A grid whose runs share what its caller prepared (fine-tuning's: the pretrained encoder and
+the task's data, `ln_jax.experiments.finetune`) runs them in the caller's process with a
+`Session` (hooks, one `Preemption` around the grid, progress scopes), and a spec's `folder`
+may place its run elsewhere than `runs/NAME` (fine-tuning's `<cell>/seed<k>`).
 """
 
 from __future__ import annotations
@@ -13,19 +18,41 @@ import dataclasses
 import fnmatch
 import json
 import logging
-import math
 import os
 import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ln_jax import console
+
+# A run's result (re-exported: the studies and their tests read them as runner.NAME).
+from ln_jax.experiments.run_result import (  # noqa: F401
+    BLEU,
+    COLLAPSE,
+    MT_LOSS,
+    MT_MOVED,
+    MT_RENAMED,
+    MT_TRACES,
+    RECORD_KEYS,
+    STUCK_MARGIN,
+    TAIL,
+    curve,
+    diverged,
+    steps_to_target,
+    stuck,
+    summarize_run,
+    task_named,
+    task_result,
+    training_seconds,
+    translation_fields,
+)
 from ln_jax.results import read_metrics, write_json
+from ln_jax.train.metrics import GridClock, Scope
 from ln_jax.train.workdir_lock import LOCK_FILE, RunLockedError, run_lock  # noqa: F401
 from ln_jax.validate import UserError
 
@@ -33,24 +60,6 @@ log = logging.getLogger(__name__)
 
 RESULT = "result.json"
 LOG_FILE = "train.log"  # a run's library logs, as train.py's (`console.logging_to`)
-# A run whose last train losses sit above its first one has diverged (Xiong et al.'s "fails").
-TAIL = 5
-# The monitor's rank-collapse measure of the encoder output (ln_jax/train/monitor.py).
-COLLAPSE = "collapse/output"
-# A translation run's evaluation: BLEU, and the validation loss its curve holds (the NLL per
-# target token, without label smoothing: log of the perplexity).
-BLEU = "bleu"
-MT_LOSS = "nll_loss"
-# The monitor's measures kept in a translation run's result (prefixes of metrics.jsonl names).
-MT_TRACES = ("collapse/", "grad_norm", "omega/", "attention_entropy/")
-# A translation run that ends less than this far below the corpus's unigram plateau (nats per
-# target token, `plateau.translation_plateau`), or above it, is "stuck": it has learnt no more
-# than the target language's token frequencies (fixed before the issue-64 studies ran).
-STUCK_MARGIN = 0.1
-# The names a translation run's result had before issue 64 (BERT's), and its own names now.
-MT_RENAMED = {"final_eval_mlm_loss": "final_nll", "best_eval_mlm_loss": "best_nll"}
-# A translation run's own fields in the overrides it recorded before 2026-12-05, and now.
-MT_MOVED = ("task_options.", "translation.")
 
 
 class RunsFailed(RuntimeError):
@@ -77,12 +86,14 @@ class RunSpec:
       arm: the compared setting ("post", "post_warmup", "pre", ...), for tables and colours.
       overrides: dotted config fields -> values, applied on top of the study's base config.
       tags: extra labels for grouping (e.g. {"num_layers": 12, "seed": 1}).
+      folder: the run's directory relative to OUT (None: runs/NAME).
     """
 
     name: str
     arm: str
     overrides: Mapping[str, Any]
     tags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    folder: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,162 +124,9 @@ def run_config(base: Mapping[str, Any], spec: RunSpec, out: str | None = None) -
     return build_config(override(base, values))
 
 
-# --------------------------------------------------------------------------------------------
-# Reading a run's metrics
-# --------------------------------------------------------------------------------------------
-
-
-def training_seconds(records: Sequence[Mapping[str, Any]]) -> dict[int, float]:
-    """step -> wall-clock seconds of training up to that record.
-
-    Sums the gaps between consecutive records; a gap over 10x the median (the run was stopped
-    and resumed later) counts as one median gap instead.
-    """
-    timed = sorted(((r["step"], r["time"]) for r in records if "time" in r), key=lambda x: x[1])
-    if not timed:
-        return {}
-    gaps = np.diff([t for _, t in timed])
-    cap = 10 * float(np.median(gaps)) if len(gaps) else 0.0
-    elapsed, out = 0.0, {timed[0][0]: 0.0}
-    for (step, _), gap in zip(timed[1:], gaps, strict=True):
-        elapsed += gap if gap <= cap else float(np.median(gaps))
-        out[step] = elapsed
-    return out
-
-
-def curve(records: Sequence[Mapping[str, Any]], split: str, key: str) -> list[list[float]]:
-    """[[step, value, seconds], ...] of one metric of one split."""
-    seconds = training_seconds(records)
-    return [
-        [r["step"], float(r[key]), seconds.get(r["step"], math.nan)]
-        for r in records
-        if r["split"] == split and key in r
-    ]
-
-
-def _finite(x: float) -> bool:
-    return x is not None and math.isfinite(x)
-
-
-def diverged(train: Sequence[Sequence[float]], error: str | None) -> tuple[bool, str]:
-    """Whether a run diverged: a non-finite loss, or its last train losses above its first."""
-    if error:
-        return True, error
-    losses = [v for _, v, _ in train]
-    if not losses:
-        return False, ""
-    if not all(_finite(v) for v in losses):
-        return True, "non-finite training loss"
-    tail = float(np.mean(losses[-TAIL:]))
-    if tail > losses[0]:
-        return True, f"final train loss {tail:.3f} above the first {losses[0]:.3f}"
-    return False, ""
-
-
-def summarize_run(
-    spec: RunSpec, workdir: str, error: str | None, plateau: float | None
-) -> dict[str, Any]:
-    """A run's result: final/best validation loss, curves, divergence, wall time, and the
-    collapse measure's curve when the monitor logged it (`monitor.every` > 0).
-
-    The validation loss is BERT's MLM loss ("final_eval_mlm_loss"); a translation run, which
-    logs no MLM loss, names its validation NLL per target token "final_nll" / "best_nll" and
-    adds BLEU, "stuck" and the monitor's traces (`translation_fields`)."""
-    records = read_metrics(workdir)
-    train = curve(records, "train", "loss")
-    evals = curve(records, "eval", "mlm_loss")
-    translation = not evals and any(r["split"] == "eval" and BLEU in r for r in records)
-    if translation:
-        evals = curve(records, "eval", MT_LOSS)
-    collapse = curve(records, "monitor", COLLAPSE)
-    finite_evals = [v for _, v, _ in evals if _finite(v)]
-    is_diverged, reason = diverged(train, error)
-    final = evals[-1][1] if evals else math.nan
-    names = MT_RENAMED if translation else {k: k for k in MT_RENAMED}
-    return {
-        **spec.to_dict(),
-        names["final_eval_mlm_loss"]: final,
-        names["best_eval_mlm_loss"]: min(finite_evals) if finite_evals else math.nan,
-        "first_train_loss": train[0][1] if train else math.nan,
-        "diverged": is_diverged,
-        "diverged_reason": reason,
-        "below_plateau": bool(plateau is not None and _finite(final) and final < plateau),
-        "steps": train[-1][0] if train else 0,
-        "wall_s": train[-1][2] if train else 0.0,
-        "eval_curve": evals,
-        "train_curve": train,
-        "collapse_curve": collapse,
-        **(translation_fields(records) if translation else {}),
-        **({"stuck": stuck(final, is_diverged, plateau)} if translation else {}),
-    }
-
-
-def stuck(final_nll: float, is_diverged: bool, plateau: float | None) -> bool | None:
-    """Whether a translation run that did not diverge ends within `STUCK_MARGIN` of the unigram
-    plateau or above it (None when the plateau is unknown)."""
-    if plateau is None:
-        return None
-    return bool(not is_diverged and _finite(final_nll) and final_nll > plateau - STUCK_MARGIN)
-
-
-def task_named(result: dict[str, Any]) -> dict[str, Any]:
-    """A stored result with a translation run's metrics under their own names (a result
-    written before issue 64 called the validation NLL "final_eval_mlm_loss"; "final_eval_loss"
-    repeated it) and its overrides under the config's names (before 2026-12-05 translation's
-    fields were "task_options.FIELD", now "translation.FIELD")."""
-    if "bleu_curve" not in result:
-        return result
-    out = {MT_RENAMED.get(k, k): v for k, v in result.items() if k != "final_eval_loss"}
-    out.setdefault("final_nll", result.get("final_eval_loss", math.nan))
-    if "overrides" in out:
-        old, new = MT_MOVED
-        out["overrides"] = {
-            new + k[len(old) :] if k.startswith(old) else k: v for k, v in out["overrides"].items()
-        }
-    return out
-
-
-def translation_fields(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """A translation run's own summary: its BLEU curve [[step, bleu, seconds], ...], final and
-    best BLEU, and the
-    monitor's traces `MT_TRACES` ({name: [[step, value], ...]}: collapse, per-layer gradient
-    norms of both stacks, Admin's omega, attention entropies), so that a failing run's
-    mechanism is in its result."""
-    bleu = curve(records, "eval", BLEU)
-    finite = [v for _, v, _ in bleu if _finite(v)]
-    traces: dict[str, list[list[float]]] = {}
-    for r in records:
-        if r["split"] != "monitor":
-            continue
-        for key, value in r.items():
-            if key.startswith(MT_TRACES) and isinstance(value, (int, float)):
-                traces.setdefault(key, []).append([r["step"], float(value)])
-    return {
-        "bleu_curve": bleu,
-        "final_bleu": bleu[-1][1] if bleu else math.nan,
-        "best_bleu": max(finite) if finite else math.nan,
-        "monitor_traces": traces,
-    }
-
-
-def steps_to_target(
-    evals: Sequence[Sequence[float]], target: float, higher: bool = False
-) -> float | None:
-    """The first step at which the validation loss reaches `target` (falls to it; with
-    `higher`, a score such as BLEU that rises to it).
-
-    Linear interpolation between the two evaluations that bracket the first crossing (the loss
-    is only known at evaluations); None if it never gets there.
-    """
-    prev = None
-    for step, loss, _ in evals:
-        if _finite(loss) and (loss >= target if higher else loss <= target):
-            if prev is None or prev[1] == loss:
-                return float(step)
-            s0, l0 = prev
-            return float(s0 + (l0 - target) / (l0 - loss) * (step - s0))
-        prev = (step, loss) if _finite(loss) else None
-    return None
+def run_dir(out: str, spec: RunSpec) -> str:
+    """The run's directory: OUT/runs/NAME, or OUT/FOLDER for a spec with a `folder`."""
+    return os.path.join(out, spec.folder or os.path.join("runs", spec.name))
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,13 +134,15 @@ def steps_to_target(
 # --------------------------------------------------------------------------------------------
 
 
-def result_path(out: str, name: str) -> str:
-    return os.path.join(out, "runs", name, RESULT)
+def result_path(out: str, spec: RunSpec | str) -> str:
+    """OUT/runs/NAME/result.json of a spec (in its `folder` if it has one) or of a run's name."""
+    spec = RunSpec(spec, "", {}) if isinstance(spec, str) else spec
+    return os.path.join(run_dir(out, spec), RESULT)
 
 
 def load_result(out: str, spec: RunSpec) -> dict[str, Any] | None:
     """The stored result of `spec`, or None if it has none (or one for other overrides)."""
-    path = result_path(out, spec.name)
+    path = result_path(out, spec)
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -341,35 +201,78 @@ def check_extendable(cfg: Any, workdir: str) -> None:
         )
 
 
+class Preempted(SystemExit):
+    """A run stopped on SIGTERM or Ctrl-C after saving a checkpoint: a stop, not an error (the
+    command exits 0); rerunning the same command resumes from `step` of the run in
+    `directory`."""
+
+    def __init__(self, signal_name: str, step: int, directory: str):
+        super().__init__(0)
+        self.signal_name, self.step, self.directory = signal_name, step, directory
+
+    def __str__(self) -> str:
+        return f"{self.signal_name}: saved step {self.step} in {self.directory}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """A grid trained in its caller's process, around what the caller prepared (fine-tuning's
+    pretrained encoder and data). Its runs accept the safe config changes the caller has
+    checked (`train_and_evaluate(accept_changes=True)`), keep their config's compilation
+    cache, and the grid stops at its first failure (a non-finite loss included).
+
+    Attributes:
+      hooks: `hook(step, run)` after every step of every run (`train_and_evaluate`'s).
+      preemption: a `Preemption` the caller entered around the whole grid (None: each run's).
+      scope: the run's place in the grid, for its progress line (`run_sequential` sets it).
+    """
+
+    hooks: Sequence[Callable] = ()
+    preemption: Any = None
+    scope: Any = None
+
+
 def run_one(
     base: Mapping[str, Any],
     spec: RunSpec,
     out: str,
     plateau: float | None,
     extend: bool = False,
+    session: Session | None = None,
 ) -> dict:
     """Trains one run (resuming its checkpoint if any) and stores its result; with `extend`, a
-    finished run goes on from its last checkpoint to the config's total_steps."""
+    finished run goes on from its last checkpoint to the config's total_steps.
+
+    Raises:
+      Preempted: after SIGTERM / Ctrl-C, once the step in flight is checkpointed (no result:
+        rerun to resume).
+    """
     from ln_jax.train.trainer import NonFiniteError, train_and_evaluate
 
-    cfg = run_config(base, spec, out)
-    workdir = os.path.join(out, "runs", spec.name)
+    cfg = run_config(base, spec, out if session is None else None)
+    workdir = run_dir(out, spec)
     if extend:
         check_extendable(cfg, workdir)
     error = None
     start = time.time()
+    trainer_args: dict[str, Any] = {"accept_changes": extend}
+    if session is not None:
+        trainer_args = {"accept_changes": True, "hooks": session.hooks, "scope": session.scope}
+        trainer_args["preemption"] = session.preemption
     try:
         with run_lock(workdir), console.logging_to(os.path.join(workdir, LOG_FILE)):
-            outcome = train_and_evaluate(cfg, workdir, accept_changes=extend)
+            outcome = train_and_evaluate(cfg, workdir, **trainer_args)
     except NonFiniteError as err:
+        if session is not None:
+            raise
         error, outcome = f"non-finite loss or gradient: {err}", {"preempted": False}
     if outcome.get("preempted"):
-        raise SystemExit(0)  # SIGTERM: the checkpoint is saved; no result, rerun to resume
+        raise Preempted(outcome["preempted"], outcome["step"], workdir)
     result = summarize_run(spec, workdir, error, plateau)
     result["error"] = error
     result["process_wall_s"] = time.time() - start
     result["code_version"] = _code_version()
-    write_json(result_path(out, spec.name), result)
+    write_json(result_path(out, spec), result)
     return result
 
 
@@ -447,8 +350,8 @@ def run_parallel(
         free = [s for s in range(jobs) if s not in running]
         while queue and free:
             spec, slot = queue.pop(0), free.pop(0)
-            os.makedirs(os.path.join(out, "runs", spec.name), exist_ok=True)
-            logfile = open(os.path.join(out, "runs", spec.name, "log.txt"), "a")  # noqa: SIM115
+            os.makedirs(run_dir(out, spec), exist_ok=True)
+            logfile = open(os.path.join(run_dir(out, spec), "log.txt"), "a")  # noqa: SIM115
             cmd = _child_command(argv, spec.name)
             env = _worker_env(slot, jobs)
             proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env)
@@ -462,7 +365,7 @@ def run_parallel(
                 status = "done" if proc.returncode == 0 else f"FAILED rc={proc.returncode}"
                 print(f"{status}: {spec.name}", flush=True)
                 if proc.returncode != 0:
-                    log_path = os.path.join(out, "runs", spec.name, "log.txt")
+                    log_path = os.path.join(run_dir(out, spec), "log.txt")
                     failed[spec.name] = f"exit status {proc.returncode}, see {log_path}"
     return failed
 
@@ -474,15 +377,24 @@ def run_sequential(
     plateau: float | None,
     first: int,
     total: int,
+    session: Session | None = None,
 ) -> dict[str, str]:
     """Trains `pending` here one after another; a run that raises is reported (with its
     traceback) and the next one starts. Returns {name: why} of the failed runs. A SIGTERM
-    (SystemExit) or Ctrl-C still stops the whole grid."""
+    (`Preempted`) or Ctrl-C still stops the whole grid; with a `session`, so does any failure
+    (it is raised), and each run's progress line shows its place and the grid's ETA."""
     failed = {}
+    clock = GridClock(len(pending))
     for i, spec in enumerate(pending):
         print(f"[{first + i + 1}/{total}] {spec.name}", flush=True)
+        extend = load_result(out, spec) is not None
+        if session is not None:
+            scope = Scope(f"{spec.name} (run {i + 1}/{len(pending)})", clock.after)
+            with clock.timing():
+                run_one(base, spec, out, plateau, extend, dataclasses.replace(session, scope=scope))
+            continue
         try:
-            run_one(base, spec, out, plateau, extend=load_result(out, spec) is not None)
+            run_one(base, spec, out, plateau, extend=extend)
         except Exception as err:  # noqa: BLE001 (one run's failure must not stop the grid)
             if not isinstance(err, UserError):  # a user error's message says it all
                 traceback.print_exc()
@@ -500,14 +412,16 @@ def run_grid(
     jobs: int = 1,
     argv: Sequence[str] = (),
     extend: Sequence[str] = (),
+    session: Session | None = None,
 ) -> list[dict[str, Any]]:
     """Trains every run of `specs` without a stored result, and continues the finished runs
     named by the `extend` patterns to the config's total_steps; returns all stored results.
 
     With `jobs` > 1 the runs go to subprocesses (`argv` is this command line, re-run per run
-    with --only=NAME); otherwise they run here one after another. A failed run does not stop
-    the others: once all have had their turn, `RunsFailed` names the failed ones (and carries
-    the finished runs' results).
+    with --only=NAME); otherwise they run here one after another (with a `session`: in the
+    caller's process, sharing what it prepared). A failed run does not stop the others: once
+    all have had their turn, `RunsFailed` names the failed ones (and carries the finished
+    runs' results).
     """
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -521,10 +435,10 @@ def run_grid(
         f"{len(specs)} runs: {done} done, {len(pending)} to run ({longer} extended), in {out}",
         flush=True,
     )
-    if jobs > 1 and len(pending) > 1:
+    if jobs > 1 and len(pending) > 1 and session is None:
         failed = run_parallel(pending, argv, jobs, out)
     else:
-        failed = run_sequential(base, pending, out, plateau, done, len(specs))
+        failed = run_sequential(base, pending, out, plateau, done, len(specs), session)
     results = collect(specs, out, plateau)
     if failed:
         raise RunsFailed(failed, results, out)
@@ -541,7 +455,7 @@ def collect(
     results = []
     for spec in specs:
         stored = load_result(out, spec)
-        workdir = os.path.join(out, "runs", spec.name)
+        workdir = run_dir(out, spec)
         if stored is not None and not read_metrics(workdir):
             if "bleu_curve" in stored:
                 stored["stuck"] = stuck(stored["final_nll"], stored["diverged"], plateau)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
 import pathlib
+import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 import jax
@@ -182,6 +184,37 @@ class Scope:
 
     label: str = ""
     after: Callable[[float], float | None] | None = None
+
+
+class GridClock:
+    """Times a grid's runs for the progress line's ETA of all of them (`Scope.after`)."""
+
+    def __init__(self, runs: int):
+        self.runs = runs
+        self.durations: list[float] = []  # of the runs finished in this process
+        self.started: float | None = None
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        """Times one run (its set-up and compilation included)."""
+        self.started = time.perf_counter()
+        yield
+        self.durations.append(time.perf_counter() - self.started)
+        self.started = None
+
+    def after(self, run_eta: float) -> float | None:
+        """Seconds of the runs after the current one, given its ETA: the median duration of
+        the finished runs, or before one has finished, the current run's (elapsed + ETA),
+        times the runs left; None when no run follows."""
+        left = self.runs - len(self.durations) - 1
+        if left <= 0 or self.started is None:
+            return None
+        per_run = (
+            statistics.median(self.durations)
+            if self.durations
+            else time.perf_counter() - self.started + run_eta
+        )
+        return left * per_run
 
 
 class Progress:

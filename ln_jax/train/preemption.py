@@ -1,6 +1,6 @@
 """Stopping a run cleanly on preemption (SIGTERM) or Ctrl-C: after a step, with a checkpoint.
 
-Used by pretraining (`ln_jax.train.trainer`) and fine-tuning (`ln_jax.models.bert.finetune.run`):
+Used by pretraining (`ln_jax.train.trainer`) and fine-tuning (`ln_jax.experiments.finetune`):
 the loop asks
 `stop_after(step)` after every step, saves, and returns with the signal's name; rerunning the
 same command resumes from that step. Before the loop (set-up: data, compilation, restoring),

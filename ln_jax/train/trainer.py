@@ -1,7 +1,7 @@
 """The one trainer of every task: `train_and_evaluate(cfg, workdir)`.
 
 It is what `train.py` runs, what fine-tuning runs for each grid cell x seed
-(`ln_jax.models.bert.finetune.run`) and what the tests call. It knows a model family only
+(`ln_jax.experiments.finetune`) and what the tests call. It knows a model family only
 through `cfg.task` (`ln_jax.task`). It reads top to bottom as a run goes:
 
   the workdir's lock and the compilation cache          (here)

@@ -4,8 +4,12 @@
 the lr x batch x epochs grid and one seed into the `TrainConfig` that the one trainer
 (`ln_jax.train.trainer.train_and_evaluate`) runs: task "glue_classification" with its
 section "glue" (`GlueOptions`: the GLUE task, the pretrained source and step, the classifier
-dropout, the example limits), evaluation and a checkpoint every epoch, the optimizer, schedule,
-seed, mesh, NaN policy and dropout PRNG.
+dropout, the example limits), evaluation and a checkpoint every epoch, the optimizer (the
+section `optim`, an `OptimConfig` as train.py's, with the cell's learning rate and the run's
+warm-up and length), seed, mesh, NaN policy and dropout PRNG.
+
+Until 2026-12-05 the optimizer's fields sat at the top of the config (`--config.weight_decay`);
+`moved_optim` reads a workdir's config.json of then into the section `optim`.
 """
 
 from __future__ import annotations
@@ -20,9 +24,18 @@ from ln_jax.config.run import CheckpointConfig, MeshConfig, ModelConfig, Monitor
 from ln_jax.data.config import DataConfig
 from ln_jax.models.bert.finetune.options import GlueOptions
 from ln_jax.models.bert.finetune.tasks import TASKS
-from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
+from ln_jax.validate import (
+    MOVED_FIELDS,
+    ConfigError,
+    check_choice,
+    moved_field_message,
+    reject_unknown_keys,
+)
 
 HF_PREFIX = "hf:"
+# The fields of `optim` that the grid sets per run: from learning_rates, warmup_fraction, epochs.
+GRID_OPTIM = {"peak_lr": "learning_rates", "warmup_steps": "warmup_fraction"}
+GRID_OPTIM["total_steps"] = "epochs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +78,9 @@ class FinetuneConfig:
       init_step: the workdir's checkpoint to start from (None = its latest).
       seeds: one run per seed (classifier initialisation, dropout, example order).
       learning_rates / batch_sizes / epochs: the grid; every combination is run.
-      warmup_fraction: linear warm-up over this fraction of the steps, then linear decay to 0.
-      optimizer, weight_decay, b1, b2, eps, clip_norm: as in `OptimConfig`.
+      warmup_fraction: warm-up over this fraction of the steps, then the schedule's decay.
+      optim: the optimizer and schedule (`OptimConfig`: optimizer, b1, b2, eps, weight_decay,
+        clip_norm, schedule, ...); the grid sets its peak_lr, warmup_steps and total_steps.
       max_seq_length: T of `[CLS] A [SEP] B [SEP]` (longer pairs are truncated).
       eval_batch_size: dev-set batch (rounded up to a multiple of the data-parallel devices).
       hidden_dropout / attention_dropout: the encoder's (None = the checkpoint's).
@@ -85,12 +99,7 @@ class FinetuneConfig:
     batch_sizes: tuple[int, ...] = (32,)
     epochs: tuple[int, ...] = (3,)
     warmup_fraction: float = 0.1
-    optimizer: str = "adamw"
-    weight_decay: float = 0.01
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-6
-    clip_norm: float | None = 1.0
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     max_seq_length: int = 128
     eval_batch_size: int = 64
     hidden_dropout: float | None = None
@@ -115,6 +124,9 @@ class FinetuneConfig:
             raise ValueError(f"warmup_fraction={self.warmup_fraction} must be in [0, 1).")
         if min(self.batch_sizes) < 1 or min(self.epochs) < 1:
             raise ValueError("batch_sizes and epochs must be positive.")
+        for field, grid in GRID_OPTIM.items():
+            if getattr(self.optim, field) != getattr(OptimConfig, field):
+                raise ValueError(f"optim.{field} is set by the grid's {grid}: give those.")
 
     @property
     def cells(self) -> list[Cell]:
@@ -130,13 +142,31 @@ class FinetuneConfig:
     def from_mapping(cls, values: Mapping[str, Any]) -> FinetuneConfig:
         """The typed config of a nested mapping; unknown fields name the closest valid one."""
         values = dict(values)
+        moved = [name for name in values if name in MOVED_FIELDS]
+        if moved:
+            raise ConfigError(moved_field_message(moved[0]))
         reject_unknown_keys("config", values, [f.name for f in dataclasses.fields(cls)])
         sections = {"data": GlueDataConfig, "mesh": MeshConfig, "checkpoint": CheckpointConfig}
         for key, kind in sections.items():
             given = dict(values.pop(key, {}))
             reject_unknown_keys(key, given, [f.name for f in dataclasses.fields(kind)])
             values[key] = kind(**given)
+        values["optim"] = OptimConfig.from_mapping(dict(values.get("optim", {})))
         return cls(**values)
+
+
+def moved_optim(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A fine-tuning config mapping (a workdir's config.json, "finetune") with the optimizer's
+    fields of a config written before 2026-12-05, at the top, moved into its section `optim`
+    (the others at their defaults, as the config then had them): such a workdir then resumes
+    and compares as one written since. Other mappings are returned as given."""
+    values = dict(values)
+    old = {name: values.pop(name) for name in list(values) if name in MOVED_FIELDS}
+    if not old:
+        return values
+    defaults = {f.name: getattr(OptimConfig(), f.name) for f in dataclasses.fields(OptimConfig)}
+    values["optim"] = {**defaults, **dict(values.get("optim") or {}), **old}
+    return values
 
 
 def build_finetune_config(values: Mapping[str, Any]) -> FinetuneConfig:
@@ -219,15 +249,8 @@ def train_config(
 
 
 def _optim(cfg: FinetuneConfig, cell: Cell, total: int) -> OptimConfig:
-    return OptimConfig(
-        optimizer=cfg.optimizer,
-        peak_lr=cell.learning_rate,
-        schedule="warmup_linear_decay",
-        warmup_steps=round(cfg.warmup_fraction * total),
-        total_steps=total,
-        b1=cfg.b1,
-        b2=cfg.b2,
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        clip_norm=cfg.clip_norm,
+    """`cfg.optim` with the cell's peak learning rate and the run's warm-up and length."""
+    warmup = round(cfg.warmup_fraction * total)
+    return dataclasses.replace(
+        cfg.optim, peak_lr=cell.learning_rate, warmup_steps=warmup, total_steps=total
     )

@@ -1,6 +1,10 @@
-"""Fine-tuning: every grid cell x seed, each a run of the one trainer.
+"""Fine-tuning's set-up and summary, around its grid (`ln_jax.experiments.finetune`, a study
+on the one runner).
 
-  finetune(cfg, workdir) -> summary   (what `finetune.py` runs and the tests call)
+  setup(cfg, workdir) -> Context       the mesh, the pretrained encoder and the task's data
+                                       (loaded once for every run), WORKDIR/config.json checked
+  run_config(ctx, cell, seed)          the TrainConfig of one cell x seed
+  summarize(ctx, results)              summary.json's content; format_summary: its text
 
 Each cell x seed is an ordinary run of `ln_jax.train.trainer.train_and_evaluate` with the task
 `GlueClassification` (`ln_jax.models.bert.finetune.task`): the same loop, train step,
@@ -12,41 +16,31 @@ and mean; the best cell by median), and per run `WORKDIR/<cell>/seed<k>/` (a tra
 with its `config.json` (the run's TrainConfig), `metrics.jsonl` (split "train" every
 `log_every` steps, at steps 1-2 and at every epoch's end; "eval" after every epoch with `epoch`,
 the task's metrics and `score`; one "result" record with the best and last epoch's scores),
+`result.json` (the runner's result of the run, `task_result` its "result" record),
 `checkpoints/` (orbax, after every epoch) and `tensorboard/`. Batch `s` of a run is a function
 of (seed, s) only (each epoch a keyed permutation of the training set, the last partial batch
 dropped; the iterator's state is checkpointed) and dropout keys are the train step's, so a run
-resumed from any checkpoint logs what an uninterrupted one logs. SIGTERM and Ctrl-C
-(`ln_jax.train.preemption`) save the step in flight and raise Preempted; the rerun resumes from
-that step. Finished runs (a "result" record) are read back, not retrained.
+resumed from any checkpoint logs what an uninterrupted one logs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import logging
-import os
 import statistics
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
-from ln_jax import paths, sharding
+from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.models.bert.finetune import task as task_lib
-from ln_jax.models.bert.finetune.config import Cell, FinetuneConfig, train_config
+from ln_jax.models.bert.finetune.config import Cell, FinetuneConfig, moved_optim, train_config
 from ln_jax.models.bert.finetune.pretrained import Pretrained, check_sequence_length
 from ln_jax.models.bert.finetune.tasks import TASKS, GlueTask
-from ln_jax.results import write_json
-from ln_jax.train import run_identity, trainer
-from ln_jax.train.metrics import METRICS_FILE, Scope, read_records
-from ln_jax.train.preemption import Preemption
+from ln_jax.train import run_identity
 from ln_jax.validate import ConfigError, UserError
 
-log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.json"
 # Fields a workdir's fine-tuning may change: the grid and seeds grow, cadences and the mesh move.
 _FREE = tuple(
@@ -54,20 +48,11 @@ _FREE = tuple(
     for name in ("seeds", "learning_rates", "batch_sizes", "epochs", "log_every", "mesh.")
     + ("eval_batch_size", "checkpoint.")
 )
-_RECORD_KEYS = ("step", "split", "time")
+_OWN = ("finetune.", "init.")  # the fields of WORKDIR/config.json (`_identity`)
 
 
 class FinetuneMismatchError(UserError):
     """The workdir holds a fine-tuning run of another config."""
-
-
-class Preempted(Exception):  # noqa: N818 (a stop, not an error: the command exits 0)
-    """Fine-tuning stopped on SIGTERM or Ctrl-C after saving a checkpoint; rerunning the same
-    command resumes from `step` of the run in `directory`."""
-
-    def __init__(self, signal_name: str, step: int, directory: str):
-        super().__init__(f"{signal_name}: saved step {step} in {directory}")
-        self.signal_name, self.step, self.directory = signal_name, step, directory
 
 
 @dataclasses.dataclass
@@ -103,12 +88,17 @@ def _identity(cfg: FinetuneConfig, pretrained: Pretrained) -> dict:
 
 
 def _check_workdir(workdir: str, identity: dict) -> None:
-    """A workdir holds one fine-tuning config (the grid and seeds may grow)."""
+    """A workdir holds one fine-tuning config (the grid and seeds may grow). One recorded before
+    the optimizer's fields moved into `optim` (2026-12-05) is read as one recorded since."""
     old = run_identity.read_config(workdir)
     if old is None:
         run_identity.record_config(workdir, identity)
         return
-    changes = [c for c in run_identity.differences(old, identity) if not c.field.startswith(_FREE)]
+    if "finetune" in old:
+        old = {**old, "finetune": moved_optim(old["finetune"])}
+    # Only the record's own fields: `differences` also fills in a TrainConfig's added fields.
+    found = run_identity.differences(old, identity)
+    changes = [c for c in found if c.field.startswith(_OWN) and not c.field.startswith(_FREE)]
     if changes:
         listed = "; ".join(f"{c.field}: {c.old!r} -> {c.new!r}" for c in changes[:6])
         raise FinetuneMismatchError(
@@ -162,50 +152,6 @@ def run_config(ctx: Context, cell: Cell, seed: int) -> TrainConfig:
     return run_config_of(ctx.cfg, ctx.pretrained, cell, seed, per_epoch, ctx.mesh)
 
 
-# --------------------------------------------------------------------------- one run
-
-
-def run_one(
-    ctx: Context,
-    cell: Cell,
-    seed: int,
-    workdir: str,
-    hooks: Sequence[Callable] = (),
-    preemption: Preemption | None = None,
-    scope: Scope | None = None,
-) -> dict[str, float]:
-    """Trains (or resumes, or just reads) one cell x seed in WORKDIR/<cell>/seed<k> with the
-    one trainer; returns its result record. `hooks(step, run)` run after every step; `scope`:
-    the run's place in the grid, for its progress line.
-
-    Raises:
-      Preempted: after SIGTERM / Ctrl-C, once the step in flight is checkpointed.
-    """
-    directory = _run_dir(workdir, cell, seed)
-    found = _finished_result(directory)
-    if found is not None:
-        return found
-    # The grid's config was checked against WORKDIR/config.json: changes it allows (cadences,
-    # mesh, checkpointing) continue a run.
-    cfg = run_config(ctx, cell, seed)
-    out = trainer.train_and_evaluate(
-        cfg, directory, hooks, accept_changes=True, preemption=preemption, scope=scope
-    )
-    if out["preempted"]:
-        raise Preempted(out["preempted"], out["step"], directory)
-    return {k: v for k, v in out["result"].items() if k not in _RECORD_KEYS}
-
-
-def _finished_result(directory: str) -> dict | None:
-    path = paths.as_path(directory) / METRICS_FILE
-    if not path.exists():
-        return None
-    done = [r for r in read_records(path) if r["split"] == "result"]
-    if not done:
-        return None
-    return {k: v for k, v in done[-1].items() if k not in _RECORD_KEYS}
-
-
 # --------------------------------------------------------------------------- the grid
 
 
@@ -238,87 +184,6 @@ def summarize(ctx: Context, results: dict[str, dict[int, dict]]) -> dict[str, An
         "cells": cells,
         "best_cell": top["cell"],
     }
-
-
-def finetune(
-    cfg: FinetuneConfig, workdir: str, hooks: Sequence[Callable] = (), ctx: Context | None = None
-) -> dict[str, Any]:
-    """Fine-tunes every cell x seed of `cfg` in `workdir` (finished runs are read back, a cut
-    one resumes); writes and returns the summary. `hooks(step, run)` run after every step
-    (`trainer.train_and_evaluate`'s); `ctx` reuses a `setup`.
-
-    Raises:
-      UserError subclasses (ConfigError, CheckpointError, DatasetNotPreparedError,
-      FinetuneMismatchError, RunMismatchError) for what the user must fix;
-      trainer.NonFiniteError; Preempted (SIGTERM or Ctrl-C: the run in flight saved its step;
-      rerun to resume).
-    """
-    ctx = ctx or setup(cfg, workdir)
-    try:
-        with Preemption(shared=jax.process_count() > 1) as preemption:
-            results = _run_grid(ctx, cfg, workdir, hooks, preemption)
-    finally:
-        task_lib.release()
-    summary = summarize(ctx, results)
-    write_json(os.path.join(workdir, SUMMARY_FILE), summary)
-    return summary
-
-
-def _run_grid(ctx, cfg, workdir, hooks, preemption) -> dict[str, dict[int, dict]]:
-    """{cell: {seed: result}} of every cell x seed, trained or read back in grid order."""
-    results: dict[str, dict[int, dict]] = {}
-    runs = [(cell, seed) for cell in cfg.cells for seed in cfg.seeds]
-    todo = [r for r in runs if _finished_result(_run_dir(workdir, *r)) is None]
-    clock = GridClock(len(todo))
-    for cell, seed in runs:
-        label = f"{cell.name} seed {seed}"
-        if (cell, seed) in todo:
-            index = todo.index((cell, seed)) + 1
-            log.info("run %d/%d: %s (%s)", index, len(todo), label, _run_dir(workdir, cell, seed))
-            scope = Scope(f"{label} (run {index}/{len(todo)})", clock.after)
-            with clock.timing():
-                result = run_one(ctx, cell, seed, workdir, hooks, preemption, scope)
-        else:
-            result = run_one(ctx, cell, seed, workdir, hooks, preemption)
-        results.setdefault(cell.name, {})[seed] = result
-        best, last = result["best_score"], result["last_score"]
-        log.info("%s: best %.4f, last %.4f", label, best, last)
-    return results
-
-
-def _run_dir(workdir: str, cell: Cell, seed: int) -> str:
-    return os.path.join(workdir, cell.name, f"seed{seed}")
-
-
-class GridClock:
-    """Times the grid's runs for the progress line's ETA of all of them (`Scope.after`)."""
-
-    def __init__(self, runs: int):
-        self.runs = runs
-        self.durations: list[float] = []  # of the runs finished in this process
-        self.started: float | None = None
-
-    @contextlib.contextmanager
-    def timing(self) -> Iterator[None]:
-        """Times one run (its set-up and compilation included)."""
-        self.started = time.perf_counter()
-        yield
-        self.durations.append(time.perf_counter() - self.started)
-        self.started = None
-
-    def after(self, run_eta: float) -> float | None:
-        """Seconds of the runs after the current one, given its ETA: the median duration of
-        the finished runs, or before one has finished, the current run's (elapsed + ETA),
-        times the runs left; None when no run follows."""
-        left = self.runs - len(self.durations) - 1
-        if left <= 0 or self.started is None:
-            return None
-        per_run = (
-            statistics.median(self.durations)
-            if self.durations
-            else time.perf_counter() - self.started + run_eta
-        )
-        return left * per_run
 
 
 def format_summary(summary: dict[str, Any]) -> str:
