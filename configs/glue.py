@@ -16,13 +16,13 @@ from __future__ import annotations
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-TASKS = ("offline", "mrpc", "rte", "sst2", "cola", "qnli", "stsb", "qqp", "mnli")
+VARIANTS = ("offline", "mrpc", "rte", "sst2", "cola", "qnli", "stsb", "qqp", "mnli")
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     task = variant or "offline"
-    if task not in TASKS:
-        raise ValueError(f"unknown config variant {task!r}; valid: {', '.join(TASKS)}.")
+    if task not in VARIANTS:
+        raise ValueError(f"unknown config variant {task!r}; valid: {', '.join(VARIANTS)}.")
     c = ml_collections.ConfigDict()
     c.name = f"glue_{task}"  # run name; the default workdir is workdirs/<name>_<init>
     c.task = task  # offline | mrpc | rte | sst2 | cola | qnli | stsb | qqp | mnli

@@ -30,7 +30,7 @@ from ln_jax.models.bert.finetune import config as ft_config
 from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune import run as ft_run
 from ln_jax.models.bert.finetune.task import GlueClassification
-from ln_jax.models.bert.finetune.tasks import TASKS, predictions, spearman, task_scores
+from ln_jax.models.bert.finetune.tasks import GLUE_TASKS, predictions, spearman, task_scores
 from ln_jax.models.bert.model import BertForPreTraining
 from ln_jax.task import Task, make_task
 from ln_jax.train import run_identity, steps, trainer
@@ -79,15 +79,17 @@ def finetune_config(data_dir: str, init_from: str, **fields) -> ft_config.Finetu
 def test_metrics_match_hand_computed_values():
     pred = np.array([1, 1, 0, 0, 1, 0, 1, 1])
     label = np.array([1, 0, 0, 1, 1, 0, 0, 1])  # TP 3, FP 2, FN 1, TN 2
-    mrpc = task_scores(TASKS["mrpc"], pred, label)
+    mrpc = task_scores(GLUE_TASKS["mrpc"], pred, label)
     assert mrpc["accuracy"] == pytest.approx(5 / 8)
     assert mrpc["f1"] == pytest.approx(6 / 9)  # 2TP / (2TP + FP + FN)
     assert mrpc["score"] == pytest.approx((5 / 8 + 6 / 9) / 2)
-    cola = task_scores(TASKS["cola"], pred, label)
+    cola = task_scores(GLUE_TASKS["cola"], pred, label)
     assert cola["matthews"] == pytest.approx(4 / np.sqrt(240))  # (3*2 - 2*1) / sqrt(5*4*4*3)
-    assert task_scores(TASKS["cola"], np.ones(8, int), label)["matthews"] == 0.0
+    assert task_scores(GLUE_TASKS["cola"], np.ones(8, int), label)["matthews"] == 0.0
     outputs = np.array([[1.0], [2.0], [3.0], [4.0], [5.0]])
-    stsb = task_scores(TASKS["stsb"], predictions(TASKS["stsb"], outputs), [2, 1, 4, 3, 5.0])
+    stsb = task_scores(
+        GLUE_TASKS["stsb"], predictions(GLUE_TASKS["stsb"], outputs), [2, 1, 4, 3, 5.0]
+    )
     assert stsb["pearson"] == pytest.approx(0.8)  # 8 / sqrt(10 * 10)
     assert stsb["spearman"] == pytest.approx(0.8)
     # ties share their average rank: ranks [1, 2.5, 2.5, 4] vs [1, 3, 2, 4]
@@ -99,7 +101,7 @@ def test_metrics_match_hand_computed_values():
     x, y = rng.integers(0, 5, 50).astype(float), rng.normal(size=50)
     assert spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic)
     logits = np.array([[0.1, 0.9, 0.0], [2.0, 0.0, 1.0]])
-    np.testing.assert_array_equal(predictions(TASKS["mnli"], logits), [1, 0])
+    np.testing.assert_array_equal(predictions(GLUE_TASKS["mnli"], logits), [1, 0])
 
 
 # --------------------------------------------------------------------------- loading
@@ -210,7 +212,7 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
     learn |= {"data.max_train_examples": 2048, "data.max_eval_examples": 256}
     cfg = finetune_config(data_dir, pretrained_workdir, **learn)
     summary = ft_grid.finetune(cfg, str(tmp_path / "learn"))
-    builder = glue.open_task_dataset(TASKS["offline"].dataset, data_dir)
+    builder = glue.open_task_dataset(GLUE_TASKS["offline"].dataset, data_dir)
     assert set(builder.info.features) == {"sentence1", "sentence2", "label", "idx"}
     assert builder.info.features["label"].names == ["not_equivalent", "equivalent"]
     seed0 = summary["cells"][0]["seeds"]["0"]
@@ -381,9 +383,9 @@ def test_every_field_is_declared_with_a_comment_in_configs_glue():
             assert at, f"configs/glue.py does not set c.{dotted}"
             commented = "#" in source[at[0]] or source[at[0] - 1].strip().startswith("#")
             assert commented, f"{dotted} has no comment in configs/glue.py"
-    for task in glue_configs.TASKS:
+    for task in glue_configs.VARIANTS:
         cfg = ft_config.build_finetune_config(glue_configs.get_config(task))
-        assert cfg.task == task and TASKS[task].name == task
+        assert cfg.task == task and GLUE_TASKS[task].name == task
     parsed = ft_config.build_finetune_config(
         override(glue_configs.get_config("rte"), {"learning_rates": "(2e-5,3e-5)", "seeds": "7"})
     )

@@ -14,10 +14,10 @@ Data: `ln_jax.data.glue`.
 
 from ln_jax.models.bert.finetune.config import FinetuneConfig, build_finetune_config
 from ln_jax.models.bert.finetune.run import format_summary
-from ln_jax.models.bert.finetune.tasks import TASKS, task_scores
+from ln_jax.models.bert.finetune.tasks import GLUE_TASKS, task_scores
 
 __all__ = [
-    "TASKS",
+    "GLUE_TASKS",
     "FinetuneConfig",
     "build_finetune_config",
     "format_summary",

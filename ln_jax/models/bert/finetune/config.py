@@ -23,7 +23,7 @@ from ln_jax.config.optim import OptimConfig
 from ln_jax.config.run import CheckpointConfig, MeshConfig, ModelConfig, MonitorConfig, TrainConfig
 from ln_jax.data.config import DataConfig
 from ln_jax.models.bert.finetune.options import GlueOptions
-from ln_jax.models.bert.finetune.tasks import TASKS
+from ln_jax.models.bert.finetune.tasks import GLUE_TASKS
 from ln_jax.validate import (
     MOVED_FIELDS,
     ConfigError,
@@ -73,7 +73,7 @@ class FinetuneConfig:
 
     Attributes:
       name: run name; the default workdir is workdirs/<name>.
-      task: a key of `ln_jax.models.bert.finetune.tasks.TASKS`.
+      task: a key of `ln_jax.models.bert.finetune.tasks.GLUE_TASKS`.
       init_from: a pretraining workdir, or "hf:PATH" (a local HuggingFace BERT directory).
       init_step: the workdir's checkpoint to start from (None = its latest).
       seeds: one run per seed (classifier initialisation, dropout, example order).
@@ -113,7 +113,7 @@ class FinetuneConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
-        check_choice("task", self.task, TASKS, config_field="task")
+        check_choice("task", self.task, GLUE_TASKS, config_field="task")
         for field in ("seeds", "learning_rates", "batch_sizes", "epochs"):
             value = getattr(self, field)
             value = tuple(value) if isinstance(value, list | tuple) else (value,)
@@ -200,7 +200,7 @@ def train_config(
       eval_batch_size: dev batch, a multiple of the data x fsdp devices.
     """
     total = cell.epochs * steps_per_epoch
-    task = TASKS[cfg.task]
+    task = GLUE_TASKS[cfg.task]
     hidden = encoder.hidden_dropout if cfg.hidden_dropout is None else cfg.hidden_dropout
     attention = cfg.attention_dropout
     model = encoder.replace(

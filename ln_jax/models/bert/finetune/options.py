@@ -13,7 +13,7 @@ class GlueOptions:
     """A fine-tuning run's own fields.
 
     Attributes:
-      glue_task: a key of `ln_jax.models.bert.finetune.tasks.TASKS` ("offline", "mrpc",
+      glue_task: a key of `ln_jax.models.bert.finetune.tasks.GLUE_TASKS` ("offline", "mrpc",
         "rte", ...); the task checks it when it is made.
       init_from: the pretrained source: a `train.py` workdir, or "hf:PATH" (a local
         HuggingFace BERT folder).

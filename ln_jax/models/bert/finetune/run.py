@@ -37,7 +37,7 @@ from ln_jax.config.run import TrainConfig
 from ln_jax.models.bert.finetune import task as task_lib
 from ln_jax.models.bert.finetune.config import Cell, FinetuneConfig, moved_optim, train_config
 from ln_jax.models.bert.finetune.pretrained import Pretrained, check_sequence_length
-from ln_jax.models.bert.finetune.tasks import TASKS, GlueTask
+from ln_jax.models.bert.finetune.tasks import GLUE_TASKS, GlueTask
 from ln_jax.train import run_identity
 from ln_jax.validate import ConfigError, UserError
 
@@ -110,7 +110,7 @@ def _check_workdir(workdir: str, identity: dict) -> None:
 
 def context(cfg: FinetuneConfig) -> Context:
     """Mesh, pretrained encoder and the task's data (both kept for the runs, `task.release`)."""
-    glue_task = TASKS[cfg.task]
+    glue_task = GLUE_TASKS[cfg.task]
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     pretrained = task_lib.pretrained_lib.cached_pretrained(cfg.init_from, cfg.init_step, mesh)
     check_sequence_length(pretrained.model, cfg.max_seq_length)

@@ -4,7 +4,7 @@
 A run's `TrainConfig` (made by `finetune.config.train_config`) names the task and carries its
 settings in its section "glue" (`GlueOptions`, `TrainConfig.options`):
 
-  glue_task            a key of `finetune.tasks.TASKS` ("offline", "mrpc", "rte", ...)
+  glue_task            a key of `finetune.tasks.GLUE_TASKS` ("offline", "mrpc", "rte", ...)
   init_from, init_step the pretrained source (a `train.py` workdir and its step, or "hf:PATH")
   classifier_dropout   dropout on the pooled [CLS] vector
   max_train_examples / max_eval_examples   the first N examples of each split (None = all)
@@ -31,7 +31,7 @@ from ln_jax.data import glue
 from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune.model import BertClassifier, classification_loss
 from ln_jax.models.bert.finetune.options import SECTION, GlueOptions
-from ln_jax.models.bert.finetune.tasks import TASKS, GlueTask, predictions, task_scores
+from ln_jax.models.bert.finetune.tasks import GLUE_TASKS, GlueTask, predictions, task_scores
 from ln_jax.task import Task
 from ln_jax.validate import ConfigError
 
@@ -57,12 +57,12 @@ class GlueClassification(Task):
     def __init__(self, cfg: Any):
         self.cfg = cfg
         options: GlueOptions = cfg.options
-        if options.glue_task not in TASKS:
+        if options.glue_task not in GLUE_TASKS:
             raise ConfigError(
                 f"{SECTION}.glue_task={options.glue_task!r}: task glue_classification "
-                f"needs one of {', '.join(TASKS)}."
+                f"needs one of {', '.join(GLUE_TASKS)}."
             )
-        self.glue: GlueTask = TASKS[options.glue_task]
+        self.glue: GlueTask = GLUE_TASKS[options.glue_task]
         dropout = options.classifier_dropout
         self.classifier_dropout = cfg.model.hidden_dropout if dropout is None else float(dropout)
 

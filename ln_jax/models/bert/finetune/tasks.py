@@ -46,7 +46,7 @@ class GlueTask:
         return self.num_labels == 1
 
 
-TASKS: dict[str, GlueTask] = {
+GLUE_TASKS: dict[str, GlueTask] = {
     t.name: t
     for t in (
         GlueTask("offline", OFFLINE_DATASET, ("sentence1", "sentence2"), 2, ("accuracy", "f1")),
