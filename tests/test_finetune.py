@@ -251,7 +251,9 @@ def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_di
     assert runner.run_config(base, specs[0]) == ft_run.run_config(ctx, short.cells[0], 0)
     # a workdir finished before runs stored result.json: read back, nothing trained
     result = tmp_path / "split" / "lr0.001_bs32_ep3" / "seed0" / runner.RESULT
-    assert json.loads(result.read_text())["task_result"] == first["cells"][0]["seeds"]["0"]
+    stored = json.loads(result.read_text())
+    assert stored["task_result"] == first["cells"][0]["seeds"]["0"]
+    assert not any("mlm" in k or "nll" in k for k in stored)  # its scores, not another task's
     result.unlink()
     trained = []
     old = ft_grid.finetune(

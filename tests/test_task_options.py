@@ -134,7 +134,7 @@ def test_an_old_study_result_still_reads(tmp_path):
         ("task_options.decoder_layers" if k == "translation.decoder_layers" else k): v
         for k, v in spec.overrides.items()
     }
-    path = pathlib.Path(runner.result_path(str(tmp_path), spec.name))
+    path = pathlib.Path(runner.result_path(str(tmp_path), spec))
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(old))
     stored = runner.load_result(str(tmp_path), spec)

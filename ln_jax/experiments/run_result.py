@@ -91,7 +91,9 @@ def summarize_run(
 
     The validation loss is BERT's MLM loss ("final_eval_mlm_loss"); a translation run, which
     logs no MLM loss, names its validation NLL per target token "final_nll" / "best_nll" and
-    adds BLEU, "stuck" and the monitor's traces (`translation_fields`)."""
+    adds BLEU, "stuck" and the monitor's traces (`translation_fields`); a task with a result
+    of its own (`task_result`: fine-tuning's dev scores) and no validation loss gets no loss
+    fields."""
     records = read_metrics(workdir)
     train = curve(records, "train", "loss")
     evals = curve(records, "eval", "mlm_loss")
@@ -103,10 +105,14 @@ def summarize_run(
     is_diverged, reason = diverged(train, error)
     final = evals[-1][1] if evals else math.nan
     names = MT_RENAMED if translation else {k: k for k in MT_RENAMED}
-    return {
-        **spec.to_dict(),
+    own = task_result(records)
+    losses = {
         names["final_eval_mlm_loss"]: final,
         names["best_eval_mlm_loss"]: min(finite_evals) if finite_evals else math.nan,
+    }
+    return {
+        **spec.to_dict(),
+        **({} if own and not evals else losses),
         "first_train_loss": train[0][1] if train else math.nan,
         "diverged": is_diverged,
         "diverged_reason": reason,
@@ -118,7 +124,7 @@ def summarize_run(
         "collapse_curve": collapse,
         **(translation_fields(records) if translation else {}),
         **({"stuck": stuck(final, is_diverged, plateau)} if translation else {}),
-        **task_result(records),
+        **own,
     }
 
 

@@ -134,9 +134,8 @@ def run_dir(out: str, spec: RunSpec) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def result_path(out: str, spec: RunSpec | str) -> str:
-    """OUT/runs/NAME/result.json of a spec (in its `folder` if it has one) or of a run's name."""
-    spec = RunSpec(spec, "", {}) if isinstance(spec, str) else spec
+def result_path(out: str, spec: RunSpec) -> str:
+    """OUT/runs/NAME/result.json of a spec (in its `folder` if it has one)."""
     return os.path.join(run_dir(out, spec), RESULT)
 
 
