@@ -68,6 +68,12 @@ def test_the_call_runs_the_suite_then_the_fig2_study_and_reads_it_out(tmp_path):
         assert row["collapse"] == [trace[0], trace[-1]] and trace[0][0] == 1
         assert row["evals"] == [[2, _nll(r, 2), r["bleu_curve"][-1][1]]]
     assert "DiD at step 2 = " in (out / "fig2" / "readout.txt").read_text()
+    config = json.loads(
+        (out / "fig2" / "study" / "runs" / "L1-post-s0" / "config.json").read_text()
+    )
+    assert config["model"]["init"] == "fairseq"  # the papers' code's, not configs/mt.py's xavier
+    assert read["gate"]["step"] == 2 and not read["gate"]["passed"]  # 2 steps translate nothing
+    assert read["verdict"].startswith("baseline fails the gate")
 
     text = (out / "readout.txt").read_text()
     assert text.startswith("Xiong Fig. 2 readout") and "Liu depth readout" not in text

@@ -39,19 +39,22 @@ FLAT = [(1, 9.0), (1000, 5.0)]
 FIG2 = {
     "post": ([(1000, 6.0), (2000, 5.0), (3000, 1.0)], [(1000, 1.0), (2000, 2.0), (3000, 30.0)],
              TRAIN, [[1, 0.82], [500, 0.9], [2000, 0.95]]),
-    "post_warmup": ([(1000, 5.5), (2000, 4.0)], [(1000, 3.0), (2000, 8.0)], FLAT,
+    "post_warmup": ([(1000, 5.5), (2000, 4.0)], [(1000, 3.0), (2000, 12.0)], FLAT,
                     [[1, 0.82], [2000, 0.5]]),
     "pre": ([(1000, 5.2), (2000, 4.6)], [(1000, 4.0), (2000, 7.0)], FLAT, [[1, 0.6], [2000, 0.4]]),
-    "pre_warmup": ([(1000, 5.0), (2000, 4.5)], [(1000, 5.0), (2000, 9.0)], FLAT,
+    "pre_warmup": ([(1000, 5.0), (2000, 4.5)], [(1000, 5.0), (2000, 12.5)], FLAT,
                    [[1, 0.6], [2000, 0.3]]),
 }  # fmt: skip
 
 
-def _fig2_study(tmp_path, post_nll=5.0, post_diverged=False):
+def _fig2_study(tmp_path, post_nll=5.0, post_diverged=False, baseline=None):
+    """The FIG2 study; `baseline` = (NLL, BLEU) of post_warmup at step 2,000 in place of FIG2's."""
     study = tmp_path / "study"
     for arm, (evals, bleus, train, collapse) in FIG2.items():
         if arm == "post":
             evals = [(s, post_nll if s == 2000 else v) for s, v in evals]
+        if arm == "post_warmup" and baseline is not None:
+            evals, bleus = [(1000, 5.5), (2000, baseline[0])], [(1000, 3.0), (2000, baseline[1])]
         diverged = post_diverged and arm == "post"
         _write(study, _result(f"L6-{arm}-s0", arm, 6, evals, bleus, train, collapse, diverged))
     return study
@@ -67,6 +70,8 @@ def test_fig2_readout_did_at_the_last_common_step_early_rise_and_collapse(tmp_pa
     # at 1,000: (6.0 - 5.5) - (5.2 - 5.0)
     assert e["did_by_step"] == {1000: pytest.approx(0.3), 2000: pytest.approx(0.9)}
     assert e["verdict"].startswith("as Xiong")
+    assert e["gate"] == {"step": 2000, "post": [4.0, 12.0], "pre": [4.5, 12.5],
+                         "translates": True, "level": True, "passed": True}  # fmt: skip
     post = e["arms"]["post"]
     assert post["early_rise"] == pytest.approx(2.0)
     assert post["collapse"] == [[1, 0.82], [2000, 0.95]]
@@ -87,6 +92,30 @@ def test_fig2_readout_did_at_the_last_common_step_early_rise_and_collapse(tmp_pa
 def test_fig2_verdicts(tmp_path, post_nll, diverged, verdict):
     runs = readout.load_runs(str(_fig2_study(tmp_path, post_nll, diverged)))
     assert readout.fig2(runs)["seeds"][0]["verdict"].startswith(verdict)
+
+
+@pytest.mark.parametrize(
+    "baseline, fails",
+    [((4.61, 12.0), "not level"),  # NLL 0.11 above Pre-LN's 4.5
+     ((4.0, 11.4), "not level"),  # BLEU 1.1 below Pre-LN's 12.5
+     ((4.0, 9.9), "does not translate and not level")],  # below 10 BLEU, 2.6 below
+)  # fmt: skip
+def test_a_baseline_that_fails_the_gate_gets_no_verdict(tmp_path, capsys, baseline, fails):
+    """PLAN_MT2's rule on post_warmup against pre_warmup (4.5 / 12.5 at step 2,000): below it
+    the DiD is printed but no verdict is read, however large the DiD (post's NLL 5.0 here)."""
+    study = _fig2_study(tmp_path, baseline=baseline)
+    e = readout.main(["fig2", str(study)])["seeds"][0]
+    assert e["gate"]["step"] == 2000 and not e["gate"]["passed"]
+    assert e["verdict"].startswith("baseline fails the gate") and e["did"] is not None
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "gate at step" in x]
+    assert line.startswith(f"  gate at step 2000: post_warmup {baseline[0]:.3f} / ")
+    assert line.endswith(f": fails: {fails}")
+
+
+def test_a_baseline_at_the_gate_s_limits_passes(tmp_path):
+    study = _fig2_study(tmp_path, baseline=(4.6, 11.5))  # + 0.10 nats, - 1.0 BLEU, BLEU >= 10
+    e = readout.fig2(readout.load_runs(str(study)))["seeds"][0]
+    assert e["gate"]["passed"] and e["verdict"].startswith("as Xiong")
 
 
 def test_fig2_names_the_missing_arms(tmp_path):

@@ -19,8 +19,16 @@
 # needs); a learning-rate-budget effect alone (issue 64: the CPU study's DiD was about -1 nat)
 # predicts DiD <= 0. Verdict: "as Xiong" if DiD >= 0.2 nats (about 1.5x the 0.14 nats between
 # two same-seed CPU reruns) or Post-LN without warm-up diverged alone; "budget" if DiD <= 0;
-# "not separated" between. One seed: a first reading at the paper's width, not a test.
+# "not separated" between. One seed: a first reading at the paper's width, not a test. Added
+# 2026-12-05, before any GPU ran it: the readout first prints the gate (PLAN_MT2's rule: Post-LN
+# with warm-up reaches 10 greedy BLEU and is level with Pre-LN with warm-up, within 0.10 nats and
+# 1.0 BLEU, at the last evaluation they share) and reads no verdict where the baseline fails it.
 #
+# INITIALISATION (2026-12-05, before any GPU ran it): every run passes --config.model.init=fairseq,
+# the papers' code's (Xavier with q, k and v drawn as fairseq's packed [3d, d] in-projection, Var
+# 1/(2d); embeddings N(0, 1/d)). configs/mt.py's "xavier" gives q, k and v twice that variance,
+# which left 6-6 Post-LN collapsed and untrained at width 256 (issue 64's gate, attempt 2:
+# docs/results/studies/PLAN_MT2.md) and starts it as collapsed at width 512 (0.82 at step 1).
 # SIZING: one H200 ran the iwslt train step in 11.75 ms blocked on the 4,096-token batch (85
 # steps/s alone; ../shared/gpu/2026-12-04-h200/summary_mt.md). On the H100 of 2026-11-26 three
 # runs at once made 34-38 steps/s each, 1.9x that H100's blocked rate of 58/s in all (17.1 ms):
@@ -83,6 +91,7 @@ WARMUP=$(( STEPS * 8 / 100 ))
 [ "$WARMUP" -ge 1 ] || WARMUP=1
 STUDY=(mt_depth --out="$OUT/study" "${BASE[@]}" "${CPU_BASE[@]}" --depths=$DEPTH
        --arms=post,post_warmup,pre,pre_warmup --lrs=1e-3 --warmup_steps=$WARMUP --seeds=0 --config.model.hidden_dropout=0.1
+       --config.model.init=fairseq
        --config.total_steps=$STEPS --config.eval_every=$EVAL_EVERY
        --config.checkpoint_every=$EVAL_EVERY --config.translation.eval_beam=1 "${EXTRA[@]}")
 # the runs' SIGTERM 60 s before the budget ends: 40 s to save, then the readout

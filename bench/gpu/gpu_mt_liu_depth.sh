@@ -25,6 +25,11 @@
 # Post-LN diverges (or trains far behind) under the same warm-up, Admin ahead of Pre-LN (28.80
 # vs 28.26). One seed: a first reading at the paper's width, not a test.
 #
+# INITIALISATION (2026-12-05, before any GPU ran it): every run passes --config.model.init=fairseq,
+# the papers' code's (Xavier with q, k and v drawn as fairseq's packed [3d, d] in-projection, Var
+# 1/(2d); embeddings N(0, 1/d)). configs/mt.py's "xavier" gives q, k and v twice that variance,
+# which left 6-6 Post-LN collapsed and untrained at width 256 (issue 64's gate, attempt 2:
+# docs/results/studies/PLAN_MT2.md) and starts it as collapsed at width 512 (0.82 at step 1).
 # SIZING (an estimate: nothing here has run on a GPU yet): the 6-6 runs as in
 # bench/gpu/gpu_mt_fig2.sh (one H200: 11.75 ms a step alone); an 18-18 step launches three times the
 # kernels of a 6-6 one and the recipe's batch is launch-bound, so about 35 ms alone. Six runs
@@ -79,7 +84,7 @@ WARMUP=$(( STEPS * 8 / 100 ))
 [ "$WARMUP" -ge 1 ] || WARMUP=1
 STUDY=(mt_depth --out="$OUT/study" "${BASE[@]}" "${CPU_BASE[@]}" --depths=$DEPTHS
        --arms=post_warmup,admin_warmup,pre_warmup --lrs=1e-3 --warmup_steps=$WARMUP --seeds=0
-       --config.model.hidden_dropout=0.1 --config.total_steps=$STEPS
+       --config.model.hidden_dropout=0.1 --config.model.init=fairseq --config.total_steps=$STEPS
        --config.eval_every=$EVAL_EVERY --config.checkpoint_every=$EVAL_EVERY
        --config.translation.eval_beam=1 "${EXTRA[@]}")
 # the runs' SIGTERM 60 s before the budget ends: 40 s to save, then the readout

@@ -11,6 +11,11 @@
 # accelerator suite: compilation (about a minute a program, three processes at once) left the
 # runs at step 200-250 of 2,000, no BLEU. Give it a call of its own (the default 480 s budget).
 #
+# INITIALISATION (2026-12-05; the one try of 2026-11-26 ran "xavier"): --config.model.init=fairseq,
+# the papers' code's (Xavier with q, k and v drawn as fairseq's packed [3d, d] in-projection, Var
+# 1/(2d); embeddings N(0, 1/d)). configs/mt.py's "xavier" gives q, k and v twice that variance,
+# which left 6-6 Post-LN collapsed and untrained at width 256 (issue 64's gate, attempt 2:
+# docs/results/studies/PLAN_MT2.md) and starts it as collapsed at width 512 (0.82 at step 1).
 #   bench/gpu/gpu_mt_warmup.sh --prepare            # here, on the CPU: writes .gpu_data/ (once)
 #   bench/gpu/gpu_mt_warmup.sh [--out DIR] [--steps N] [--eval_every N] [--budget SECONDS]
 #                          [--config.FIELD=VALUE ...]   (passed on to every run of the study)
@@ -59,7 +64,7 @@ gpu_environment
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.28  # three runs share the GPU
 FULL=$(( STEPS * 8 / 100 ))
 STUDY=(mt_warmup --out="$OUT/study" --config=configs/mt.py:iwslt --lrs=1e-3 --pre_lrs=1e-3
-       --warmup_steps=0,full --full_warmup=$FULL --seeds=0 --jobs=3
+       --warmup_steps=0,full --full_warmup=$FULL --seeds=0 --jobs=3 --config.model.init=fairseq
        --config.data.dataset=paralleltext:$DATA --config.total_steps=$STEPS
        --config.eval_every=$EVAL_EVERY --config.checkpoint_every=$EVAL_EVERY
        --config.log_every=100 --config.monitor.every=250 "${EXTRA[@]}")

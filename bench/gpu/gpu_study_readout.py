@@ -11,6 +11,11 @@ its checkpoint saved, no result) is read from its `metrics.jsonl` by the same su
 (`ln_jax.experiments.runner.summarize_run`) and marked "partial": the call after continues it.
 
 fig2 (Xiong et al. Fig. 2 as a 2x2: Post-LN / Pre-LN x without / with warm-up), per seed:
+- the gate first (docs/results/studies/PLAN_MT2.md's rule, added here 2026-12-05 before any run
+  of this readout): at the last evaluation step post_warmup and pre_warmup share, Post-LN with
+  warm-up translates (greedy BLEU >= `GATE_BLEU`) and is level with Pre-LN with warm-up (NLL at
+  most `GATE_NLL` nats above, BLEU at most `GATE_BLEU_GAP` below). A baseline that fails it
+  gets no verdict ("baseline fails the gate"): the DiD is printed, not read;
 - per arm: the largest rise of the training loss (a trailing mean of `SMOOTH` logged values)
   above its running minimum over the first `EARLY_STEPS` steps (nats; an instability shows as
   a rise, one batch's noise mostly not), validation NLL and greedy
@@ -48,6 +53,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 EARLY_STEPS = 1000  # the window of the early train-loss rise (Xiong's Fig. 2: the first 1k)
 SMOOTH = 5  # logged training losses averaged (a trailing mean) before the rise is read
 XIONG_DID = 0.2  # nats: about 1.5x the 0.14 of two same-seed reruns (issue 64), fixed before
+GATE_BLEU = 10.0  # the gate (PLAN_MT2): Post-LN with warm-up translates ...
+GATE_NLL = 0.10  # ... its NLL at most this above Pre-LN's with warm-up ...
+GATE_BLEU_GAP = 1.0  # ... and its BLEU at most this below
 STUCK_BLEU = 1.0  # greedy BLEU below this at the end: translates nothing
 COLLAPSE = "collapse/encoder/output"
 FIG2_ARMS = ("post", "post_warmup", "pre", "pre_warmup")
@@ -142,13 +150,33 @@ def _by_seed(runs: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     return dict(sorted(seeds.items()))
 
 
+def gate(post: dict[str, Any], pre: dict[str, Any]) -> dict[str, Any] | None:
+    """The gate of `post` (Post-LN with warm-up) against `pre` (Pre-LN with warm-up) at the last
+    evaluation step they share: {"step", "post": [nll, bleu], "pre": [nll, bleu], "translates",
+    "level", "passed"}; None without a common step. A diverged Post-LN fails it."""
+    step = _last_common_step([post, pre])
+    if step is None:
+        return None
+    (pn, pb), (qn, qb) = (
+        (at_step(r["eval_curve"], step), at_step(r.get("bleu_curve") or [], step))
+        for r in (post, pre)
+    )
+    translates = not post.get("diverged") and pb >= GATE_BLEU
+    level = pn <= qn + GATE_NLL and pb >= qb - GATE_BLEU_GAP
+    return {"step": step, "post": [pn, pb], "pre": [qn, qb], "translates": translates,
+            "level": level, "passed": translates and level}  # fmt: skip
+
+
 def fig2(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """{"seeds": {seed: {"arms": {arm: row}, "step", "did", "verdict"}}} (module docstring)."""
+    """{"seeds": {seed: {"arms": {arm: row}, "gate", "step", "did", "verdict"}}} (module
+    docstring)."""
     out = {}
     for seed, group in _by_seed(runs).items():
         arms = {r["arm"]: r for r in group if r["arm"] in FIG2_ARMS}
         rows = {a: _arm_row(arms[a]) for a in FIG2_ARMS if a in arms}
         entry: dict[str, Any] = {"arms": rows, "step": None, "nll": {}, "did": None}
+        baseline = [arms.get(a) for a in ("post_warmup", "pre_warmup")]
+        entry["gate"] = None if None in baseline else gate(*baseline)
         missing = [a for a in FIG2_ARMS if a not in arms]
         steps = [] if missing else _common_steps(list(arms.values()))
         if steps:
@@ -164,6 +192,8 @@ def fig2(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _fig2_verdict(entry: dict[str, Any], rows: dict[str, Any], missing: list[str]) -> str:
     if missing:
         return f"incomplete: no run of {', '.join(missing)}"
+    if entry["gate"] is not None and not entry["gate"]["passed"]:
+        return "baseline fails the gate: no verdict (the DiD is printed, not read)"
     others_fine = not any(rows[a]["diverged"] for a in ("post_warmup", "pre", "pre_warmup"))
     if rows["post"]["diverged"] and others_fine:
         return "as Xiong: Post-LN without warm-up diverged, the other three did not"
@@ -266,6 +296,8 @@ def format_fig2(readout: dict[str, Any]) -> str:
                 ev = next((v for v in e["arms"][a]["evals"] if v[0] == step), None)
                 cells.append(f"{_num(ev[1])} / {_num(ev[2], '.2f')}" if ev else "-")
             lines.append("  " + f"{step:>6d}" + "".join(f"{c:>16s}" for c in cells))
+        if e.get("gate") is not None:
+            lines.append(_gate_text(e["gate"]))
         if e["step"] is not None:
             n = e["nll"]
             lines.append(
@@ -276,6 +308,18 @@ def format_fig2(readout: dict[str, Any]) -> str:
             lines.append(f"  DiD by step (the verdict reads the last): {by_step}")
         lines.append(f"  verdict: {e['verdict']}")
     return "\n".join(lines)
+
+
+def _gate_text(g: dict[str, Any]) -> str:
+    (pn, pb), (qn, qb) = g["post"], g["pre"]
+    fails = [why for why, ok in (("does not translate", g["translates"]), ("not level", g["level"]))
+             if not ok]  # fmt: skip
+    return (
+        f"  gate at step {g['step']}: post_warmup {_num(pn)} / {_num(pb, '.2f')}, pre_warmup "
+        f"{_num(qn)} / {_num(qb, '.2f')} (BLEU >= {GATE_BLEU:g}; NLL <= Pre-LN's + {GATE_NLL:g}, "
+        f"BLEU >= Pre-LN's - {GATE_BLEU_GAP:g}): "
+        + ("fails: " + " and ".join(fails) if fails else "passed")
+    )
 
 
 def format_depth(readout: dict[str, Any]) -> str:
