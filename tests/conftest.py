@@ -128,3 +128,13 @@ def cpu_to_itself():
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def fresh_programs():
+    """For a test that counts compiles or the files a compile writes: the jitted steps that
+    earlier tests of this worker left in the process (`ln_jax.train.steps`, which a run with
+    the same program reuses, compiling nothing) are dropped first."""
+    from ln_jax.train import steps
+
+    steps.forget_programs()

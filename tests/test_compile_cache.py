@@ -42,7 +42,9 @@ def test_the_environment_variable_wins_and_jax_is_left_alone(monkeypatch, tmp_pa
         assert jax.config.jax_compilation_cache_dir == before
 
 
-def test_a_second_run_reads_every_program_from_the_cache(data_dir, tmp_path, monkeypatch):
+def test_a_second_run_reads_every_program_from_the_cache(
+    data_dir, tmp_path, monkeypatch, fresh_programs
+):
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")  # the test suite's own (tests/conftest.py)
     folder = tmp_path / "cache"
     cfg = tiny_config(data_dir, total_steps=2, compilation_cache=str(folder))
@@ -54,10 +56,12 @@ def test_a_second_run_reads_every_program_from_the_cache(data_dir, tmp_path, mon
         assert jax.config.jax_compilation_cache_dir == before  # restored after the run
         written = set(os.listdir(folder))
         assert len(written) >= 2  # at least the train and evaluation steps
+        steps.forget_programs()  # as a new process: nothing kept in this one
         trainer.train_and_evaluate(cfg, str(tmp_path / "second"))
         assert set(os.listdir(folder)) == written  # nothing compiled anew
         # Another seed, learning rate and length: the same programs (run_values).
         other = {"seed": 3, "optim.peak_lr": 3e-3}
+        steps.forget_programs()
         trainer.train_and_evaluate(
             tiny_config(data_dir, total_steps=3, compilation_cache=str(folder), **other),
             str(tmp_path / "third"),
@@ -106,3 +110,28 @@ def test_the_run_values_as_inputs_compute_what_they_compute_as_constants(data_di
     tol = {"rtol": 1e-6, "atol": 1e-9} if older_emitters else {"rtol": 0.0, "atol": 0.0}
     jax.tree.map(partial(np.testing.assert_allclose, **tol), *results)
     assert results[0][1]["learning_rate"] == pytest.approx(1e-3 / 3)  # update 1 of 3 of warm-up
+
+
+def test_a_process_keeps_each_program_for_its_next_run_with_the_same_program(data_dir):
+    """`steps.program_key`: the seed, the schedule's numbers, the length and the cadences are
+    not in a run's programs, so such runs in one process get the same jitted step (traced and
+    compiled once); any field the step computes with gives another."""
+    base = tiny_config(data_dir)
+    same = {"seed": 3, "total_steps": 7, "log_every": 2, "eval_every": 3, "monitor.every": 5,
+            "optim.peak_lr": 3e-3, "optim.end_lr": 1e-5, "checkpoint.keep": 1}  # fmt: skip
+    assert steps.program_key(tiny_config(data_dir, **same)) == steps.program_key(base)
+    for other in ({"model.placement": "post"}, {"nan_policy": "skip"}, {"grad_accum_steps": 2},
+                  {"dropout_rng": "threefry"}, {"data.max_seq_length": 64},
+                  {"optim.weight_decay": 0.1}, {"model.hidden_dropout": 0.0}):  # fmt: skip
+        assert steps.program_key(tiny_config(data_dir, **other)) != steps.program_key(base), other
+
+    mesh = sharding.make_mesh(2, 2, 2)
+    abstract = steps.abstract_state(make_task(base), mesh)
+    first = steps.jit_train_step(base, make_task(base), mesh, abstract)
+    again = tiny_config(data_dir, **same)
+    kept = steps.jit_train_step(again, make_task(again), mesh, abstract)
+    assert kept.fn is first.fn and kept.bound["seed"] != first.bound["seed"]  # its own values
+    measured = steps.jit_train_step(base, make_task(base), mesh, abstract, measure=True)
+    assert measured.fn is not first.fn
+    steps.forget_programs()
+    assert steps.jit_train_step(base, make_task(base), mesh, abstract).fn is not first.fn

@@ -17,7 +17,7 @@ from configs import study as study_config
 from ln_jax.config.load import override
 from ln_jax.experiments import grids, plateau, report, runner, study
 from ln_jax.experiments.runner import RunSpec
-from ln_jax.train import run_identity
+from ln_jax.train import run_identity, steps
 
 pytest_plugins = ("tests.data_fixtures",)
 
@@ -419,7 +419,7 @@ def test_tiny_warmup_grid_end_to_end_reports_the_key_ratio(data_dir, tmp_path):
 
 
 def test_a_grid_on_a_cpu_compiles_its_train_step_once_in_the_study_folder(
-    data_dir, tmp_path, monkeypatch
+    data_dir, tmp_path, monkeypatch, fresh_programs
 ):
     """Two runs of one arm with other seeds and learning rates: one compiled train step in
     OUT/jax_compilation (config "auto" on a CPU), two different runs; "off" stays off."""
@@ -434,7 +434,10 @@ def test_a_grid_on_a_cpu_compiles_its_train_step_once_in_the_study_folder(
     min_secs = jax.config.jax_persistent_cache_min_compile_time_secs
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     try:
-        results = [runner.run_one(base, spec, str(tmp_path), plateau=6.7) for spec in specs]
+        results = []
+        for spec in specs:  # each as in a process of its own: nothing kept from the last
+            steps.forget_programs()
+            results.append(runner.run_one(base, spec, str(tmp_path), plateau=6.7))
     finally:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", min_secs)
     folder = tmp_path / "jax_compilation"

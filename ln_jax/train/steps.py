@@ -11,6 +11,11 @@ nothing here names a family or makes a task.
   pieces = abstract_state(task, mesh)   # the same tree as ShapeDtypeStructs, same shardings
   train, evaluate = jit_steps(cfg, task, mesh, pieces)  # jitted: those shardings, state donated
 
+The jitted steps are kept in the process (the last `KEPT_PROGRAMS`, by `program_key`): a run
+whose program another run of the process already built (a resumed run, a notebook's second
+run, a grid that varies only seed, learning rate, schedule or cadences) traces, lowers and
+compiles nothing again.
+
 The state and the batch follow `task.cfg`; the train step takes the run's `cfg` besides (its
 accumulation, optimizer, seed and NaN policy), which differs from `task.cfg` only where set-up
 chose the accumulation ("auto").
@@ -29,9 +34,12 @@ Every task trains with this same step, fine-tuning too (its task is
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
+import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import jax
@@ -42,8 +50,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ln_jax import sharding
+from ln_jax.config.optim import SCHEDULE_FIELDS
 from ln_jax.config.run import TrainConfig
 from ln_jax.nn.random import prng_impl
+from ln_jax.runtime import platforms
 from ln_jax.task import Task
 from ln_jax.train import flat, optim
 from ln_jax.validate import ConfigError
@@ -54,6 +64,7 @@ State = dict[str, Any]
 __all__ = [
     "BoundStep",
     "TrainState",
+    "forget_programs",
     "abstract_batch",
     "abstract_state",
     "in_mesh",
@@ -327,6 +338,61 @@ def make_eval_step(task: Task, graphdef: Any) -> Callable:
     return eval_fn
 
 
+# What a run's config does not put into its programs: labels, cadences, how checkpoints are
+# kept and data fetched, the evaluation set's size, and the run values (`run_values`: inputs).
+_NOT_IN_THE_PROGRAM = {
+    "": ("name", "seed", "total_steps", "log_every", "eval_every", "checkpoint_every",
+         "compilation_cache", "eval_batches", "checkpoint"),
+    "data": ("cache_dir", "download", "worker_count", "device_prefetch", "prepare_timeout_s"),
+    "optim": SCHEDULE_FIELDS,
+    "monitor": ("every",),
+}  # fmt: skip
+KEPT_PROGRAMS = 8  # jitted steps kept per process (each holds its compiled executables)
+_PROGRAMS: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+
+
+def program_key(cfg: TrainConfig) -> str:
+    """The fields of `cfg` that a run's train and eval programs are built from, as one string:
+    two configs with equal keys (and equal state and mesh) compile the same programs."""
+    fields = dataclasses.asdict(cfg)
+    for section, names in _NOT_IN_THE_PROGRAM.items():
+        for name in names:
+            (fields[section] if section else fields).pop(name, None)
+    return json.dumps(fields, sort_keys=True, default=repr)
+
+
+def _signature(tree: Any) -> tuple:
+    """A tree's structure and each leaf's shape, dtype and sharding (arrays or abstract)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves)
+
+
+def _kept(key: Hashable, build: Callable[[], Any], mesh: jax.sharding.Mesh) -> Any:
+    """The jitted function kept under `key`, or `build()` kept from now on (least recently
+    used dropped past `KEPT_PROGRAMS`). Not for compile-only devices (`ln_jax.xla.deviceless`):
+    a report is compiled once, and its process may be comparing variants of the code."""
+    if sharding.is_compile_only(mesh.devices):
+        return build()
+    if key in _PROGRAMS:
+        _PROGRAMS.move_to_end(key)
+        return _PROGRAMS[key]
+    _PROGRAMS[key] = built = build()
+    while len(_PROGRAMS) > KEPT_PROGRAMS:
+        _PROGRAMS.popitem(last=False)
+    return built
+
+
+def forget_programs() -> None:
+    """Drops the jitted steps kept in this process: the next run builds and compiles its own
+    (a test that counts compiles; a process that must free their executables)."""
+    _PROGRAMS.clear()
+
+
+def _pieces_key(kind: str, cfg: TrainConfig, task: Task, mesh, pieces: TrainState) -> tuple:
+    return (kind, task.name, program_key(cfg), mesh, platforms.current(), pieces.graphdef,
+            _signature(pieces.state), _signature(pieces.rest))  # fmt: skip
+
+
 def jit_train_step(
     cfg: TrainConfig,
     task: Task,
@@ -344,15 +410,19 @@ def jit_train_step(
     their shapes: such a step is lowered and compiled, never called).
     """
     layout = flat.Layout.of(pieces.state)
-    shardings = layout.pack(jax.tree.map(lambda x: x.sharding, pieces.state))
-    rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
     replicated = _replicated(mesh)
-    jitted = jax.jit(
-        flat.stepping(make_train_step(cfg, task, pieces.graphdef, measure), layout),
-        in_shardings=(shardings, rest_sh, sharding.batch_sharding(mesh), replicated),
-        out_shardings=(shardings, replicated),
-        donate_argnums=(0,),
-    )
+
+    def build() -> Any:
+        shardings = layout.pack(jax.tree.map(lambda x: x.sharding, pieces.state))
+        rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
+        return jax.jit(
+            flat.stepping(make_train_step(cfg, task, pieces.graphdef, measure), layout),
+            in_shardings=(shardings, rest_sh, sharding.batch_sharding(mesh), replicated),
+            out_shardings=(shardings, replicated),
+            donate_argnums=(0,),
+        )
+
+    jitted = _kept((*_pieces_key("train", cfg, task, mesh, pieces), measure), build, mesh)
     put = sharding.abstract if sharding.is_compile_only(mesh.devices) else jax.device_put
     values = {k: put(v, replicated) for k, v in run_values(cfg).items()}
     return BoundStep(jitted, values, layout)
@@ -406,11 +476,12 @@ def jit_eval_step(task: Task, mesh: jax.sharding.Mesh, pieces: TrainState) -> Ca
     in; replicated sums out."""
     params_sh = jax.tree.map(lambda x: x.sharding, pieces.state["params"])
     rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
-    return jax.jit(
+    build = lambda: jax.jit(  # noqa: E731
         make_eval_step(task, pieces.graphdef),
         in_shardings=(params_sh, rest_sh, sharding.batch_sharding(mesh)),
         out_shardings=_replicated(mesh),
     )
+    return _kept(_pieces_key("eval", task.cfg, task, mesh, pieces), build, mesh)
 
 
 def in_mesh(fn: Callable, mesh: jax.sharding.Mesh) -> Callable:
