@@ -14,6 +14,7 @@ from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.runtime import platforms
 from ln_jax.task import make_task
+from ln_jax.train import steps
 from ln_jax.xla import aot, deviceless, kernel_census, matmul_census
 from tests.deviceless_support import needs, run_compile_check, without_the_extras
 
@@ -156,16 +157,31 @@ def test_the_row_major_pin_leaves_no_transpose_of_the_residual_stream():
 
 
 @needs_plugin
-def test_the_command_compiles_for_a_gpu_and_checks_its_memory(capsys):
+def test_the_command_compiles_for_a_gpu_and_checks_its_memory(two_h100s, capsys, monkeypatch):
+    """The command on `two_h100s`'s config and devices: its compile is the fixture's, reused
+    (the same program by `steps.program_key`; a GPU compile is ~15 s of the suite)."""
+    reused, real = [], aot._compile_report
+
+    def reusing_the_fixture(cfg, task, mesh, options):
+        same = steps.program_key(cfg) == steps.program_key(tiny_list())
+        reused.append(same and mesh.size == 2)
+        return two_h100s if reused[-1] else real(cfg, task, mesh, options)
+
+    monkeypatch.setattr(aot, "_compile_report", reusing_the_fixture)
     code = run_compile_check(
         "--config=configs/bert_preln.py:tiny",
         "--config.data.global_batch_size=8",
+        "--config.data.max_seq_length=32",
+        "--config.data.max_predictions_per_seq=4",
+        "--config.grad_accum_steps=1",
+        "--config.model.scan_layers=False",
         "--gpu=h100",
         "--mesh=2,1,1",
         "--num_devices=2",
         "--device_memory_gib=0.001",
     )
     out = capsys.readouterr().out
+    assert reused == [True]
     assert code == 1 and "WILL NOT FIT" in out
     assert "2 x NVIDIA H100 80GB HBM3 (gpu)" in out and "kernels per step, by class" in out
 

@@ -18,7 +18,7 @@ from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.runtime import platforms
 from ln_jax.task import make_task
-from ln_jax.train import accumulation
+from ln_jax.train import accumulation, steps
 from ln_jax.xla import aot, deviceless, matmul_census
 from tests.deviceless_support import needs, run_compile_check
 
@@ -126,13 +126,30 @@ def test_hash_dropout_bits_take_less_tpu_memory_than_rbg(busy):
 
 
 @needs_libtpu
-def test_the_command_compiles_for_a_tpu_and_checks_its_memory(capsys):
-    """The slice's devices make the config's mesh (data=-1: all 8 of a v2-8's cores) and
-    its memory per device is the budget (a v2 core's 8 GiB)."""
-    assert run_compile_check("--config=configs/bert_preln.py:tiny", "--tpu=v2-8") == 0
+def test_the_command_compiles_for_a_tpu_and_checks_its_memory(data_parallel, capsys, monkeypatch):
+    """The slice's devices make the config's mesh (data=-1: all 4 of a v5e-4's chips) and
+    its memory per device is the budget (a v5e chip's 16 GiB). The compile is
+    `data_parallel`'s, reused: the same program on the same mesh (libtpu's compiles are not
+    cached)."""
+    meshes, real = [], aot._compile_report
+
+    def reusing_the_fixture(cfg, task, mesh, options):
+        meshes.append((dict(mesh.shape), {d.device_kind for d in mesh.devices.flat}))
+        if steps.program_key(cfg) == steps.program_key(tiny()) and mesh.size == 4:
+            return data_parallel
+        return real(cfg, task, mesh, options)
+
+    monkeypatch.setattr(aot, "_compile_report", reusing_the_fixture)
+    code = run_compile_check(
+        "--config=configs/bert_preln.py:tiny", "--tpu=v5e-4",
+        "--config.data.global_batch_size=16", "--config.data.max_seq_length=64",
+        "--config.data.max_predictions_per_seq=8", "--config.grad_accum_steps=1",
+    )  # fmt: skip
     out = capsys.readouterr().out
-    assert "mesh data=8 fsdp=1 tensor=1 on 8 x TPU v2 (tpu)" in out
-    assert "fits: 0.0" in out and "GiB of 8 GiB per device" in out
+    assert code == 0, out
+    assert meshes == [({"data": 4, "fsdp": 1, "tensor": 1}, {"TPU v5 lite"})]
+    assert "mesh data=4 fsdp=1 tensor=1 on 4 x TPU v5 lite (tpu)" in out
+    assert "fits: 0.0" in out and "GiB of 16 GiB per device" in out
 
 
 @pytest.mark.parametrize(
