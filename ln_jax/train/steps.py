@@ -74,6 +74,7 @@ __all__ = [
     "make_eval_step",
     "make_train_step",
     "model_state",
+    "program_key",
     "run_values",
 ]
 
