@@ -7,10 +7,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ln_jax.xla import compile_check, deviceless
+from ln_jax.train import steps
+from ln_jax.xla import aot, compile_check, deviceless
 
 
 def needs(check: Callable[[], object]) -> pytest.MarkDecorator:
@@ -30,6 +32,25 @@ def run_compile_check(*argv: str) -> int:
     except SystemExit as done:
         return int(done.code or 0)
     return 0
+
+
+def reuse_compile(monkeypatch, report: dict, build: Callable[[], Any], size: int) -> list:
+    """Answers `aot`'s compile of `build()`'s program (`steps.program_key`, built inside the
+    compile's own lowering context, so "auto" fields resolve as there) on a mesh of `size`
+    devices with `report`, a fixture's: a compile for absent devices cannot be read back from
+    JAX's cache, and each costs 10-40 s of the suite. Any other program compiles for real.
+
+    Returns one (grad_accum_steps, mesh shape, device kinds, reused) per compile asked."""
+    asked, real = [], aot._compile_report
+
+    def compile_report(cfg, task, mesh, options):
+        same = mesh.size == size and steps.program_key(cfg) == steps.program_key(build())
+        kinds = {d.device_kind for d in mesh.devices.flat}
+        asked.append((cfg.grad_accum_steps, dict(mesh.shape), kinds, same))
+        return report if same else real(cfg, task, mesh, options)
+
+    monkeypatch.setattr(aot, "_compile_report", compile_report)
+    return asked
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,9 +14,13 @@ from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.runtime import platforms
 from ln_jax.task import make_task
-from ln_jax.train import steps
 from ln_jax.xla import aot, deviceless, kernel_census, matmul_census
-from tests.deviceless_support import needs, run_compile_check, without_the_extras
+from tests.deviceless_support import (
+    needs,
+    reuse_compile,
+    run_compile_check,
+    without_the_extras,
+)
 
 needs_plugin = needs(deviceless.plugin)
 
@@ -164,14 +168,7 @@ def test_the_row_major_pin_leaves_no_transpose_of_the_residual_stream():
 def test_the_command_compiles_for_a_gpu_and_checks_its_memory(two_h100s, capsys, monkeypatch):
     """The command on `two_h100s`'s config and devices: its compile is the fixture's, reused
     (the same program by `steps.program_key`; a GPU compile is ~15 s of the suite)."""
-    reused, real = [], aot._compile_report
-
-    def reusing_the_fixture(cfg, task, mesh, options):
-        same = steps.program_key(cfg) == steps.program_key(bert_vocab_list())
-        reused.append(same and mesh.size == 2)
-        return two_h100s if reused[-1] else real(cfg, task, mesh, options)
-
-    monkeypatch.setattr(aot, "_compile_report", reusing_the_fixture)
+    asked = reuse_compile(monkeypatch, two_h100s, bert_vocab_list, size=2)
     code = run_compile_check(
         "--config=configs/bert_preln.py:tiny",
         "--config.data.global_batch_size=8",
@@ -186,7 +183,7 @@ def test_the_command_compiles_for_a_gpu_and_checks_its_memory(two_h100s, capsys,
         "--device_memory_gib=0.001",
     )
     out = capsys.readouterr().out
-    assert reused == [True]
+    assert [reused for *_, reused in asked] == [True]
     assert code == 1 and "WILL NOT FIT" in out
     assert "2 x NVIDIA H100 80GB HBM3 (gpu)" in out and "kernels per step, by class" in out
 

@@ -18,9 +18,9 @@ from ln_jax import sharding
 from ln_jax.config.run import TrainConfig
 from ln_jax.runtime import platforms
 from ln_jax.task import make_task
-from ln_jax.train import accumulation, steps
+from ln_jax.train import accumulation
 from ln_jax.xla import aot, deviceless, matmul_census
-from tests.deviceless_support import needs, run_compile_check
+from tests.deviceless_support import needs, reuse_compile, run_compile_check
 
 GIB = 1024**3
 
@@ -93,22 +93,14 @@ def test_auto_accumulation_is_chosen_for_the_tpu_s_memory(busy, monkeypatch):
     one reads 256 MiB: small temporaries are not in its figures, presumably kept on chip;
     measured 2026-11-29.) Its probe at one micro-batch is `busy`'s program, whose report is
     reused (libtpu's compiles are not cached; this one took 25-40 s in CI)."""
-    with platforms.lowering_for("tpu"):
-        one = tiny(batch=256, seq=128)
-    compiled, real = [], aot._compile_report
-
-    def reusing_busy(cfg, task, mesh, options):
-        compiled.append((cfg.grad_accum_steps, cfg == one))
-        return busy if cfg == one else real(cfg, task, mesh, options)
-
-    monkeypatch.setattr(aot, "_compile_report", reusing_busy)
+    asked = reuse_compile(monkeypatch, busy, lambda: tiny(batch=256, seq=128), size=4)
     fixed = busy["total_bytes"] - busy["temp_bytes"]
     # A budget the one-micro-batch step overflows and a third of its temporaries fits.
     gib = (fixed + busy["temp_bytes"] / 3) / accumulation.HEADROOM / GIB
     build = lambda: tiny(batch=256, seq=128, accum=0)  # noqa: E731
     r = aot.tpu_report(build, "v5e-4", (4, 1, 1), gib)
     # the probe (the plain step at one micro-batch), then the fewest dividing 64 that fit (>= 3)
-    assert compiled == [(1, True), (4, False)]
+    assert [(accum, reused) for accum, *_, reused in asked] == [(1, True), (4, False)]
     assert r["grad_accum_auto"] and r["grad_accum_steps"] == 4
     assert r["temp_bytes"] < 0.6 * busy["temp_bytes"]
     assert r["total_bytes"] < gib * GIB
@@ -131,15 +123,7 @@ def test_the_command_compiles_for_a_tpu_and_checks_its_memory(data_parallel, cap
     its memory per device is the budget (a v5e chip's 16 GiB). The compile is
     `data_parallel`'s, reused: the same program on the same mesh (libtpu's compiles are not
     cached)."""
-    meshes, real = [], aot._compile_report
-
-    def reusing_the_fixture(cfg, task, mesh, options):
-        meshes.append((dict(mesh.shape), {d.device_kind for d in mesh.devices.flat}))
-        if steps.program_key(cfg) == steps.program_key(tiny()) and mesh.size == 4:
-            return data_parallel
-        return real(cfg, task, mesh, options)
-
-    monkeypatch.setattr(aot, "_compile_report", reusing_the_fixture)
+    asked = reuse_compile(monkeypatch, data_parallel, tiny, size=4)
     code = run_compile_check(
         "--config=configs/bert_preln.py:tiny", "--tpu=v5e-4",
         "--config.data.global_batch_size=16", "--config.data.max_seq_length=64",
@@ -147,7 +131,7 @@ def test_the_command_compiles_for_a_tpu_and_checks_its_memory(data_parallel, cap
     )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
-    assert meshes == [({"data": 4, "fsdp": 1, "tensor": 1}, {"TPU v5 lite"})]
+    assert asked == [(1, {"data": 4, "fsdp": 1, "tensor": 1}, {"TPU v5 lite"}, True)]
     assert "mesh data=4 fsdp=1 tensor=1 on 4 x TPU v5 lite (tpu)" in out
     assert "fits: 0.0" in out and "GiB of 16 GiB per device" in out
 
