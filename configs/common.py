@@ -42,7 +42,8 @@ def base_config() -> ml_collections.ConfigDict:
     # model family and objective (ln_jax/task.py): bert_pretraining, or "module:Class"
     # of a Task
     c.task = "bert_pretraining"
-    # a task's own fields are its own section, declared by its config (configs/mt.py: c.translation)
+    # a task's own fields are its own section, declared by its config (BERT's c.bert below,
+    # configs/mt.py's c.translation)
     c.seed = 0  # parameter initialisation and dropout
     c.total_steps = 1_000_000  # optimizer updates (BERT: 1M at batch 256)
     c.eval_every = 10_000  # evaluate on the validation split every N steps (0 = at the end)
@@ -78,7 +79,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.vocab_size = placeholder(int)  # None = data.vocab_size
     c.model.vocab_multiple = 128  # embedding/decoder rows padded to this (GPU/TPU tiles)
     c.model.max_position_embeddings = 512  # learned positions
-    c.model.type_vocab_size = 2  # segment ids (sentence A / B)
     c.model.activation = "gelu"  # gelu (BERT) | relu (the papers' theory) | gelu_tanh
     # bert (truncated normal, init_std) | bert_scaled (std init_std * sqrt(768 / hidden_size),
     # BERT-base's scale relative to width) | xavier (Xiong et al. 3.3) | fairseq (xavier, q/k/v
@@ -109,7 +109,12 @@ def base_config() -> ml_collections.ConfigDict:
     # parameters (fewer optimizer kernels on a GPU); 1 = a loop (fastest compile); auto:
     # num_layers when stacked, else 1
     c.model.scan_unroll = FieldReference("auto", field_type=object)  # N | auto
-    c.model.nsp_head = True  # build the NSP head (its loss counts only when data.nsp is True)
+
+    # BERT's own fields (ln_jax/models/bert/options.py; model.* until 2026-12-06); another
+    # family's config replaces this section with its own (configs/mt.py: c.translation)
+    c.bert = ml_collections.ConfigDict()
+    c.bert.type_vocab_size = 2  # segment ids (sentence A / B)
+    c.bert.nsp_head = True  # build the NSP head (its loss counts only when data.nsp is True)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.optimizer = "adamw"  # adam | adamw | radam | sgd

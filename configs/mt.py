@@ -53,6 +53,7 @@ def get_config(variant: str | None = None):
     c = common.base_config()
     c.name = f"mt_{variant}"
     c.task = "translation"
+    del c.bert  # BERT's own section
     # translation's own fields (ln_jax/models/translation/options.py), every one overridable
     c.translation = {**dataclasses.asdict(TranslationOptions()), "decoder_layers": dec}
     c.translation.init_from = placeholder(str)  # a translation workdir or hf:PATH
@@ -72,7 +73,6 @@ def get_config(variant: str | None = None):
     m.embedding_layernorm = False
     m.layer_norm_eps = 1e-5
     m.max_position_embeddings = 256
-    m.nsp_head = False
     m.vocab_multiple = 8
 
     c.data.dataset = "ln_jax_gettext/de-en"

@@ -12,6 +12,7 @@ from typing import Any
 _EXPORTS = {
     "BertEncoder": "ln_jax.models.bert.model",
     "BertForPreTraining": "ln_jax.models.bert.model",
+    "BertOptions": "ln_jax.models.bert.options",
     "create_model": "ln_jax.models.bert.model",
     "PLACEMENTS": "ln_jax.nn.placements",
     "SIZES": "ln_jax.config.run",

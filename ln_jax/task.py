@@ -51,7 +51,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from ln_jax.validate import LEGACY_SECTION  # the task's fields until 2026-12-05
+from ln_jax.validate import (
+    LEGACY_SECTION,  # the task's fields until 2026-12-05
+    MOVED_MODEL_FIELDS,  # BERT's, in `model` until 2026-12-06
+)
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -309,17 +312,38 @@ def checked_options(cfg: Any) -> Any:
 
 def moved_options(values: Mapping[str, Any]) -> dict[str, Any]:
     """A config mapping (a workdir's config.json) with the task's fields of a config written
-    before 2026-12-05, `task_options`, moved into the task's own section: such a run then
-    reads, resumes and compares as one written since. Other mappings are returned as given."""
-    values = dict(values)
+    before 2026-12-05, `task_options`, moved into the task's own section, and the model fields
+    that were BERT's (`MOVED_MODEL_FIELDS`, until 2026-12-06) moved into the section of a
+    task whose options class has them (BERT pretraining's "bert", fine-tuning's "glue") or
+    dropped: such a run then reads, resumes and compares as one written since. Other mappings
+    are returned as given."""
+    values = _moved_model_fields(dict(values))
     if LEGACY_SECTION not in values:
         return values
     old = values.pop(LEGACY_SECTION)
     section = options_section(values.get("task", "bert_pretraining"))
-    if section is not None:
+    if section is not None and (old or section in values):
         values[section] = {**dict(old or {}), **dict(values.get(section) or {})}
     elif old:
         values[LEGACY_SECTION] = old  # a task without a section: the config's error says so
+    return values
+
+
+def _moved_model_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with `model.type_vocab_size` / `model.nsp_head` in the task's section if its
+    options class declares them, else dropped (`moved_options`)."""
+    model = values.get("model")
+    if not isinstance(model, Mapping) or not set(model) & set(MOVED_MODEL_FIELDS):
+        return values
+    model = dict(model)
+    old = {name: model.pop(name) for name in MOVED_MODEL_FIELDS if name in model}
+    values["model"] = model
+    task = values.get("task", "bert_pretraining")
+    kind, section = getattr(factory(task), "options_class", None), options_section(task)
+    names = {f.name for f in dataclasses.fields(kind)} if kind is not None else set()
+    kept = {name: value for name, value in old.items() if name in names}
+    if kept:
+        values[section] = {**kept, **dict(values.get(section) or {})}
     return values
 
 

@@ -166,6 +166,25 @@ def moved_message(dotted: str, section: str | None) -> str:
     return f"config field {dotted} moved: use --config.{section}.{field}"
 
 
+# Fields of `model` until 2026-12-06 that are BERT's own since: its section "bert"
+# (`ln_jax.models.bert.options.BertOptions`). A task whose options class has such a field takes it
+# from an old config.json (`ln_jax.task.moved_options`); the others drop it.
+MOVED_MODEL_FIELDS = ("type_vocab_size", "nsp_head")
+MOVED_MODEL_SECTION = "bert"
+
+
+def moved_model_message(field: str, has_section: bool) -> str:
+    """The one line of `model.FIELD` for a field of `MOVED_MODEL_FIELDS`; `has_section`: the
+    config has the section "bert" (a BERT pretraining config)."""
+    new = f"{MOVED_MODEL_SECTION}.{field}"
+    if has_section:
+        return f"config field model.{field} moved: use --config.{new} (c.{new} in a config file)"
+    return (
+        f"config field model.{field} is gone: it is BERT's own ({new}, in BERT pretraining's "
+        "configs) and this task has no use for it; remove it."
+    )
+
+
 # Fine-tuning's optimizer fields: at the top of its config (configs/glue.py) until 2026-12-05,
 # now its section optim (an `OptimConfig`, as train.py's).
 MOVED_FIELDS = {

@@ -17,6 +17,7 @@ from ln_jax.analysis import cli as analysis_cli
 from ln_jax.config import load as config_front
 from ln_jax.config import run as config_lib
 from ln_jax.config.load import build_config, override
+from ln_jax.models.bert.options import BertOptions
 from ln_jax.validate import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,8 +31,10 @@ SECTIONS = {
 
 
 # TrainConfig's field of the task's own section: declared by the family's config under the
-# section's name (configs/mt.py's `c.translation`), not in common.py.
+# section's name (configs/mt.py's `c.translation`); common.py's task, BERT pretraining, has
+# its section "bert".
 FAMILY = "options"
+BERT = {"bert": BertOptions}
 
 
 def typed_fields() -> list[str]:
@@ -39,6 +42,7 @@ def typed_fields() -> list[str]:
     names = []
     for f in dataclasses.fields(config_lib.TrainConfig):
         if f.name == FAMILY:
+            names += [f"bert.{g.name}" for g in dataclasses.fields(BertOptions)]
             continue
         if f.name in SECTIONS:
             names += [f"{f.name}.{g.name}" for g in dataclasses.fields(SECTIONS[f.name])]
@@ -60,7 +64,8 @@ def test_every_typed_field_is_declared_with_a_comment_in_common():
         i = lines[0]
         commented = "#" in source[i] or source[i - 1].strip().startswith("#")
         assert commented, f"{dotted} has no comment in configs/common.py"
-    assert set(declared) == {f.name for f in dataclasses.fields(config_lib.TrainConfig)} - {FAMILY}
+    typed = {f.name for f in dataclasses.fields(config_lib.TrainConfig)} - {FAMILY}
+    assert set(declared) == typed | set(BERT)
 
 
 def test_a_family_s_config_declares_its_whole_section():
@@ -81,18 +86,19 @@ def _default(field: dataclasses.Field):
 def test_one_source_of_defaults_common_departs_only_where_the_recipe_says():
     """configs/common.py = the typed configs' defaults, except its declared RECIPE."""
     declared = common.base_config().to_dict()
-    sections = {**SECTIONS, "monitor": config_lib.MonitorConfig}
+    sections = {**SECTIONS, "monitor": config_lib.MonitorConfig, **BERT}
     departures = {}
-    for f in dataclasses.fields(config_lib.TrainConfig):
-        if f.name == FAMILY:
+    for name in [f.name for f in dataclasses.fields(config_lib.TrainConfig)] + list(BERT):
+        f = {g.name: g for g in dataclasses.fields(config_lib.TrainConfig)}.get(name)
+        if name == FAMILY:
             continue
-        if f.name in sections:
+        if name in sections:
             pairs = [
-                (f"{f.name}.{g.name}", declared[f.name][g.name], _default(g))
-                for g in dataclasses.fields(sections[f.name])
+                (f"{name}.{g.name}", declared[name][g.name], _default(g))
+                for g in dataclasses.fields(sections[name])
             ]
         else:
-            pairs = [(f.name, declared[f.name], _default(f))]
+            pairs = [(name, declared[name], _default(f))]
         for dotted, value, default in pairs:
             if value is None or isinstance(value, dict):  # "from size" placeholders; options
                 continue

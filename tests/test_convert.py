@@ -31,7 +31,7 @@ SIZES = dict(
     num_attention_heads=3,
     intermediate_size=52,
     max_position_embeddings=40,
-    type_vocab_size=2,
+    type_vocab_size=3,  # not BERT's 2: BERT's own field (its section "bert") follows the checkpoint
 )
 
 
@@ -62,6 +62,7 @@ def make_inputs() -> dict[str, np.ndarray]:
     segments = np.zeros((3, 11), np.int64)
     segments[:, 6:] = 1
     segments[2, 4:] = 1
+    segments[1, 8:] = 2  # the checkpoint's third segment row
     positions = np.array([[1, 5, 10], [0, 3, 6], [2, 4, 9]], np.int64)
     ids = rng.integers(0, SIZES["vocab_size"], (3, 11))
     return dict(ids=ids, segments=segments, mask=mask, positions=positions)
@@ -278,7 +279,11 @@ def test_config_from_hf_maps_every_field():
         3,
         52,
     )
-    assert (cfg.max_position_embeddings, cfg.type_vocab_size) == (40, 2)
+    assert cfg.max_position_embeddings == 40
+    options = convert.options_from_hf(hf_config())
+    assert (options.type_vocab_size, options.nsp_head) == (3, True)
+    assert convert.config_to_hf(cfg, options)["type_vocab_size"] == 3
+    assert convert.options_from_hf({}).type_vocab_size == 2  # BertConfig's default
     assert (cfg.placement, cfg.size, cfg.activation) == ("post", "custom", "gelu")
     assert (cfg.layer_norm_eps, cfg.hidden_dropout, cfg.attention_dropout) == (1e-6, 0.2, 0.1)
     for act, want in [

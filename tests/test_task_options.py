@@ -1,7 +1,9 @@
 """Each family's own config section (`Task.options_section` / `options_class`, ln_jax/task.py)
-and what was written before it, when the task's fields were one untyped `task_options` dict: an
-old workdir's config.json reads, resumes and loads as a new one; `--config.task_options.FIELD`
-is one line naming the new flag (exit 2); old study results still read."""
+and what was written before it, when the task's fields were one untyped `task_options` dict and
+BERT's segment table and NSP head were `model.type_vocab_size` / `model.nsp_head`: an old
+workdir's config.json reads, resumes and loads as a new one; `--config.task_options.FIELD` and
+`--config.model.nsp_head` are one line naming the new flag (exit 2); old study results still
+read."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ import pytest
 from ln_jax.config.load import build_config, config_from_command_line, load_config, override
 from ln_jax.experiments import mt_grids, runner
 from ln_jax.models.bert.finetune.options import GlueOptions
+from ln_jax.models.bert.options import BertOptions
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.task import make_options, moved_options
 from ln_jax.train import run_identity
-from ln_jax.validate import ConfigError
+from ln_jax.validate import MOVED_MODEL_FIELDS, ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The gate study's attempt-3 runs (issue 64) as they were recorded to step 2,000, with
@@ -41,8 +44,10 @@ def test_an_old_workdir_s_config_reads_as_the_new_format_and_resumes(tmp_path, n
     workdir = old_workdir(tmp_path, name)
     raw = json.loads((workdir / "config.json").read_text())
     assert "task_options" in raw and "translation" not in raw
+    assert {"type_vocab_size", "nsp_head"} <= set(raw["model"])  # BERT's, then in `model`
     new_format = {k: v for k, v in raw.items() if k != "task_options"}
     new_format["translation"] = raw["task_options"]
+    new_format["model"] = {k: v for k, v in raw["model"].items() if k not in MOVED_MODEL_FIELDS}
     old = run_identity.read_config(str(workdir))
     assert old == new_format  # moved silently into the family's section
     cfg = build_config(old)
@@ -79,9 +84,9 @@ def test_task_options_on_the_command_line_names_the_new_flag():
     }
     values, _ = config_from_command_line([MT_TINY, "--config.translation.eval_beam=4"])
     assert build_config(values).options.eval_beam == 4
-    with pytest.raises(ConfigError, match="the task has no fields of its own"):
-        config_from_command_line([STUDY[0].replace("study_mt.py:gate", "bert_preln.py:tiny"),
-                                  "--config.task_options.foo=1"])  # fmt: skip
+    bert_tiny = "--config=configs/bert_preln.py:tiny"
+    with pytest.raises(ConfigError, match="is gone: .* section bert .* no 'foo'; remove it"):
+        config_from_command_line([bert_tiny, "--config.task_options.foo=1"])
 
 
 def test_the_train_command_exits_2_with_one_line(capsys):
@@ -120,9 +125,10 @@ def test_each_family_s_section_is_typed_and_checked():
     assert moved == {"task": "glue_classification", "glue": glue}
     assert make_options("glue_classification", moved["glue"]) == GlueOptions(**glue)
     assert moved_options({"task_options": {}}) == {}  # BERT pretraining had {}
-    assert make_options("bert_pretraining", None) is None
+    assert make_options("bert_pretraining", None) == BertOptions()
     bert = build_config(load_config("configs/bert_preln.py:tiny"))
-    assert bert.options is None and not {"options", "task_options"} & set(bert.to_dict())
+    assert bert.options == BertOptions() and not {"options", "task_options"} & set(bert.to_dict())
+    assert bert.to_dict()["bert"] == {"type_vocab_size": 2, "nsp_head": True}
     defaults = {f.name: f.default for f in dataclasses.fields(TranslationOptions)}
     assert defaults["eval_beam"] == 1 and defaults["skip_padding"] == "auto"
 
@@ -167,7 +173,8 @@ def test_help_lists_the_family_s_section_under_its_name():
     rows = [row.split("=")[0].strip() for row in config_fields(build_config(values))]
     assert "translation.eval_beam" in rows and not any(r.startswith("options") for r in rows)
     bert, _ = config_from_command_line(["--config=configs/bert_preln.py:tiny"])
-    assert not any("options" in row.split("=")[0] for row in config_fields(build_config(bert)))
+    rows = [row.split("=")[0].strip() for row in config_fields(build_config(bert))]
+    assert "bert.nsp_head" in rows and not any("options" in row for row in rows)
 
 
 def test_an_old_pretraining_workdir_still_starts_a_fine_tuning(tmp_path):
@@ -179,3 +186,65 @@ def test_an_old_pretraining_workdir_still_starts_a_fine_tuning(tmp_path):
     run_identity.record_config(str(tmp_path), {**new, "task_options": {}})
     assert run_identity.read_config(str(tmp_path)) == new
     assert pretrained._workdir_config(str(tmp_path)) == build_config(values)
+
+
+def _before_the_bert_section(new: dict) -> dict:
+    """A config.json as ln_jax wrote it before 2026-12-06: BERT's two fields in `model`, no
+    section `bert` (and `task_options` {}, as pretraining recorded it before 2026-12-05)."""
+    old = {k: v for k, v in new.items() if k != "bert"}
+    old["model"] = {**new["model"], **new.get("bert", {"type_vocab_size": 2, "nsp_head": False})}
+    return {**old, "task_options": {}}
+
+
+def test_an_old_bert_workdir_reads_its_fields_into_the_bert_section_and_resumes(tmp_path):
+    values, _ = config_from_command_line(
+        ["--config=configs/bert_preln.py:tiny", "--config.bert.nsp_head=false"]
+    )
+    cfg = build_config(values)
+    new = run_identity.as_dict(cfg)
+    assert new["bert"] == {"type_vocab_size": 2, "nsp_head": False}
+    assert not set(MOVED_MODEL_FIELDS) & set(new["model"])
+    run_identity.record_config(str(tmp_path), _before_the_bert_section(new))
+    old = run_identity.read_config(str(tmp_path))
+    assert old == new  # the run resumes: nothing differs
+    assert run_identity.check_resume(old, new, 10, str(tmp_path)) == []
+    assert build_config(old).options == BertOptions(type_vocab_size=2, nsp_head=False)
+
+
+def test_an_old_translation_or_fine_tuning_config_drops_or_keeps_bert_s_fields():
+    mt = run_identity.as_dict(build_config(load_config("configs/mt.py:tiny")))
+    assert "bert" not in mt  # translation has no segment table or NSP head
+    assert moved_options(_before_the_bert_section(mt)) == mt
+    glue = {"task": "glue_classification", "model": {"hidden_size": 8, "type_vocab_size": 3,
+            "nsp_head": True}, "glue": {"glue_task": "mrpc"}}  # fmt: skip
+    moved = moved_options(glue)
+    assert moved["model"] == {"hidden_size": 8}  # the classifier has no NSP head to build
+    assert moved["glue"] == {"glue_task": "mrpc", "type_vocab_size": 3}
+
+
+@pytest.mark.parametrize("field", MOVED_MODEL_FIELDS)
+def test_bert_s_old_model_flags_name_the_new_ones(field, capsys):
+    import train
+    from ln_jax import console
+
+    with pytest.raises(ConfigError) as err:
+        config_from_command_line(
+            ["--config=configs/bert_preln.py:tiny", f"--config.model.{field}=1"]
+        )
+    assert str(err.value) == (
+        f"config field model.{field} moved: use --config.bert.{field} (c.bert.{field} in a "
+        "config file)"
+    )
+    assert err.value.fix.rename == {f"--config.model.{field}": f"--config.bert.{field}"}
+    with pytest.raises(ConfigError, match=f"model.{field} is gone: it is BERT's own"):
+        config_from_command_line([MT_TINY, f"--config.model.{field}=1"])
+    with pytest.raises(ConfigError, match=f"model.{field} moved: use --config.bert.{field}"):
+        values = load_config("configs/bert_preln.py:tiny")
+        build_config({**values, "model": {**values["model"], field: 1}})  # a config file's
+
+    def body(inv):
+        return console.run_reporting_errors(lambda: inv.call(lambda: inv.config() and 0))
+
+    assert train.COMMAND.run(body, [MT_TINY, f"--config.model.{field}=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"model.{field} is gone" in err, err

@@ -203,7 +203,6 @@ def arm_model(settings: Settings, placement: str, num_layers: int) -> ModelConfi
         attention_dropout=0.0,
         init="xavier",
         scan_layers=scan,
-        nsp_head=False,
     )
     if cfg.admin_omega == "profile" and "admin" in cfg.layer_placements:
         raise ValueError(

@@ -22,12 +22,15 @@ from ml_collections.config_dict import FieldReference
 from ln_jax.validate import (
     LEGACY_SECTION,
     MOVED_FIELDS,
+    MOVED_MODEL_FIELDS,
+    MOVED_MODEL_SECTION,
     ConfigError,
     Fix,
     closest,
     did_you_mean,
     moved_field_message,
     moved_message,
+    moved_model_message,
     suggest,
 )
 
@@ -207,6 +210,8 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
         if dotted in MOVED_FIELDS and dotted not in out and "optim" in out:
             rename = {CONFIG_PREFIX + dotted: CONFIG_PREFIX + MOVED_FIELDS[dotted]}
             raise ConfigError(moved_field_message(dotted), fix=Fix(rename=rename))
+        if path[0] == "model" and path[-1] in MOVED_MODEL_FIELDS and len(path) == 2:
+            _check_moved_model_field(out, dotted)
         for depth, key in enumerate(path):
             if not isinstance(node, dict) or key not in node:
                 raise _unknown_field(out, path[:depth], key, node, dotted)
@@ -223,6 +228,19 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _check_moved_model_field(tree: Mapping[str, Any], dotted: str) -> None:
+    """`model.type_vocab_size` / `model.nsp_head` of a config that no longer declares them:
+    BERT's own section since 2026-12-06 (`MOVED_MODEL_FIELDS`); the fix renames the flag."""
+    if dotted.split(".")[1] in tree.get("model", {}):
+        return
+    field, section = dotted.split(".")[1], tree.get(MOVED_MODEL_SECTION)
+    has = isinstance(section, dict) and field in section
+    fix = None
+    if has:
+        fix = Fix(rename={CONFIG_PREFIX + dotted: f"{CONFIG_PREFIX}{MOVED_MODEL_SECTION}.{field}"})
+    raise ConfigError(moved_model_message(field, has), fix=fix)
+
+
 def _moved(tree: Mapping[str, Any], dotted: str) -> ConfigError:
     """The error of `task_options.FIELD`: the task's own fields moved into the task's section
     (`ln_jax.task`) on 2026-12-05; the fix renames the flag."""
@@ -235,6 +253,11 @@ def _moved(tree: Mapping[str, Any], dotted: str) -> ConfigError:
     field = dotted.partition(".")[2]
     fix = None
     if section is not None and field:
+        if field not in tree.get(section, {}):  # not one of the section's fields: no move
+            return ConfigError(
+                f"config field {dotted} is gone: the task's own fields are its section "
+                f"{section} (--config.{section}.FIELD), which has no {field!r}; remove it."
+            )
         fix = Fix(rename={CONFIG_PREFIX + dotted: f"{CONFIG_PREFIX}{section}.{field}"})
     return ConfigError(moved_message(dotted, section), fix=fix)
 

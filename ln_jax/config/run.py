@@ -29,7 +29,15 @@ from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
 from ln_jax.runtime import compile_cache, platforms
 from ln_jax.sharding import ACTIVATION_LAYOUTS
-from ln_jax.validate import ConfigError, check_choice, moved_message, reject_unknown_keys
+from ln_jax.validate import (
+    MOVED_MODEL_FIELDS,
+    MOVED_MODEL_SECTION,
+    ConfigError,
+    check_choice,
+    moved_message,
+    moved_model_message,
+    reject_unknown_keys,
+)
 
 __all__ = [
     "SIZES",
@@ -91,7 +99,8 @@ def _check_model_choice(field: str, value: Any, valid: tuple[Any, ...]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Frozen configuration of the BERT encoder and its pretraining heads.
+    """Frozen configuration of a layer stack and its embeddings, shared by every family (BERT's
+    segment embeddings and NSP head are its section "bert": `ln_jax.models.bert.options`).
 
     Attributes:
       size: named size the four shape fields came from ("custom" if overridden).
@@ -101,7 +110,6 @@ class ModelConfig:
       num_heads: attention heads; must divide hidden_size.
       mlp_dim: feed-forward inner width.
       max_position_embeddings: learned positions (longest sequence).
-      type_vocab_size: segment ids (2 for sentence A/B).
       placement: LayerNorm placement name from `PLACEMENTS`, or a per-layer list (a tuple, or
         "post*3,pre*9", or "mixln"; see `parse_placement`). The encoder ends with a final norm
         if its last layer's rule has one; scan_layers needs a single placement.
@@ -163,7 +171,6 @@ class ModelConfig:
         layers, and the host launches a step faster (docs/results/gpu/journal.md); on a CPU in
         float32 the step itself is slower. 1: a loop (one compiled layer body: the fastest
         compile). "auto": num_layers when stacked, else 1.
-      nsp_head: build the next-sentence-prediction head.
     """
 
     size: str = "tiny"
@@ -173,7 +180,6 @@ class ModelConfig:
     num_heads: int = 2
     mlp_dim: int = 512
     max_position_embeddings: int = 512
-    type_vocab_size: int = 2
     placement: str | tuple[str, ...] = "pre"
     norm: str = "layernorm"
     admin_omega: str = "profile"
@@ -194,7 +200,6 @@ class ModelConfig:
     remat: str = "none"
     scan_layers: bool | str = False
     scan_unroll: int | str = 1
-    nsp_head: bool = True
 
     def __post_init__(self) -> None:
         _check_model_choice("size", self.size, (*SIZES, "custom"))
@@ -297,7 +302,7 @@ class ModelConfig:
 
     def _check_shapes(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
-                     "max_position_embeddings", "type_vocab_size", "vocab_multiple"):  # fmt: skip
+                     "max_position_embeddings", "vocab_multiple"):  # fmt: skip
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be positive.")
         if self.hidden_size % self.num_heads:
@@ -457,8 +462,8 @@ class TrainConfig:
       task: the model family and objective (`ln_jax.task`): "bert_pretraining", or a
         "module:attribute" Task class defined outside ln_jax.
       options: the task's own fields, an instance of its `Task.options_class` (a mapping of
-        them is made one): `TranslationOptions`, `GlueOptions`; None for a task with none (BERT
-        pretraining). Set and recorded under the task's `options_section` (`to_dict`).
+        them is made one): `BertOptions`, `TranslationOptions`, `GlueOptions`; None for a task
+        with none. Set and recorded under the task's `options_section` (`to_dict`).
       seed: seed of the parameters and of dropout (the data has its own, data.seed).
       total_steps: optimizer updates.
       eval_every / checkpoint_every / log_every: intervals in steps (0 = only at the end).
@@ -579,6 +584,9 @@ class TrainConfig:
         if optim.get("total_steps") is None:
             optim["total_steps"] = values.get("total_steps", cls.total_steps)
         model = dict(values.pop("model", {}))
+        moved = [name for name in MOVED_MODEL_FIELDS if name in model]
+        if moved:
+            raise ConfigError(moved_model_message(moved[0], section == MOVED_MODEL_SECTION))
         if model.get("vocab_size") is None:
             model["vocab_size"] = data.vocab_size
         sections = {

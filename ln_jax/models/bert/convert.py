@@ -39,6 +39,7 @@ from flax import nnx
 from ln_jax.config.run import ModelConfig
 from ln_jax.models import hf_io
 from ln_jax.models.bert.model import BertEncoder, BertForPreTraining
+from ln_jax.models.bert.options import BertOptions
 from ln_jax.models.hf_io import WEIGHT_FILES, Arrays, ParamPath  # noqa: F401 (re-exported)
 from ln_jax.models.hf_io import assign as _assign
 from ln_jax.models.hf_io import hf_shape as _hf_shape
@@ -122,9 +123,10 @@ def _layer_entries() -> Iterator[tuple[str, ParamPath, Any]]:
 
 
 def _entries(
-    cfg: ModelConfig, encoder_only: bool = False
+    cfg: ModelConfig, encoder_only: bool = False, nsp_head: bool = True
 ) -> Iterator[tuple[str, ParamPath, Any, int | None]]:
-    """Every (HF key, ln_jax parameter path, kind, layer index or None) of the model.
+    """Every (HF key, ln_jax parameter path, kind, layer index or None) of the model (with
+    the NSP head's if `nsp_head`).
 
     With `cfg.scan_layers` a layer parameter's path has no index (the layer is the leading axis
     of the stacked array); otherwise the index follows "layers", as in an `nnx.List`. With
@@ -137,7 +139,7 @@ def _entries(
         for key, path, kind in _layer_entries():
             yield f"bert.encoder.layer.{i}.{key}", prefix + path, kind, i
     if not encoder_only:
-        for key, path, kind in _MLM_HEAD + (_NSP_HEAD if cfg.nsp_head else ()):
+        for key, path, kind in _MLM_HEAD + (_NSP_HEAD if nsp_head else ()):
             yield key, path, kind, None
 
 
@@ -153,7 +155,8 @@ def config_from_hf(hf_config: Mapping[str, Any] | Any) -> ModelConfig:
         fields take `BertConfig`'s defaults, as in HF.
 
     Returns:
-      A `ModelConfig` with placement "post" and size "custom".
+      A `ModelConfig` with placement "post" and size "custom" (the segment table's rows are
+      BERT's own field: `options_from_hf`).
 
     Raises:
       ValueError: for an activation, position embedding type or model type ln_jax lacks.
@@ -181,7 +184,6 @@ def config_from_hf(hf_config: Mapping[str, Any] | Any) -> ModelConfig:
         num_heads=c["num_attention_heads"],
         mlp_dim=c["intermediate_size"],
         max_position_embeddings=c["max_position_embeddings"],
-        type_vocab_size=c["type_vocab_size"],
         placement="post",
         activation=_ACTIVATIONS_FROM_HF[act],
         layer_norm_eps=c["layer_norm_eps"],
@@ -191,9 +193,18 @@ def config_from_hf(hf_config: Mapping[str, Any] | Any) -> ModelConfig:
     )
 
 
-def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-    """The HuggingFace `BertConfig` fields (a `config.json` dict) of a Post-LN `ModelConfig`."""
+def options_from_hf(hf_config: Mapping[str, Any] | Any) -> BertOptions:
+    """BERT's own fields (`BertOptions`) of a HuggingFace BERT config: its segment table's
+    rows (`type_vocab_size`, BertConfig's default 2) and the NSP head."""
+    c = dict(hf_config.to_dict() if hasattr(hf_config, "to_dict") else hf_config)
+    return BertOptions(type_vocab_size=c.get("type_vocab_size", _HF_DEFAULTS["type_vocab_size"]))
+
+
+def config_to_hf(cfg: ModelConfig, options: BertOptions | None = None) -> dict[str, Any]:
+    """The HuggingFace `BertConfig` fields (a `config.json` dict) of a Post-LN `ModelConfig`
+    and BERT's own fields (`options`, default BERT's)."""
     _check_convertible(cfg)
+    options = BertOptions() if options is None else options
     return {
         "architectures": ["BertForPreTraining"],
         "model_type": "bert",
@@ -206,7 +217,7 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "hidden_dropout_prob": cfg.hidden_dropout,
         "attention_probs_dropout_prob": cfg.attention_dropout,
         "max_position_embeddings": cfg.max_position_embeddings,
-        "type_vocab_size": cfg.type_vocab_size,
+        "type_vocab_size": options.type_vocab_size,
         "initializer_range": cfg.init_std,
         "layer_norm_eps": cfg.layer_norm_eps,
         "pad_token_id": 0,
@@ -266,6 +277,7 @@ def load_hf_bert(
     mesh: jax.sharding.Mesh | None = None,
     scan_layers: bool | None = None,
     rules: Any = None,
+    options: BertOptions | None = None,
 ) -> BertForPreTraining:
     """Loads a local HuggingFace `BertForPreTraining` checkpoint into the ln_jax Post-LN model.
 
@@ -277,6 +289,8 @@ def load_hf_bert(
         `ln_jax.sharding.DEFAULT_RULES`) and place each array in its parameter's sharding.
       scan_layers: stack the layers for `lax.scan`; None keeps the config's setting.
       rules: logical axis rules used with `mesh`.
+      options: BERT's own fields (`BertOptions`); None: the checkpoint's segment table's rows
+        and the NSP head (`nsp_head=False` drops a checkpoint's NSP weights).
 
     Returns:
       The model with every parameter taken from the checkpoint.
@@ -286,7 +300,7 @@ def load_hf_bert(
         key whose shape differs (both shapes, in HF layout); an untied MLM decoder.
       FileNotFoundError: no checkpoint or no config at `path`.
     """
-    return _load(BertForPreTraining, path, config, mesh, scan_layers, rules)
+    return _load(BertForPreTraining, path, config, mesh, scan_layers, rules, options)
 
 
 def load_hf_encoder(
@@ -308,14 +322,27 @@ def load_hf_encoder(
     return _load(BertEncoder, path, config, mesh, scan_layers, rules)
 
 
-def _load(cls: type, path: Any, config: Any, mesh: Any, scan_layers: Any, rules: Any) -> Any:
+def _load(
+    cls: type, path: Any, config: Any, mesh: Any, scan_layers: Any, rules: Any, options=None
+) -> Any:
     cfg = _resolve_config(Path(path), config)
     if scan_layers is not None:
         cfg = cfg.replace(scan_layers=scan_layers)
     _check_convertible(cfg)
     hf = load_hf_state_dict(path)
-    model = hf_io.target_model(lambda: cls(cfg, rngs=nnx.Rngs(params=0)), mesh, rules)
-    _assign(model, _ln_arrays(cfg, hf, _param_shapes(model), encoder_only=cls is BertEncoder))
+    if options is None:  # the checkpoint's segment rows (a missing table: _check_keys says so)
+        segment = hf.get(_EMBEDDINGS[2][0])
+        options = BertOptions(type_vocab_size=2 if segment is None else segment.shape[0])
+    encoder_only = cls is BertEncoder
+
+    def build() -> Any:
+        if encoder_only:
+            return cls(cfg, rngs=nnx.Rngs(params=0), type_vocab_size=options.type_vocab_size)
+        return cls(cfg, rngs=nnx.Rngs(params=0), options=options)
+
+    model = hf_io.target_model(build, mesh, rules)
+    arrays = _ln_arrays(cfg, hf, _param_shapes(model), encoder_only, options.nsp_head)
+    _assign(model, arrays)
     return model
 
 
@@ -347,10 +374,11 @@ def _ln_arrays(
     hf: Arrays,
     shapes: Mapping[ParamPath, tuple[int, ...]],
     encoder_only: bool = False,
+    nsp_head: bool = True,
 ) -> dict[ParamPath, np.ndarray]:
     """Checks the HF keys and shapes and converts them to {ln_jax path: float32 array}."""
-    entries = list(_entries(cfg, encoder_only))
-    _check_keys(cfg, hf, {key for key, *_ in entries}, encoder_only)
+    entries = list(_entries(cfg, encoder_only, nsp_head))
+    _check_keys(cfg, hf, {key for key, *_ in entries}, encoder_only, encoder_only or not nsp_head)
     per_layer: dict[ParamPath, list[np.ndarray]] = {}
     out: dict[ParamPath, np.ndarray] = {}
     for key, path, kind, layer in entries:
@@ -376,10 +404,13 @@ def _ln_arrays(
     return out
 
 
-def _check_keys(cfg: ModelConfig, hf: Arrays, expected: set[str], encoder_only: bool) -> None:
-    """Raises ValueError listing missing and unexpected keys; checks tied duplicates."""
+def _check_keys(
+    cfg: ModelConfig, hf: Arrays, expected: set[str], encoder_only: bool, headless: bool
+) -> None:
+    """Raises ValueError listing missing and unexpected keys; checks tied duplicates.
+    `headless`: the module has no NSP head (or, `encoder_only`, no heads)."""
     ignored = set(_BUFFER_KEYS) | set(_TIED_KEYS)
-    if encoder_only or not cfg.nsp_head:  # heads the module lacks are dropped on purpose
+    if headless:  # heads the module lacks are dropped on purpose
         ignored |= {k for k in hf if k.startswith(_HEAD_PREFIXES if encoder_only else _NSP)}
     missing = sorted(expected - hf.keys())
     unexpected = sorted(hf.keys() - expected - ignored)
@@ -420,7 +451,7 @@ def to_hf_state_dict(model: BertForPreTraining, *, tied: bool = False) -> Arrays
     state = nnx.to_flat_state(nnx.state(model, nnx.Param))
     host = {path: np.asarray(jax.device_get(var.get_value())) for path, var in state}
     out: Arrays = {}
-    for key, path, kind, layer in _entries(cfg):
+    for key, path, kind, layer in _entries(cfg, nsp_head=model.options.nsp_head):
         x = host[path][layer] if cfg.scan_layers and layer is not None else host[path]
         if _is_vocab_table(path):
             x = x[: cfg.vocab_size]  # padded rows are not part of the vocabulary
@@ -449,5 +480,7 @@ def export_hf_bert(model: BertForPreTraining, path: str | os.PathLike) -> Path:
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     save_file(to_hf_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config_to_hf(model.cfg), indent=2) + "\n")
+    (out / "config.json").write_text(
+        json.dumps(config_to_hf(model.cfg, model.options), indent=2) + "\n"
+    )
     return out

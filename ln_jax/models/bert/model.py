@@ -8,6 +8,7 @@ import optax
 from flax import nnx
 
 from ln_jax.config.run import ModelConfig
+from ln_jax.models.bert.options import BertOptions
 from ln_jax.nn.blocks import EncoderLayer, Record, StackDepth
 from ln_jax.nn.embed import Embed
 from ln_jax.nn.init import init_scheme
@@ -23,11 +24,14 @@ MASKED_LOGIT = -1e9
 
 
 class BertEncoder(nnx.Module):
-    """Embeddings + Transformer encoder: ids -> contextual vectors [batch, length, embed]."""
+    """Embeddings + Transformer encoder: ids -> contextual vectors [batch, length, embed].
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    `type_vocab_size`: rows of the segment embedding (`BertOptions.type_vocab_size`).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, type_vocab_size: int = 2):
         # token + position + segment (`ln_jax.nn.embed`): word, position, segment, norm
-        self.embeddings = Embed(cfg, rngs=rngs, types=cfg.type_vocab_size)
+        self.embeddings = Embed(cfg, rngs=rngs, types=type_vocab_size)
         self.encoder = Encoder(cfg, rngs=rngs)
 
     def __call__(
@@ -107,13 +111,18 @@ class NspHead(nnx.Module):
 
 
 class BertForPreTraining(nnx.Module):
-    """BERT with masked-LM and (optionally) next-sentence-prediction heads."""
+    """BERT with masked-LM and (optionally) next-sentence-prediction heads.
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    `cfg` is the encoder's stack, `options` BERT's own fields (segment embeddings, NSP head;
+    the section "bert" of a config, default BERT's).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, options: BertOptions | None = None):
         self.cfg = cfg
-        self.bert = BertEncoder(cfg, rngs=rngs)
+        self.options = options = BertOptions() if options is None else options
+        self.bert = BertEncoder(cfg, rngs=rngs, type_vocab_size=options.type_vocab_size)
         self.mlm = MlmHead(cfg, rngs=rngs)
-        self.nsp = NspHead(cfg, rngs=rngs) if cfg.nsp_head else None
+        self.nsp = NspHead(cfg, rngs=rngs) if options.nsp_head else None
 
     def __call__(
         self,
@@ -221,19 +230,27 @@ def encoder_view(cfg: ModelConfig) -> StackView:
 
 
 def create_model(
-    cfg: ModelConfig, *, seed: int = 0, mesh: jax.sharding.Mesh | None = None, rules=None
+    cfg: ModelConfig,
+    *,
+    seed: int = 0,
+    mesh: jax.sharding.Mesh | None = None,
+    rules=None,
+    options: BertOptions | None = None,
 ) -> BertForPreTraining:
-    """Builds the model; under `mesh` every parameter is created directly in its shards."""
+    """Builds the model (`options`: BERT's own fields, default BERT's); under `mesh` every
+    parameter is created directly in its shards."""
     from ln_jax import sharding
 
+    options = BertOptions() if options is None else options
+
     def make(rngs: nnx.Rngs) -> BertForPreTraining:
-        return BertForPreTraining(cfg, rngs=rngs)
+        return BertForPreTraining(cfg, rngs=rngs, options=options)
 
     # Compiled once per (config, mesh, rules): another seed reuses the initialisers.
     return sharding.create_seeded(
         make,
         seed,
-        cache_key=("BertForPreTraining", cfg),
+        cache_key=("BertForPreTraining", cfg, options),
         mesh=mesh,
         rules=rules or sharding.DEFAULT_RULES,
     )

@@ -16,6 +16,7 @@ import numpy as np
 
 from ln_jax import sharding
 from ln_jax.models.bert.model import BertForPreTraining, encoder_view, pretraining_loss
+from ln_jax.models.bert.options import SECTION, BertOptions
 from ln_jax.task import Task
 from ln_jax.train import monitor
 from ln_jax.validate import ConfigError
@@ -33,10 +34,12 @@ class BertPretraining(Task):
     """
 
     name = "bert_pretraining"
+    options_section = SECTION
+    options_class = BertOptions
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
-        self.use_nsp = bool(cfg.data.nsp and cfg.model.nsp_head)
+        self.use_nsp = bool(cfg.data.nsp and cfg.options.nsp_head)
 
     @staticmethod
     def check_data(cfg: Any) -> None:
@@ -46,7 +49,7 @@ class BertPretraining(Task):
         sources.check_datasets(cfg.data)
 
     def build(self, rngs: Any) -> BertForPreTraining:
-        return BertForPreTraining(self.cfg.model, rngs=rngs)
+        return BertForPreTraining(self.cfg.model, rngs=rngs, options=self.cfg.options)
 
     def abstract_batch(self, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
         d = self.cfg.data

@@ -111,7 +111,6 @@ def marian_config(hf: Mapping[str, Any], **model_fields: Any) -> tuple[ModelConf
         layer_norm_eps=1e-5,  # torch.nn.LayerNorm's
         max_position_embeddings=int(hf["max_position_embeddings"]),
         init="xavier",
-        nsp_head=False,
         **{"vocab_multiple": 8, **model_fields},
     )
     pad, longest = int(hf["pad_token_id"]), cfg.max_position_embeddings - 1

@@ -188,6 +188,7 @@ def train_config(
     init: tuple[str, int | None],
     steps_per_epoch: int,
     eval_batch_size: int,
+    type_vocab_size: int = 2,
 ) -> TrainConfig:
     """The `TrainConfig` of one fine-tuning run: AdamW (by default), linear warm-up over
     `warmup_fraction` of the steps, then linear decay to 0; evaluation and a checkpoint after
@@ -198,6 +199,7 @@ def train_config(
       init: (source, step) of the pretrained encoder (`GlueClassification.initialize`).
       steps_per_epoch: full batches of the training split.
       eval_batch_size: dev batch, a multiple of the data x fsdp devices.
+      type_vocab_size: rows of the pretrained encoder's segment embedding.
     """
     total = cell.epochs * steps_per_epoch
     task = GLUE_TASKS[cfg.task]
@@ -214,6 +216,7 @@ def train_config(
         classifier_dropout=hidden if cfg.classifier_dropout is None else cfg.classifier_dropout,
         max_train_examples=cfg.data.max_train_examples,
         max_eval_examples=cfg.data.max_eval_examples,
+        type_vocab_size=type_vocab_size,
     )
     data = DataConfig(
         dataset=task.dataset,

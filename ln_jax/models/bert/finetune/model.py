@@ -24,10 +24,18 @@ Array = jax.Array
 class BertClassifier(nnx.Module):
     """BERT for sequence classification (or regression, `num_labels=1`)."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int, classifier_dropout: float, *, rngs):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_labels: int,
+        classifier_dropout: float,
+        *,
+        rngs,
+        type_vocab_size: int = 2,
+    ):
         d = cfg.hidden_size
         self.cfg = cfg
-        self.bert = BertEncoder(cfg, rngs=rngs)
+        self.bert = BertEncoder(cfg, rngs=rngs, type_vocab_size=type_vocab_size)
         kw = dict(init=init_scheme(cfg), dtype=cfg.compute_dtype, rngs=rngs)
         self.pooler = Dense((d,), (d,), ("embed", "embed_proj"), **kw)
         self.classifier = Dense((d,), (num_labels,), ("embed_proj", "classes"), **kw)

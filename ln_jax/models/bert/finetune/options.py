@@ -20,6 +20,8 @@ class GlueOptions:
       init_step: the workdir's checkpoint step to start from (None = its latest).
       classifier_dropout: dropout on the pooled [CLS] vector (None = `model.hidden_dropout`).
       max_train_examples / max_eval_examples: the first N examples of each split (None = all).
+      type_vocab_size: rows of the encoder's segment embedding: the pretrained source's
+        (BERT's section "bert"; `model.type_vocab_size` until 2026-12-06).
     """
 
     glue_task: str | None = None
@@ -28,3 +30,4 @@ class GlueOptions:
     classifier_dropout: float | None = None
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
+    type_vocab_size: int = 2

@@ -59,6 +59,11 @@ class Pretrained:
     source: str
     step: int | None
 
+    @property
+    def type_vocab_size(self) -> int:
+        """Rows of the source's segment embedding (`BertOptions.type_vocab_size`)."""
+        return int(self.encoder["embeddings"]["segment"].shape[0])
+
 
 def load_pretrained(cfg: FinetuneConfig, mesh) -> Pretrained:
     """The encoder of `cfg.init_from` (and `cfg.init_step`), its arrays placed on `mesh`."""

@@ -134,7 +134,10 @@ def run_config_of(cfg, pretrained, cell, seed, steps_per_epoch, mesh) -> TrainCo
     divisor = sharding.batch_divisor(mesh)
     eval_batch = -(-cfg.eval_batch_size // divisor) * divisor
     init = (pretrained.source, pretrained.step)
-    return train_config(cfg, cell, seed, pretrained.model, init, steps_per_epoch, eval_batch)
+    return train_config(
+        cfg, cell, seed, pretrained.model, init, steps_per_epoch, eval_batch,
+        type_vocab_size=pretrained.type_vocab_size,
+    )  # fmt: skip
 
 
 def run_config(ctx: Context, cell: Cell, seed: int) -> TrainConfig:

@@ -68,7 +68,11 @@ class GlueClassification(Task):
 
     def build(self, rngs: Any) -> BertClassifier:
         return BertClassifier(
-            self.cfg.model, self.glue.num_labels, self.classifier_dropout, rngs=rngs
+            self.cfg.model,
+            self.glue.num_labels,
+            self.classifier_dropout,
+            rngs=rngs,
+            type_vocab_size=self.cfg.options.type_vocab_size,
         )
 
     def abstract_batch(self, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
