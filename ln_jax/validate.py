@@ -185,6 +185,14 @@ def moved_model_message(field: str, has_section: bool) -> str:
     )
 
 
+def check_moved_model_fields(model: Mapping[str, Any], section: str | None) -> None:
+    """Raises ConfigError (`moved_model_message`) if the `model` section of a config whose task
+    has the section `section` sets a field of `MOVED_MODEL_FIELDS`."""
+    moved = [name for name in MOVED_MODEL_FIELDS if name in model]
+    if moved:
+        raise ConfigError(moved_model_message(moved[0], section == MOVED_MODEL_SECTION))
+
+
 # Fine-tuning's optimizer fields: at the top of its config (configs/glue.py) until 2026-12-05,
 # now its section optim (an `OptimConfig`, as train.py's).
 MOVED_FIELDS = {

@@ -15,6 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from ln_jax import task as task_lib
+from ln_jax import validate
 from ln_jax.config.auto import (
     AUTO_CHOSEN,
     auto_activation_layout,
@@ -29,15 +30,7 @@ from ln_jax.data.config import DEFAULT_DATASET, DataConfig
 from ln_jax.nn.placements import PLACEMENTS, PlacementRule, parse_placement
 from ln_jax.runtime import compile_cache, platforms
 from ln_jax.sharding import ACTIVATION_LAYOUTS
-from ln_jax.validate import (
-    MOVED_MODEL_FIELDS,
-    MOVED_MODEL_SECTION,
-    ConfigError,
-    check_choice,
-    moved_message,
-    moved_model_message,
-    reject_unknown_keys,
-)
+from ln_jax.validate import ConfigError, check_choice, moved_message, reject_unknown_keys
 
 __all__ = [
     "SIZES",
@@ -584,9 +577,7 @@ class TrainConfig:
         if optim.get("total_steps") is None:
             optim["total_steps"] = values.get("total_steps", cls.total_steps)
         model = dict(values.pop("model", {}))
-        moved = [name for name in MOVED_MODEL_FIELDS if name in model]
-        if moved:
-            raise ConfigError(moved_model_message(moved[0], section == MOVED_MODEL_SECTION))
+        validate.check_moved_model_fields(model, section)
         if model.get("vocab_size") is None:
             model["vocab_size"] = data.vocab_size
         sections = {
