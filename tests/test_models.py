@@ -29,7 +29,7 @@ def flat_params(model) -> dict[str, np.ndarray]:
     return {".".join(map(str, k)): np.asarray(v[...], np.float64) for k, v in flat}
 
 
-def build(cfg, seed: int = 0) -> ln_jax.BertForPreTraining:
+def build(cfg, seed: int = 0, options=None) -> ln_jax.BertForPreTraining:
     """`ln_jax.create_model(cfg, seed=seed)`'s model, initialised eagerly (op by op).
 
     create_model compiles one initialiser program per config (2-3 s on 2 cores, each config
@@ -38,7 +38,7 @@ def build(cfg, seed: int = 0) -> ln_jax.BertForPreTraining:
     values come from the same random streams; tests of create_model itself use it.
     """
     with nnx.use_eager_sharding(False):
-        return ln_jax.BertForPreTraining(cfg, rngs=nnx.Rngs(params=seed))
+        return ln_jax.BertForPreTraining(cfg, rngs=nnx.Rngs(params=seed), options=options)
 
 
 def randomize(model, seed=0, scale=0.3):

@@ -80,7 +80,7 @@ def test_rmsnorm_matches_numpy():
 # --------------------------------------------------------------------------- Admin
 
 
-def admin_model(num_layers=6, **extra):
+def admin_model(num_layers=6, options=None, **extra):
     cfg = ln_jax.ModelConfig(
         **{**ODD, "hidden_size": 24, "num_heads": 3},
         num_layers=num_layers,
@@ -90,7 +90,7 @@ def admin_model(num_layers=6, **extra):
         attention_dropout=0.0,
         **extra,
     )
-    return build(cfg, seed=3)
+    return build(cfg, seed=3, options=options)
 
 
 def as_batch(ids, seg, mask, pos):
@@ -134,6 +134,14 @@ def test_fold_admin_is_exact():
     a, b = model(ids, seg, mask, pos), folded(ids, seg, mask, pos)
     np.testing.assert_allclose(a["mlm_logits"], b["mlm_logits"], atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(a["nsp_logits"], b["nsp_logits"], atol=2e-5, rtol=1e-5)
+    # BERT's own fields are the model's: 3 segment rows, no NSP head
+    options = ln_jax.BertOptions(type_vocab_size=3, nsp_head=False)
+    model = randomize(admin_model(num_layers=1, options=options), seed=5)
+    folded = fold_admin(model)
+    assert folded.options == options and folded.nsp is None
+    a, b = model(ids, 2 * seg, mask, pos), folded(ids, 2 * seg, mask, pos)
+    assert "nsp_logits" not in b
+    np.testing.assert_allclose(a["mlm_logits"], b["mlm_logits"], atol=2e-5, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------- the others

@@ -48,14 +48,15 @@ def fold_admin(model: BertForPreTraining) -> BertForPreTraining:
       model: placement "admin", layers as a list (not scan_layers), with the embedding norm.
 
     Returns:
-      A new, unsharded BertForPreTraining with placement "post".
+      A new, unsharded BertForPreTraining with placement "post" and the model's own BERT
+      fields (`model.options`: segment rows, NSP head).
     """
     cfg = model.cfg
     _check_admin(model)
     if cfg.scan_layers or not cfg.embedding_layernorm:
         raise ValueError("fold_admin needs scan_layers=False and embedding_layernorm=True.")
     omegas = get_admin_omega(model)
-    folded = create_model(cfg.replace(placement="post"), seed=0)
+    folded = create_model(cfg.replace(placement="post"), seed=0, options=model.options)
     params = nnx.to_flat_state(nnx.state(model, nnx.Param))
     kept = [(path, jax.device_get(var[...])) for path, var in params if path[-1] != "omega"]
     target = nnx.state(folded, nnx.Param)
