@@ -475,13 +475,16 @@ def jit_steps(cfg: TrainConfig, task: Task, mesh: jax.sharding.Mesh, pieces: Tra
 def jit_eval_step(task: Task, mesh: jax.sharding.Mesh, pieces: TrainState) -> Callable:
     """The evaluation step jitted with the shardings of `pieces`: parameters, rest and batch
     in; replicated sums out."""
-    params_sh = jax.tree.map(lambda x: x.sharding, pieces.state["params"])
-    rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
-    build = lambda: jax.jit(  # noqa: E731
-        make_eval_step(task, pieces.graphdef),
-        in_shardings=(params_sh, rest_sh, sharding.batch_sharding(mesh)),
-        out_shardings=_replicated(mesh),
-    )
+
+    def build() -> Any:
+        params_sh = jax.tree.map(lambda x: x.sharding, pieces.state["params"])
+        rest_sh = jax.tree.map(lambda x: x.sharding, pieces.rest)
+        return jax.jit(
+            make_eval_step(task, pieces.graphdef),
+            in_shardings=(params_sh, rest_sh, sharding.batch_sharding(mesh)),
+            out_shardings=_replicated(mesh),
+        )
+
     return _kept(_pieces_key("eval", task.cfg, task, mesh, pieces), build, mesh)
 
 
