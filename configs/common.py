@@ -110,11 +110,16 @@ def base_config() -> ml_collections.ConfigDict:
     # num_layers when stacked, else 1
     c.model.scan_unroll = FieldReference("auto", field_type=object)  # N | auto
 
-    # BERT's own fields (ln_jax/models/bert/options.py; model.* until 2026-12-06); another
-    # family's config replaces this section with its own (configs/mt.py: c.translation)
+    # BERT's own fields (ln_jax/models/bert/options.py; model.* and data.* until 2026-12-06);
+    # another family's config replaces this section with its own (configs/mt.py: c.translation)
     c.bert = ml_collections.ConfigDict()
+    c.bert.max_predictions_per_seq = 20  # masked positions per example (20 at 128)
+    c.bert.masked_lm_prob = 0.15  # fraction of tokens predicted
+    c.bert.short_seq_prob = 0.1  # chance of a shorter random target length
+    c.bert.whole_word_masking = False  # mask all pieces of a word together
+    c.bert.nsp = True  # sentence pairs with next-sentence labels (False: packed sentences)
     c.bert.type_vocab_size = 2  # segment ids (sentence A / B)
-    c.bert.nsp_head = True  # build the NSP head (its loss counts only when data.nsp is True)
+    c.bert.nsp_head = True  # build the NSP head (its loss counts only when bert.nsp is True)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.optimizer = "adamw"  # adam | adamw | radam | sgd
@@ -149,11 +154,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.tokenizer_type = "unigram"  # unigram | bpe
     c.data.tokenizer_max_documents = 200_000  # documents (evenly strided) the tokenizer sees
     c.data.max_seq_length = 128  # tokens per example (BERT phase 1: 128, phase 2: 512)
-    c.data.max_predictions_per_seq = 20  # masked positions per example (20 at 128)
-    c.data.masked_lm_prob = 0.15  # fraction of tokens predicted
-    c.data.short_seq_prob = 0.1  # chance of a shorter random target length
-    c.data.whole_word_masking = False  # mask all pieces of a word together
-    c.data.nsp = True  # sentence pairs with next-sentence labels (False: packed sentences)
     c.data.global_batch_size = 256  # examples per update over all devices and hosts
     c.data.eval_batch_size = placeholder(int)  # None = global_batch_size
     # eval batches when `eval_batches` (above) is None; None = one pass over the eval split
@@ -163,7 +163,6 @@ def base_config() -> ml_collections.ConfigDict:
     # training batches put on the devices ahead of the step (None = 2 on GPU/TPU, 0 on CPU)
     c.data.device_prefetch = placeholder(int)
     c.data.prepare_timeout_s = 3600.0  # other processes wait this long for process 0's pair index
-    c.data.max_tokens = 4096  # translation: padded tokens per batch (the papers' tokens per batch)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1  # data-parallel axis (-1 = all remaining devices)

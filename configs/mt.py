@@ -55,7 +55,11 @@ def get_config(variant: str | None = None):
     c.task = "translation"
     del c.bert  # BERT's own section
     # translation's own fields (ln_jax/models/translation/options.py), every one overridable
-    c.translation = {**dataclasses.asdict(TranslationOptions()), "decoder_layers": dec}
+    c.translation = {
+        **dataclasses.asdict(TranslationOptions()),
+        "decoder_layers": dec,
+        "max_tokens": tokens,  # padded tokens per batch (the papers' tokens per batch)
+    }
     c.translation.init_from = placeholder(str)  # a translation workdir or hf:PATH
     c.total_steps, c.eval_every, c.checkpoint_every = steps, every, every
     c.log_every = 10 if variant in ("small", "tiny") else 100
@@ -78,8 +82,6 @@ def get_config(variant: str | None = None):
     c.data.dataset = "ln_jax_gettext/de-en"
     c.data.vocab_size = vocab
     c.data.tokenizer_type = "bpe"
-    c.data.max_tokens = tokens
-    c.data.nsp = False
 
     o = c.optim
     o.optimizer, o.b1, o.b2, o.eps = "adamw", 0.9, 0.98, 1e-8
@@ -120,7 +122,8 @@ def _pretrained(path: str):
                   "activation", "hidden_dropout", "attention_dropout", "max_position_embeddings",
                   "vocab_multiple", "layer_norm_eps", "placement"):  # fmt: skip
         setattr(c.model, field, getattr(model, field))
-    c.translation.update({k: v for k, v in options.items() if k != "init_from"})
+    # the model's fields; the batch budget stays the preset's
+    c.translation.update({k: v for k, v in options.items() if k not in ("init_from", "max_tokens")})
     c.translation.init_from = convert.HF_PREFIX + path
     c.data.tokenizer_model = convert.HF_PREFIX + path
     c.data.vocab_size = model.vocab_size

@@ -55,7 +55,7 @@ def get_config(variant: str | None = None):
     c.data.dataset = "ln_jax_sitedocs"  # 20+ MB of installed docstrings (ln_jax/data/sitedocs)
     c.data.vocab_size = 2000  # sentencepiece unigram pieces trained on the corpus
     c.data.max_seq_length = 64
-    c.data.max_predictions_per_seq = 10  # 15% of 64
+    c.bert.max_predictions_per_seq = 10  # 15% of 64
     c.data.global_batch_size = 32
 
     c.optim.optimizer = "adam"

@@ -52,8 +52,8 @@ import jax
 import numpy as np
 
 from ln_jax.validate import (
+    FAMILY_FIELDS,  # a family's own, in `model` / `data` until 2026-12-06
     LEGACY_SECTION,  # the task's fields until 2026-12-05
-    MOVED_MODEL_FIELDS,  # BERT's, in `model` until 2026-12-06
 )
 
 Array = jax.Array
@@ -312,12 +312,14 @@ def checked_options(cfg: Any) -> Any:
 
 def moved_options(values: Mapping[str, Any]) -> dict[str, Any]:
     """A config mapping (a workdir's config.json) with the task's fields of a config written
-    before 2026-12-05, `task_options`, moved into the task's own section, and the model fields
-    that were BERT's (`MOVED_MODEL_FIELDS`, until 2026-12-06) moved into the section of a
-    task whose options class has them (BERT pretraining's "bert", fine-tuning's "glue") or
-    dropped: such a run then reads, resumes and compares as one written since. Other mappings
-    are returned as given."""
-    values = _moved_model_fields(dict(values))
+    before 2026-12-05, `task_options`, moved into the task's own section, and the fields of
+    `model` and `data` that are a family's own (`FAMILY_FIELDS`, until 2026-12-06) moved into
+    the section of a task whose options class has them (BERT pretraining's "bert",
+    fine-tuning's "glue", translation's "translation") or dropped: such a run then reads,
+    resumes and compares as one written since. Other mappings are returned as given."""
+    values = dict(values)
+    for shared in FAMILY_FIELDS:
+        values = _moved_family_fields(values, shared)
     if LEGACY_SECTION not in values:
         return values
     old = values.pop(LEGACY_SECTION)
@@ -329,15 +331,16 @@ def moved_options(values: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _moved_model_fields(values: dict[str, Any]) -> dict[str, Any]:
-    """`values` with `model.type_vocab_size` / `model.nsp_head` in the task's section if its
-    options class declares them, else dropped (`moved_options`)."""
-    model = values.get("model")
-    if not isinstance(model, Mapping) or not set(model) & set(MOVED_MODEL_FIELDS):
+def _moved_family_fields(values: dict[str, Any], shared: str) -> dict[str, Any]:
+    """`values` with the family fields of its section `shared` ("model": `type_vocab_size`,
+    `nsp_head`; "data": `nsp`, `max_tokens`, ...) in the task's section if its options class
+    declares them, else dropped (`moved_options`)."""
+    given, moved = values.get(shared), FAMILY_FIELDS[shared]
+    if not isinstance(given, Mapping) or not set(given) & set(moved):
         return values
-    model = dict(model)
-    old = {name: model.pop(name) for name in MOVED_MODEL_FIELDS if name in model}
-    values["model"] = model
+    given = dict(given)
+    old = {name: given.pop(name) for name in moved if name in given}
+    values[shared] = given
     task = values.get("task", "bert_pretraining")
     kind, section = getattr(factory(task), "options_class", None), options_section(task)
     names = {f.name for f in dataclasses.fields(kind)} if kind is not None else set()

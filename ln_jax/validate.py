@@ -166,31 +166,55 @@ def moved_message(dotted: str, section: str | None) -> str:
     return f"config field {dotted} moved: use --config.{section}.{field}"
 
 
-# Fields of `model` until 2026-12-06 that are BERT's own since: its section "bert"
-# (`ln_jax.models.bert.options.BertOptions`). A task whose options class has such a field takes it
-# from an old config.json (`ln_jax.task.moved_options`); the others drop it.
-MOVED_MODEL_FIELDS = ("type_vocab_size", "nsp_head")
-MOVED_MODEL_SECTION = "bert"
+# Fields of the shared sections until 2026-12-06 that are a family's own since:
+# {shared section: {field: the family's section}} (BERT's `ln_jax.models.bert.options.
+# BertOptions`, translation's `TranslationOptions`). A task whose options class has such a field
+# takes it from an old config.json (`ln_jax.task.moved_options`); the others drop it.
+FAMILY_FIELDS: dict[str, dict[str, str]] = {
+    "model": {"type_vocab_size": "bert", "nsp_head": "bert"},
+    "data": {
+        **dict.fromkeys(
+            ("max_predictions_per_seq", "masked_lm_prob", "short_seq_prob", "whole_word_masking"),
+            "bert",
+        ),
+        "nsp": "bert",
+        "max_tokens": "translation",
+    },
+}
+# Who a family's section belongs to, as its errors say it: (owner, configs that have it).
+_FAMILY = {
+    "bert": ("BERT's", "BERT pretraining's configs"),
+    "translation": ("translation's", "configs/mt.py and the translation studies' configs"),
+}
 
 
-def moved_model_message(field: str, has_section: bool) -> str:
-    """The one line of `model.FIELD` for a field of `MOVED_MODEL_FIELDS`; `has_section`: the
-    config has the section "bert" (a BERT pretraining config)."""
-    new = f"{MOVED_MODEL_SECTION}.{field}"
+def family_field(shared: str, field: str) -> str | None:
+    """The family section that `shared.field` moved to on 2026-12-06, or None."""
+    return FAMILY_FIELDS.get(shared, {}).get(field)
+
+
+def family_field_message(shared: str, field: str, has_section: bool) -> str:
+    """The one line of `shared.field` for a field of `FAMILY_FIELDS`; `has_section`: the
+    config has the field's family section (a config of that family)."""
+    section = family_field(shared, field)
+    new = f"{section}.{field}"
     if has_section:
-        return f"config field model.{field} moved: use --config.{new} (c.{new} in a config file)"
+        return f"config field {shared}.{field} moved: use --config.{new} (c.{new} in a config file)"
+    owner, configs = _FAMILY[section]
     return (
-        f"config field model.{field} is gone: it is BERT's own ({new}, in BERT pretraining's "
-        "configs) and this task has no use for it; remove it."
+        f"config field {shared}.{field} is gone: it is {owner} own ({new}, in {configs}) and "
+        "this task has no use for it; remove it."
     )
 
 
-def check_moved_model_fields(model: Mapping[str, Any], section: str | None) -> None:
-    """Raises ConfigError (`moved_model_message`) if the `model` section of a config whose task
-    has the section `section` sets a field of `MOVED_MODEL_FIELDS`."""
-    moved = [name for name in MOVED_MODEL_FIELDS if name in model]
+def check_family_fields(shared: str, values: Mapping[str, Any], section: str | None) -> None:
+    """Raises ConfigError (`family_field_message`) if the shared section `shared` (its
+    mapping `values`) of a config whose task has the section `section` sets a field of
+    `FAMILY_FIELDS`."""
+    moved = [name for name in FAMILY_FIELDS.get(shared, {}) if name in values]
     if moved:
-        raise ConfigError(moved_model_message(moved[0], section == MOVED_MODEL_SECTION))
+        has = family_field(shared, moved[0]) == section
+        raise ConfigError(family_field_message(shared, moved[0], has))
 
 
 # Fine-tuning's optimizer fields: at the top of its config (configs/glue.py) until 2026-12-05,
@@ -372,7 +396,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
         ("save_steps", "save_interval_updates", "checkpoint_period"), ("checkpoint_every",)
     ),
     **dict.fromkeys(("logging_steps", "log_interval", "log_period"), ("log_every",)),
-    **dict.fromkeys(("mlm_probability", "mask_prob", "mask_ratio"), ("data.masked_lm_prob",)),
+    **dict.fromkeys(("mlm_probability", "mask_prob", "mask_ratio"), ("bert.masked_lm_prob",)),
     **dict.fromkeys(("vocab", "n_vocab"), ("data.vocab_size",)),
     **dict.fromkeys(("label_smoothing_factor", "smoothing"), ("translation.label_smoothing",)),
     **dict.fromkeys(("beam", "beam_size", "num_beams"), ("translation.eval_beam",)),

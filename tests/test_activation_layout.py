@@ -31,7 +31,7 @@ def _config(layout: str, scan: bool) -> TrainConfig:
         activation_layout=layout, attention_impl="xla", dtype="float32",
     )  # fmt: skip
     c.data.vocab_size = s["vocab"]
-    c.data.max_seq_length, c.data.max_predictions_per_seq = s["seq"], s["predictions"]
+    c.data.max_seq_length, c.bert.max_predictions_per_seq = s["seq"], s["predictions"]
     c.data.global_batch_size = s["batch"]
     return TrainConfig.from_mapping(c.to_dict())
 

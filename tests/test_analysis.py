@@ -46,7 +46,7 @@ SMALL_BERT = {
     "data.vocab_size": 256,
     "data.global_batch_size": 4,
     "data.max_seq_length": 16,
-    "data.max_predictions_per_seq": 3,
+    "bert.max_predictions_per_seq": 3,
 }
 
 

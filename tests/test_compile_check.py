@@ -31,7 +31,7 @@ def small_config(batch: int = 16) -> TrainConfig:
     c = bert_preln.get_config("tiny")
     c.model.update(SMALL)
     c.data.vocab_size = SMALL["vocab_size"]
-    c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 4
+    c.data.max_seq_length, c.bert.max_predictions_per_seq = 32, 4
     c.data.global_batch_size = batch
     return TrainConfig.from_mapping(c.to_dict())
 

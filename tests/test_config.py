@@ -272,7 +272,7 @@ def test_a_mistyped_choice_names_the_field_as_typed_and_gives_the_whole_command(
     [
         ("data.vocab_size", "3", "data.vocab_size=3 must be >= 6: set --config.data.vocab_size."),
         ("data.eval_num_batches", "0", "data.eval_num_batches=0 must be >= 1 or None: set "),
-        ("data.masked_lm_prob", "1.5", "data.masked_lm_prob=1.5 must be in [0, 1]: set "),
+        ("bert.masked_lm_prob", "1.5", "bert.masked_lm_prob=1.5 must be in [0, 1]: set "),
         ("data.device_prefetch", "-1", "data.device_prefetch=-1 must be >= 0 or None: set "),
         ("data.tokenizer_type", "bpee", "unknown data.tokenizer_type 'bpee'; valid names: bpe"),
         ("data.dataset", " , ", "data.dataset=' , ' names no dataset: set --config.data."),

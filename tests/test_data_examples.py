@@ -9,6 +9,7 @@ import pytest
 from ln_jax.data import keyed_random, stream
 from ln_jax.data import pairs as pairs_lib
 from ln_jax.data import pretraining as pt
+from ln_jax.data.config import PretrainingOptions
 from ln_jax.data.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 pytest_plugins = ("tests.data_fixtures",)  # fixtures: tokenizer, train_corpus, make_config
@@ -16,14 +17,14 @@ pytest_plugins = ("tests.data_fixtures",)  # fixtures: tokenizer, train_corpus, 
 T, P = 128, 20
 
 
-def _examples(corpus, tok, cfg, **kw) -> pt.PretrainingExamples:
-    args = dict(max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob, nsp=cfg.nsp)
-    return pt.PretrainingExamples(corpus, pt.masking_spec(tok, cfg), **(args | kw))
+def _examples(corpus, tok, options: PretrainingOptions, **kw) -> pt.PretrainingExamples:
+    args = dict(max_seq_length=T, short_seq_prob=options.short_seq_prob, nsp=options.nsp)
+    return pt.PretrainingExamples(corpus, pt.masking_spec(tok, options), **(args | kw))
 
 
 @pytest.fixture
-def nsp_examples(train_corpus, tokenizer, make_config):
-    return _examples(train_corpus, tokenizer, make_config(), seed=0)
+def nsp_examples(train_corpus, tokenizer):
+    return _examples(train_corpus, tokenizer, PretrainingOptions(), seed=0)
 
 
 def _unmasked(batch: dict) -> np.ndarray:
@@ -131,8 +132,8 @@ def test_masking_statistics(nsp_examples, tokenizer):
     assert _within(half.mean(), first_half, n_masked)
 
 
-def test_max_predictions_caps_masks(train_corpus, tokenizer, make_config):
-    ex = _examples(train_corpus, tokenizer, make_config(max_predictions_per_seq=5), seed=0)
+def test_max_predictions_caps_masks(train_corpus, tokenizer):
+    ex = _examples(train_corpus, tokenizer, PretrainingOptions(max_predictions_per_seq=5), seed=0)
     weights = ex.batch(np.arange(200), 0)["masked_weights"]
     assert weights.shape == (200, 5) and weights.sum(1).max() == 5
 
@@ -155,8 +156,8 @@ def test_an_example_is_the_same_in_any_batch_and_epochs_remask(nsp_examples, tra
     assert not np.array_equal(other_seed.pairs.a_start[:100], nsp_examples.pairs.a_start[:100])
 
 
-def test_whole_word_masking(train_corpus, tokenizer, make_config):
-    ex = _examples(train_corpus, tokenizer, make_config(whole_word_masking=True), seed=0)
+def test_whole_word_masking(train_corpus, tokenizer):
+    ex = _examples(train_corpus, tokenizer, PretrainingOptions(whole_word_masking=True), seed=0)
     batch = ex.batch(np.arange(1000), 0)
     ids, real = _unmasked(batch), batch["masked_weights"] > 0
     lengths = batch["attention_mask"].sum(axis=1)
@@ -171,8 +172,8 @@ def test_whole_word_masking(train_corpus, tokenizer, make_config):
     assert 0.12 < real.sum() / lengths.sum() <= 0.151
 
 
-def test_packed_full_sentences_without_nsp(train_corpus, tokenizer, make_config):
-    ex = _examples(train_corpus, tokenizer, make_config(nsp=False), seed=0)
+def test_packed_full_sentences_without_nsp(train_corpus, tokenizer):
+    ex = _examples(train_corpus, tokenizer, PretrainingOptions(nsp=False), seed=0)
     doc_token_starts = train_corpus.sent_starts[train_corpus.doc_starts[:-1]]
     rows = np.arange(0, len(ex), 13)
     batch = ex.batch(rows, 0)

@@ -19,6 +19,7 @@ from ln_jax import sharding
 from ln_jax.data import DataConfig, host_iterator, loader, parse_dataset
 from ln_jax.data import pairs as pairs_lib
 from ln_jax.data import pretraining as pt
+from ln_jax.data.config import PretrainingOptions
 from ln_jax.data.stream import HostBatches
 
 pytest_plugins = ("tests.data_fixtures",)  # fixtures: data_dir, make_config, text_maker
@@ -81,14 +82,15 @@ def _original_ids(batch):
     return ids
 
 
-def test_next_epoch_reshuffles_and_remasks(train_corpus, tokenizer, make_config):
+def test_next_epoch_reshuffles_and_remasks(train_corpus, tokenizer):
     # A small corpus (40 documents): two epochs are two batches.
     small = pt.TokenizedCorpus(
         train_corpus.tokens,
         train_corpus.sent_starts,
         train_corpus.doc_starts[:41],
     )
-    examples = pt.PretrainingExamples(small, pt.masking_spec(tokenizer, make_config()), seed=0)
+    spec = pt.masking_spec(tokenizer, PretrainingOptions())
+    examples = pt.PretrainingExamples(small, spec, seed=0)
     n = len(examples)
     stream = loader.example_stream([(examples, 1.0)], seed=0)
     epochs = [stream.batch(np.arange(e * n, (e + 1) * n)) for e in range(2)]
@@ -272,11 +274,11 @@ def test_device_prefetch_keeps_the_state_of_the_next_batch(make_config, mesh):
 def test_pair_index_is_built_once_then_loaded(make_config, tokenizer, train_corpus, tmp_path,
                                               monkeypatch):  # fmt: skip
     source = types.SimpleNamespace(cache_dir=tmp_path)  # the cache goes beside the token ids
-    for cfg in (make_config(), make_config(nsp=False)):
-        meta = loader.pair_index_meta(cfg, "train", tokenizer, seed=3)
+    for examples in (PretrainingOptions(), PretrainingOptions(nsp=False)):
+        meta = loader.pair_index_meta(make_config(), examples, "train", tokenizer, seed=3)
         built = loader.pair_index(source, train_corpus, meta)
         fresh = pairs_lib.build_pair_index(
-            train_corpus, max_seq_length=128, short_seq_prob=0.1, nsp=cfg.nsp, seed=3
+            train_corpus, max_seq_length=128, short_seq_prob=0.1, nsp=examples.nsp, seed=3
         )
         assert built.equals(fresh) and isinstance(built.a_start, np.memmap)
         # A waiting process (or a later start) loads it, memory-mapped.
@@ -285,7 +287,7 @@ def test_pair_index_is_built_once_then_loaded(make_config, tokenizer, train_corp
     assert len(list(tmp_path.glob("pairs-*"))) == 2
     # A process other than 0 waits for process 0's file ...
     monkeypatch.setattr(loader, "_POLL_S", 0.02)
-    meta = loader.pair_index_meta(make_config(), "train", tokenizer, seed=4)
+    meta = loader.pair_index_meta(make_config(), PretrainingOptions(), "train", tokenizer, seed=4)
     folder = loader.pair_index_folder(source, meta)
     writer = threading.Timer(0.2, pairs_lib.save_pair_index, (fresh, folder, meta))
     writer.start()
@@ -365,9 +367,25 @@ def test_mixture_of_datasets(make_config, tmp_path, text_maker):
     assert 0.2 < np.mean(story) < 0.8  # both datasets appear, about half each
 
 
+def test_the_examples_options_reach_the_batches(make_config):
+    """The pipeline makes its examples as `examples` says: P masked positions, packed full
+    sentences without NSP, and a saved state restores only into the same options."""
+    cfg = make_config(global_batch_size=4)
+    packed = PretrainingOptions(max_predictions_per_seq=5, nsp=False)
+    it, _ = loader.make_host_pipeline(cfg, examples=packed, seed=0, threads=0)
+    batch = next(it)
+    assert batch["masked_positions"].shape == (4, 5) and not batch["nsp_label"].any()
+    assert not batch["segment_ids"].any()  # one segment: packed sentences
+    default, _ = loader.make_host_pipeline(cfg, seed=0, threads=0)
+    first = next(default)
+    assert first["masked_positions"].shape == (4, 20) and first["segment_ids"].any()
+    with pytest.raises(ValueError, match="max_predictions_per_seq"):
+        default.set_state(it.get_state())
+
+
 def test_data_config():
-    cfg = DataConfig()
-    assert (cfg.dataset, cfg.vocab_size, cfg.max_seq_length, cfg.nsp) == (
+    cfg, examples = DataConfig(), PretrainingOptions()
+    assert (cfg.dataset, cfg.vocab_size, cfg.max_seq_length, examples.nsp) == (
         "ln_jax_pydocs",
         8000,
         128,
@@ -380,6 +398,14 @@ def test_data_config():
         DataConfig(max_seq_length="128")
     with pytest.raises(ValueError, match="tokenizer_type"):
         DataConfig(tokenizer_type="wordpiece")
+    # BERT's example fields are its section "bert", named so in their errors.
+    with pytest.raises(ValueError, match=r"bert.masked_lm_prob=1.5 must be in \[0, 1\]: set "
+                       r"--config.bert.masked_lm_prob"):  # fmt: skip
+        PretrainingOptions(masked_lm_prob=1.5)
+    with pytest.raises(TypeError, match="bert.nsp must be bool"):
+        PretrainingOptions(nsp="yes")
+    with pytest.raises(ValueError, match="bert.max_predictions_per_seq=0 must be >= 1"):
+        PretrainingOptions(max_predictions_per_seq=0)
     assert parse_dataset("wikipedia/20230601.en:0.9,bookcorpus:0.1") == (
         ("wikipedia/20230601.en", 0.9),
         ("bookcorpus", 0.1),

@@ -296,12 +296,12 @@ def mesh():
 
 
 def _cfg(**kw) -> DataConfig:
-    return DataConfig(**{"dataset": "synthetic:reverse", "max_tokens": MAX_TOKENS, **kw})
+    return DataConfig(**{"dataset": "synthetic:reverse", **kw})
 
 
 def _pipeline(mesh, split="train", seed=3, cfg=None):
     return translation.make_translation_pipeline(
-        cfg or _cfg(), split=split, seed=seed, mesh=mesh,
+        cfg or _cfg(), split=split, seed=seed, mesh=mesh, max_tokens=MAX_TOKENS,
         max_source_length=MAX_SRC, max_target_length=MAX_TGT,
     )  # fmt: skip
 
@@ -374,7 +374,8 @@ def test_resume_is_exact(mesh):
 
 
 def test_host_shares_partition_the_global_batch():
-    kw = dict(split="train", seed=1, max_source_length=MAX_SRC, max_target_length=MAX_TGT)
+    kw = dict(split="train", seed=1, max_tokens=MAX_TOKENS, max_source_length=MAX_SRC,
+              max_target_length=MAX_TGT)  # fmt: skip
     whole, _ = translation.make_host_translation_pipeline(_cfg(), multiple=2, **kw)
     shares = [
         translation.make_host_translation_pipeline(
@@ -417,17 +418,15 @@ def test_eval_batches_cover_each_pair_once(mesh):
 def test_gettext_through_the_entry_point(catalogues, tmp_path, mesh):
     cfg = DataConfig(
         dataset="ln_jax_gettext/de-en", data_dir=str(tmp_path / "d"), vocab_size=48,
-        max_tokens=256,
     )  # fmt: skip
-    ev, tok = translation.make_translation_pipeline(
-        cfg, split="eval", seed=0, mesh=mesh, max_source_length=16, max_target_length=16
-    )
+    lengths = dict(max_tokens=256, max_source_length=16, max_target_length=16)
+    ev, tok = translation.make_translation_pipeline(cfg, split="eval", seed=0, mesh=mesh, **lengths)
     assert tok.vocab_size == 48 and ev.pairs
     indices = sorted(i for b in ev for i in np.asarray(b["index"]).tolist() if i >= 0)
     assert indices == list(range(len(ev.pairs)))
     assert all(tok.decode(tok.encode(s)) == s for s, _ in ev.pairs)
     train, _ = translation.make_translation_pipeline(
-        cfg, split="train", seed=0, mesh=mesh, max_source_length=16, max_target_length=16
+        cfg, split="train", seed=0, mesh=mesh, **lengths
     )
     assert next(train)["src"].shape[0] % jax.device_count() == 0
     train.close()

@@ -32,7 +32,7 @@ def tiny(batch: int = 8, seq: int = 32, vocab: int | None = None, **model) -> Tr
     if vocab:
         c.data.vocab_size = vocab
     c.data.max_seq_length, c.data.global_batch_size = seq, batch
-    c.data.max_predictions_per_seq = 4
+    c.bert.max_predictions_per_seq = 4
     c.grad_accum_steps = 1
     return TrainConfig.from_mapping(c.to_dict())
 
@@ -173,7 +173,7 @@ def test_the_command_compiles_for_a_gpu_and_checks_its_memory(two_h100s, capsys,
         "--config=configs/bert_preln.py:tiny",
         "--config.data.global_batch_size=8",
         "--config.data.max_seq_length=32",
-        "--config.data.max_predictions_per_seq=4",
+        "--config.bert.max_predictions_per_seq=4",
         "--config.grad_accum_steps=1",
         "--config.model.scan_layers=False",
         "--config.data.vocab_size=30522",

@@ -32,7 +32,7 @@ def tiny(batch: int = 16, seq: int = 64, accum: int = 1) -> TrainConfig:
     """BERT-tiny with the recipe's dropout and "auto" fields (resolved as on a TPU)."""
     c = bert_preln.get_config("tiny")
     c.data.max_seq_length, c.data.global_batch_size = seq, batch
-    c.data.max_predictions_per_seq = 8
+    c.bert.max_predictions_per_seq = 8
     c.grad_accum_steps = accum
     return TrainConfig.from_mapping(c.to_dict())
 
@@ -127,7 +127,7 @@ def test_the_command_compiles_for_a_tpu_and_checks_its_memory(data_parallel, cap
     code = run_compile_check(
         "--config=configs/bert_preln.py:tiny", "--tpu=v5e-4",
         "--config.data.global_batch_size=16", "--config.data.max_seq_length=64",
-        "--config.data.max_predictions_per_seq=8", "--config.grad_accum_steps=1",
+        "--config.bert.max_predictions_per_seq=8", "--config.grad_accum_steps=1",
     )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out

@@ -36,7 +36,7 @@ def base_config(data_dir: str, **overrides) -> dict:
     # No NSP: with 8 sequences a batch's NSP labels can be 7 to 1 (the pipeline draws them
     # per example), and that loss alone moves a 4-step run's train curve by ~0.8 nats, which
     # the divergence rule (last losses above the first) would read as a failure.
-    c.data.nsp, c.bert.nsp_head = False, False
+    c.bert.nsp, c.bert.nsp_head = False, False
     return override(c, overrides)
 
 

@@ -337,7 +337,7 @@ def _argv(out, *extra):
         "mt_warmup", f"--out={out}", "--config=configs/mt.py:tiny",
         "--config.data.dataset=synthetic:copy", "--config.data.vocab_size=36",
         "--config.translation.max_source_length=16", "--config.translation.max_target_length=16",
-        "--config.data.max_tokens=512", "--config.total_steps=12", "--config.eval_every=6",
+        "--config.translation.max_tokens=512", "--config.total_steps=12", "--config.eval_every=6",
         "--config.checkpoint_every=6", "--config.log_every=4", "--config.monitor.every=6",
         "--config.model.hidden_dropout=0", "--config.model.attention_dropout=0",
         "--lrs=3e-3", "--warmup_steps=0", "--pre_lrs=3e-3", "--seeds=0", "--bleu_targets=1",

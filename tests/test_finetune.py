@@ -49,7 +49,7 @@ def pretrain_config(data_dir: str) -> TrainConfig:
     c.total_steps, c.checkpoint_every, c.checkpoint.keep = PRETRAIN_STEPS, 4, 5
     c.eval_every, c.eval_batches, c.monitor.every = 0, 1, 0
     c.data.data_dir, c.data.global_batch_size = data_dir, 8
-    c.data.max_seq_length, c.data.max_predictions_per_seq = 64, 10
+    c.data.max_seq_length, c.bert.max_predictions_per_seq = 64, 10
     c.model.hidden_size, c.model.mlp_dim, c.model.max_position_embeddings = 64, 128, 64
     c.model.vocab_multiple, c.optim.peak_lr = 1, 1e-3
     c.model.hidden_dropout = c.model.attention_dropout = 0.0

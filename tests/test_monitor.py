@@ -142,7 +142,9 @@ def test_sublayer_grad_norms_equal_a_separate_grad(data_dir, monitored_run):
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     task = make_task(cfg)
     pieces = steps.init_state(task, mesh)
-    batches, _ = make_pipeline(cfg.data, split="train", seed=cfg.data.seed, mesh=mesh)
+    batches, _ = make_pipeline(
+        cfg.data, examples=cfg.options, split="train", seed=cfg.data.seed, mesh=mesh
+    )
     batch = next(batches)
     batches.close()
     normalizers = task.normalizers(batch)

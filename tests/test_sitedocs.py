@@ -9,7 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from ln_jax.data import corpus, sitedocs, sources
-from ln_jax.data.config import DataConfig
+from ln_jax.data.config import DataConfig, PretrainingOptions
 from ln_jax.data.loader import make_host_pipeline
 
 pytest_plugins = ("tests.data_fixtures",)
@@ -149,9 +149,9 @@ def test_loads_through_the_data_pipeline(prepared, monkeypatch):
         vocab_size=50,
         global_batch_size=4,
         max_seq_length=32,
-        max_predictions_per_seq=4,
     )
-    batches, tokenizer = make_host_pipeline(cfg, split="train", threads=0)
+    examples = PretrainingOptions(max_predictions_per_seq=4)
+    batches, tokenizer = make_host_pipeline(cfg, examples=examples, split="train", threads=0)
     batch = next(batches)
     assert batch["input_ids"].shape == (4, 32) and tokenizer.vocab_size == 50
     assert (batch["input_ids"][:, 0] == tokenizer.cls_id).all()

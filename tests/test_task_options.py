@@ -21,7 +21,7 @@ from ln_jax.models.bert.options import BertOptions
 from ln_jax.models.translation.options import TranslationOptions
 from ln_jax.task import make_options, moved_options
 from ln_jax.train import run_identity
-from ln_jax.validate import MOVED_MODEL_FIELDS, ConfigError
+from ln_jax.validate import FAMILY_FIELDS, ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The gate study's attempt-3 runs (issue 64) as they were recorded to step 2,000, with
@@ -29,6 +29,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 OLD_RUNS = REPO / "docs/results/studies/mt_gate/attempt3-fairseq-lr5e-4-w500"
 OLD_CONFIG = "config_to_step_2000.json"
 MT_TINY = "--config=configs/mt.py:tiny"
+BERT_TINY = "--config=configs/bert_preln.py:tiny"
+# (shared section, field, the family's section it moved to on 2026-12-06)
+MOVED = [(shared, f, family) for shared, fs in FAMILY_FIELDS.items() for f, family in fs.items()]
+TINY = {"bert": BERT_TINY, "translation": MT_TINY}  # a config of each family
 STUDY = ["--config=configs/study_mt.py:gate", "--config.model.init=fairseq"]
 
 
@@ -45,9 +49,11 @@ def test_an_old_workdir_s_config_reads_as_the_new_format_and_resumes(tmp_path, n
     raw = json.loads((workdir / "config.json").read_text())
     assert "task_options" in raw and "translation" not in raw
     assert {"type_vocab_size", "nsp_head"} <= set(raw["model"])  # BERT's, then in `model`
+    assert {"nsp", "max_tokens"} <= set(raw["data"])  # BERT's and translation's, in `data`
     new_format = {k: v for k, v in raw.items() if k != "task_options"}
-    new_format["translation"] = raw["task_options"]
-    new_format["model"] = {k: v for k, v in raw["model"].items() if k not in MOVED_MODEL_FIELDS}
+    new_format["translation"] = {**raw["task_options"], "max_tokens": raw["data"]["max_tokens"]}
+    for shared, fields in FAMILY_FIELDS.items():
+        new_format[shared] = {k: v for k, v in raw[shared].items() if k not in fields}
     old = run_identity.read_config(str(workdir))
     assert old == new_format  # moved silently into the family's section
     cfg = build_config(old)
@@ -128,7 +134,10 @@ def test_each_family_s_section_is_typed_and_checked():
     assert make_options("bert_pretraining", None) == BertOptions()
     bert = build_config(load_config("configs/bert_preln.py:tiny"))
     assert bert.options == BertOptions() and not {"options", "task_options"} & set(bert.to_dict())
-    assert bert.to_dict()["bert"] == {"type_vocab_size": 2, "nsp_head": True}
+    assert bert.to_dict()["bert"] == {
+        **{"max_predictions_per_seq": 20, "masked_lm_prob": 0.15, "short_seq_prob": 0.1},
+        **{"whole_word_masking": False, "nsp": True, "type_vocab_size": 2, "nsp_head": True},
+    }
     defaults = {f.name: f.default for f in dataclasses.fields(TranslationOptions)}
     assert defaults["eval_beam"] == 1 and defaults["skip_padding"] == "auto"
 
@@ -162,7 +171,8 @@ def test_a_checkpoint_s_old_config_reads_into_the_section(tmp_path):
         restored = ckpt.restore_config(1)
     finally:
         ckpt.close()
-    assert "task_options" not in restored and restored["translation"] == raw["task_options"]
+    assert "task_options" not in restored and "max_tokens" not in restored["data"]
+    assert restored["translation"] == {**raw["task_options"], "max_tokens": 2048}
     assert build_config(restored).options.decoder_layers == 6
 
 
@@ -188,63 +198,80 @@ def test_an_old_pretraining_workdir_still_starts_a_fine_tuning(tmp_path):
     assert pretrained._workdir_config(str(tmp_path)) == build_config(values)
 
 
-def _before_the_bert_section(new: dict) -> dict:
-    """A config.json as ln_jax wrote it before 2026-12-06: BERT's two fields in `model`, no
-    section `bert` (and `task_options` {}, as pretraining recorded it before 2026-12-05)."""
+def _before_the_family_sections(new: dict) -> dict:
+    """A config.json as ln_jax wrote it before 2026-12-06: the family fields in `model` and
+    `data` (a translation run's with BERT's defaults, a BERT run's with max_tokens 4096), no
+    section `bert`, translation's without `max_tokens` (and `task_options` {}, as pretraining
+    recorded it before 2026-12-05)."""
+    bert, translation = new.get("bert", dataclasses.asdict(BertOptions())), new.get("translation")
     old = {k: v for k, v in new.items() if k != "bert"}
-    old["model"] = {**new["model"], **new.get("bert", {"type_vocab_size": 2, "nsp_head": False})}
+    old["model"] = {**new["model"], **{f: bert[f] for f in FAMILY_FIELDS["model"]}}
+    tokens = translation["max_tokens"] if translation else 4096
+    old["data"] = {**new["data"], **{f: bert[f] for f in FAMILY_FIELDS["data"] if f in bert},
+                   "max_tokens": tokens}  # fmt: skip
+    if translation:
+        old["translation"] = {k: v for k, v in translation.items() if k != "max_tokens"}
     return {**old, "task_options": {}}
 
 
 def test_an_old_bert_workdir_reads_its_fields_into_the_bert_section_and_resumes(tmp_path):
     values, _ = config_from_command_line(
-        ["--config=configs/bert_preln.py:tiny", "--config.bert.nsp_head=false"]
+        [BERT_TINY, "--config.bert.nsp_head=false", "--config.bert.max_predictions_per_seq=7"]
     )
     cfg = build_config(values)
     new = run_identity.as_dict(cfg)
-    assert new["bert"] == {"type_vocab_size": 2, "nsp_head": False}
-    assert not set(MOVED_MODEL_FIELDS) & set(new["model"])
-    run_identity.record_config(str(tmp_path), _before_the_bert_section(new))
+    assert new["bert"] == {**dataclasses.asdict(BertOptions()), "nsp_head": False,
+                           "max_predictions_per_seq": 7}  # fmt: skip
+    for shared, fields in FAMILY_FIELDS.items():
+        assert not set(fields) & set(new[shared])
+    written = _before_the_family_sections(new)
+    assert written["model"]["nsp_head"] is False and written["data"]["max_predictions_per_seq"] == 7
+    run_identity.record_config(str(tmp_path), written)
     old = run_identity.read_config(str(tmp_path))
     assert old == new  # the run resumes: nothing differs
     assert run_identity.check_resume(old, new, 10, str(tmp_path)) == []
-    assert build_config(old).options == BertOptions(type_vocab_size=2, nsp_head=False)
+    assert build_config(old).options == BertOptions(nsp_head=False, max_predictions_per_seq=7)
 
 
 def test_an_old_translation_or_fine_tuning_config_drops_or_keeps_bert_s_fields():
     mt = run_identity.as_dict(build_config(load_config("configs/mt.py:tiny")))
-    assert "bert" not in mt  # translation has no segment table or NSP head
-    assert moved_options(_before_the_bert_section(mt)) == mt
+    assert "bert" not in mt and mt["translation"]["max_tokens"] == 1024
+    old = _before_the_family_sections(mt)
+    assert old["data"]["max_tokens"] == 1024 and "nsp" in old["data"]
+    assert moved_options(old) == mt  # max_tokens into "translation", BERT's dropped
     glue = {"task": "glue_classification", "model": {"hidden_size": 8, "type_vocab_size": 3,
-            "nsp_head": True}, "glue": {"glue_task": "mrpc"}}  # fmt: skip
+            "nsp_head": True}, "glue": {"glue_task": "mrpc"},
+            "data": {"max_seq_length": 64, "nsp": True, "max_tokens": 4096}}  # fmt: skip
     moved = moved_options(glue)
     assert moved["model"] == {"hidden_size": 8}  # the classifier has no NSP head to build
     assert moved["glue"] == {"glue_task": "mrpc", "type_vocab_size": 3}
+    assert moved["data"] == {"max_seq_length": 64}  # GLUE makes no pretraining examples
 
 
-@pytest.mark.parametrize("field", MOVED_MODEL_FIELDS)
-def test_bert_s_old_model_flags_name_the_new_ones(field, capsys):
+@pytest.mark.parametrize("shared, field, family", MOVED)
+def test_a_family_s_old_flags_name_the_new_ones(shared, field, family, capsys):
     import train
     from ln_jax import console
 
+    mine, other = TINY[family], next(c for f, c in TINY.items() if f != family)
+    old = f"{shared}.{field}"
     with pytest.raises(ConfigError) as err:
-        config_from_command_line(
-            ["--config=configs/bert_preln.py:tiny", f"--config.model.{field}=1"]
-        )
+        config_from_command_line([mine, f"--config.{old}=1"])
     assert str(err.value) == (
-        f"config field model.{field} moved: use --config.bert.{field} (c.bert.{field} in a "
+        f"config field {old} moved: use --config.{family}.{field} (c.{family}.{field} in a "
         "config file)"
     )
-    assert err.value.fix.rename == {f"--config.model.{field}": f"--config.bert.{field}"}
-    with pytest.raises(ConfigError, match=f"model.{field} is gone: it is BERT's own"):
-        config_from_command_line([MT_TINY, f"--config.model.{field}=1"])
-    with pytest.raises(ConfigError, match=f"model.{field} moved: use --config.bert.{field}"):
-        values = load_config("configs/bert_preln.py:tiny")
-        build_config({**values, "model": {**values["model"], field: 1}})  # a config file's
+    assert err.value.fix.rename == {f"--config.{old}": f"--config.{family}.{field}"}
+    owner = {"bert": "BERT's", "translation": "translation's"}[family]
+    with pytest.raises(ConfigError, match=f"{old} is gone: it is {owner} own"):
+        config_from_command_line([other, f"--config.{old}=1"])
+    with pytest.raises(ConfigError, match=f"{old} moved: use --config.{family}.{field}"):
+        values = load_config(mine.split("=", 1)[1])
+        build_config({**values, shared: {**values[shared], field: 1}})  # a config file's
 
     def body(inv):
         return console.run_reporting_errors(lambda: inv.call(lambda: inv.config() and 0))
 
-    assert train.COMMAND.run(body, [MT_TINY, f"--config.model.{field}=1"]) == 2
+    assert train.COMMAND.run(body, [other, f"--config.{old}=1"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"model.{field} is gone" in err, err
+    assert err.count("\n") == 1 and f"{old} is gone" in err, err

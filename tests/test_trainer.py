@@ -130,7 +130,7 @@ def test_grad_accumulation_matches_one_big_batch(data_dir):
     base = dict(**{"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0})
     one = tiny_config(data_dir, **base)
     mesh = sharding.make_mesh(2, 2, 2)
-    batch = next(make_pipeline(one.data, split="train", seed=0, mesh=mesh)[0])
+    batch = next(make_pipeline(one.data, examples=one.options, split="train", seed=0, mesh=mesh)[0])
     weights = np.asarray(batch["masked_weights"]).reshape(2, 4, -1).sum(axis=(0, 2))
     assert len(set(weights.tolist())) > 1  # the 4 micro-batches mask different token counts
     results = []

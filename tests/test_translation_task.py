@@ -31,7 +31,7 @@ def mt_config(**extra):
         {
             "data.dataset": "synthetic:copy",
             "data.vocab_size": 36,  # 4 special ids + 32 symbols
-            "data.max_tokens": 1024,
+            "translation.max_tokens": 1024,
             "translation.max_source_length": 16,
             "translation.max_target_length": 16,
             "model.placement": "pre",

@@ -62,7 +62,7 @@ gpu_cpu_mode() {
     | sed -E 's/--xla_force_host_platform_device_count=[0-9]+//g')"
   CPU_BASE=(--config=configs/mt.py:tiny --config.data.dataset=synthetic:copy
             --config.data.vocab_size=36 --config.translation.max_source_length=16
-            --config.translation.max_target_length=16 --config.data.max_tokens=512
+            --config.translation.max_target_length=16 --config.translation.max_tokens=512
             --config.eval_batches=1 --config.log_every=1 --config.monitor.every=1
             --config.optim.warmup_steps=0 --config.compilation_cache="$JAX_COMPILATION_CACHE_DIR")
 }

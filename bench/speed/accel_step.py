@@ -85,7 +85,7 @@ def shape_of(cfg: TrainConfig) -> dict[str, int]:
     return dict(
         layers=m.num_layers, d=m.hidden_size, heads=m.num_heads, mlp=m.mlp_dim,
         vocab=m.vocab_size, batch=d.global_batch_size, seq=d.max_seq_length,
-        predictions=d.max_predictions_per_seq,
+        predictions=cfg.options.max_predictions_per_seq,
     )  # fmt: skip
 
 

@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 
 from ln_jax import sharding  # noqa: E402
 from ln_jax.data import DataConfig, loader, pairs, pretraining, sources, tokenizer  # noqa: E402
+from ln_jax.data.config import PretrainingOptions  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -104,8 +105,9 @@ def measure(cfg: DataConfig, seconds: float, threads: int) -> list[Row]:
         ("host, no NSP (packed)", {"nsp": False}, 256),
     ]
     for name, overrides, batch in variants:
-        c = dataclasses.replace(cfg, global_batch_size=batch, **overrides)
-        it, _ = loader.make_host_pipeline(c, seed=0, threads=threads)
+        c = dataclasses.replace(cfg, global_batch_size=batch)
+        examples = PretrainingOptions(**overrides)
+        it, _ = loader.make_host_pipeline(c, examples=examples, seed=0, threads=threads)
         rows.append(Row(name, batch, *_rate(it, batch, seconds)))
     for batch in (16, 256):
         c = dataclasses.replace(cfg, global_batch_size=batch)
@@ -188,7 +190,7 @@ def report(rows: list[Row], steps: list[tuple[str, float]], train_batch: int) ->
 # Comparisons: alternating arms, medians and ratios
 # --------------------------------------------------------------------------------------------
 
-VARIANTS = {  # name -> DataConfig overrides
+VARIANTS = {  # name -> PretrainingOptions overrides (BERT's section "bert")
     "NSP": {},
     "NSP + whole-word": {"whole_word_masking": True},
     "no NSP (packed)": {"nsp": False},
@@ -199,9 +201,18 @@ VARIANTS = {  # name -> DataConfig overrides
 _LOADER_CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, os.environ["LN_JAX_TREE"])
+import dataclasses
 from ln_jax.data import DataConfig, loader
-cfg = DataConfig(**json.loads(sys.argv[1]))
-it, _ = loader.make_host_pipeline(cfg, seed=0, threads=0)
+given = json.loads(sys.argv[1])
+try:
+    from ln_jax.data.config import PretrainingOptions
+except ImportError:  # a tree before 2026-12-06: the example fields were DataConfig's
+    it, _ = loader.make_host_pipeline(DataConfig(**given), seed=0, threads=0)
+else:
+    mine = {f.name for f in dataclasses.fields(PretrainingOptions)}
+    examples = PretrainingOptions(**{k: v for k, v in given.items() if k in mine})
+    cfg = DataConfig(**{k: v for k, v in given.items() if k not in mine})
+    it, _ = loader.make_host_pipeline(cfg, examples=examples, seed=0, threads=0)
 next(it)
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
@@ -517,7 +528,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256, help="batch of the comparisons")
     p.add_argument("--rounds", type=int, default=5, help="alternations of each comparison")
     args = p.parse_args(argv)  # fmt: skip
-    cfg = DataConfig(data_dir=args.data_dir, max_seq_length=128, max_predictions_per_seq=20)
+    cfg = DataConfig(data_dir=args.data_dir, max_seq_length=128)  # P: BERT's 20 (the default)
     print(f"jax {jax.__version__}, {os.cpu_count()} CPUs, {jax.device_count()} device(s)")
     prepare(cfg)
     if args.compare_old or args.workers or args.pairs or args.transport or args.closes:

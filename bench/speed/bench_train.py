@@ -166,7 +166,7 @@ def ln_jax_config(args: argparse.Namespace, s: dict[str, int], placement: str = 
     c.data.vocab_size = s["vocab"]
     c.data.global_batch_size = s["batch"]
     c.data.max_seq_length = s["seq"]
-    c.data.max_predictions_per_seq = s["predictions"]
+    c.bert.max_predictions_per_seq = s["predictions"]
     return TrainConfig.from_mapping(c.to_dict())
 
 

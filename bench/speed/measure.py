@@ -31,7 +31,7 @@ def check_shape(s: dict[str, int]) -> None:
         raise ShapeError(
             f"a batch of length {t} has {max(t - 2, 0)} maskable positions (not [CLS] and the "
             f"last), fewer than the {p} masked predictions asked for: raise the length (--seq) "
-            "or lower data.max_predictions_per_seq (an --arm field)."
+            "or lower bert.max_predictions_per_seq (an --arm field)."
         )
 
 
@@ -147,7 +147,7 @@ def synthetic_bert_config(size: str, batch: int, seq: int, predictions: int, **f
         "data.vocab_size": 8000,
         "data.global_batch_size": batch,
         "data.max_seq_length": seq,
-        "data.max_predictions_per_seq": predictions,
+        "bert.max_predictions_per_seq": predictions,
     }
     values = config_front.override(bert_preln.get_config("mini"), {**shape, **fields})
     return TrainConfig.from_mapping(values)

@@ -367,7 +367,7 @@ def translation_grad_norm_by_layer(
             "width": cfg.model.hidden_size,
             "init": cfg.model.init,
             "dataset": cfg.data.dataset,
-            "max_tokens": cfg.data.max_tokens,
+            "max_tokens": cfg.options.max_tokens,
         },
     }
 

@@ -120,7 +120,8 @@ def arm_config(settings: Settings, arm: Arm) -> TrainConfig:
     data = arm.data
     if data.vocab_size != arm.model.vocab_size:  # the theory setting's own softmax
         data = dataclasses.replace(data, vocab_size=arm.model.vocab_size)
-    return dataclasses.replace(base, model=arm.model, data=data)
+    options = base.options if arm.options is None else arm.options
+    return dataclasses.replace(base, model=arm.model, data=data, options=options)
 
 
 def arm_task(settings: Settings, arm: Arm) -> Task:
@@ -281,7 +282,7 @@ _CORPUS_BATCHES: dict[tuple, tuple[Batch, ...]] = {}
 def _corpus_batches(cfg: TrainConfig, n: int) -> tuple[Batch, ...]:
     """The first `n` corpus batches of `cfg`'s task, kept per (task, data): every arm of one
     data config reads the same batches."""
-    key = (cfg.task, cfg.data, n)
+    key = (cfg.task, cfg.data, cfg.options, n)
     if key not in _CORPUS_BATCHES:
         iterator = make_task(cfg).host_batches()
         _CORPUS_BATCHES[key] = tuple(next(iterator) for _ in range(n))
@@ -341,10 +342,11 @@ def checkpoint_arm(settings: Settings) -> Arm | None:
         cfg.data,
         global_batch_size=shapes.global_batch_size,
         max_seq_length=min(shapes.max_seq_length, cfg.model.max_position_embeddings),
-        max_predictions_per_seq=shapes.max_predictions_per_seq,
         eval_batch_size=None,
     )
-    return Arm("checkpoint", cfg.model, data, settings.checkpoint)
+    masked = settings.config.options.max_predictions_per_seq  # the analysis's, as its shapes
+    options = dataclasses.replace(cfg.options, max_predictions_per_seq=masked)
+    return Arm("checkpoint", cfg.model, data, settings.checkpoint, options)
 
 
 def all_arms(settings: Settings, placements: Sequence[str], num_layers: int) -> list[Arm]:

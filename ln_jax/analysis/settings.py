@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ln_jax.config.load import build_config, load_config, override
+from ln_jax.config.load import build_config, defaults_for, load_config, override
 from ln_jax.config.run import ModelConfig, TrainConfig, check_choice
 from ln_jax.data.config import DataConfig
 from ln_jax.nn.placements import PLACEMENTS, parse_placement
@@ -41,7 +41,8 @@ ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
         "scan_layers": True,
         "scan_unroll": 1,  # one layer a scan iteration: one program whatever the depth
     },
-    "data": {"max_seq_length": 64, "max_predictions_per_seq": 10, "global_batch_size": 16},
+    "data": {"max_seq_length": 64, "global_batch_size": 16},
+    "bert": {"max_predictions_per_seq": 10},  # a config of another family has no "bert"
 }
 
 
@@ -68,7 +69,7 @@ def analysis_config(
       `TrainConfig` of `base` with `ANALYSIS_DEFAULTS` and then `overrides` applied.
     """
     values = load_config(DEFAULT_CONFIG) if base is None else base
-    values = override(override(values, analysis_defaults()), overrides or {})
+    values = override(override(values, defaults_for(values, analysis_defaults())), overrides or {})
     return build_config(values)
 
 
@@ -122,12 +123,15 @@ class Arm:
       model: the model config (for a checkpoint: the config it was trained with).
       data: batch shapes and corpus of the arm's batches.
       checkpoint: checkpoint path, or None for fresh initialisations (one per seed).
+      options: the task's own fields of the arm (a checkpoint's with the analysis's masked
+        positions); None = those of the config the arm is measured in.
     """
 
     label: str
     model: ModelConfig
     data: DataConfig
     checkpoint: str | None = None
+    options: Any = None
 
 
 def check_placements(placements: Sequence[str]) -> tuple[str, ...]:

@@ -22,15 +22,14 @@ from ml_collections.config_dict import FieldReference
 from ln_jax.validate import (
     LEGACY_SECTION,
     MOVED_FIELDS,
-    MOVED_MODEL_FIELDS,
-    MOVED_MODEL_SECTION,
     ConfigError,
     Fix,
     closest,
     did_you_mean,
+    family_field,
+    family_field_message,
     moved_field_message,
     moved_message,
-    moved_model_message,
     suggest,
 )
 
@@ -38,6 +37,7 @@ __all__ = [
     "CommandLine",
     "build_config",
     "config_from_command_line",
+    "defaults_for",
     "derive_again",
     "fields_meant",
     "load_config",
@@ -210,8 +210,8 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
         if dotted in MOVED_FIELDS and dotted not in out and "optim" in out:
             rename = {CONFIG_PREFIX + dotted: CONFIG_PREFIX + MOVED_FIELDS[dotted]}
             raise ConfigError(moved_field_message(dotted), fix=Fix(rename=rename))
-        if path[0] == "model" and path[-1] in MOVED_MODEL_FIELDS and len(path) == 2:
-            _check_moved_model_field(out, dotted)
+        if len(path) == 2 and family_field(*path):
+            _check_family_field(out, dotted)
         for depth, key in enumerate(path):
             if not isinstance(node, dict) or key not in node:
                 raise _unknown_field(out, path[:depth], key, node, dotted)
@@ -228,17 +228,18 @@ def override(config: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check_moved_model_field(tree: Mapping[str, Any], dotted: str) -> None:
-    """`model.type_vocab_size` / `model.nsp_head` of a config that no longer declares them:
-    BERT's own section since 2026-12-06 (`MOVED_MODEL_FIELDS`); the fix renames the flag."""
-    if dotted.split(".")[1] in tree.get("model", {}):
+def _check_family_field(tree: Mapping[str, Any], dotted: str) -> None:
+    """`model.nsp_head`, `data.nsp`, `data.max_tokens` ... of a config that no longer declares
+    them: a family's own section since 2026-12-06 (`ln_jax.validate.FAMILY_FIELDS`); the fix
+    renames the flag."""
+    shared, field = dotted.split(".")
+    if field in tree.get(shared, {}):
         return
-    field, section = dotted.split(".")[1], tree.get(MOVED_MODEL_SECTION)
+    family = family_field(shared, field)
+    section = tree.get(family)
     has = isinstance(section, dict) and field in section
-    fix = None
-    if has:
-        fix = Fix(rename={CONFIG_PREFIX + dotted: f"{CONFIG_PREFIX}{MOVED_MODEL_SECTION}.{field}"})
-    raise ConfigError(moved_model_message(field, has), fix=fix)
+    fix = Fix(rename={CONFIG_PREFIX + dotted: f"{CONFIG_PREFIX}{family}.{field}"}) if has else None
+    raise ConfigError(family_field_message(shared, field, has), fix=fix)
 
 
 def _moved(tree: Mapping[str, Any], dotted: str) -> ConfigError:
@@ -360,8 +361,16 @@ def config_from_command_line(
             fix=Fix(set={"--config": EXAMPLE_CONFIG}),
         )
     raw = _get_config(line.spec, shipped)
-    values = override(override(_plain(raw), dict(defaults)), line.overrides)
-    return derive_again(raw, values, [*dict(defaults), *line.overrides]), line
+    defaults = defaults_for(_plain(raw), defaults)
+    values = override(override(_plain(raw), defaults), line.overrides)
+    return derive_again(raw, values, [*defaults, *line.overrides]), line
+
+
+def defaults_for(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of `defaults` (dotted fields, a command's own defaults) whose section the
+    config `values` has: a command's defaults for one family's section (the analyses' "bert")
+    do not apply to a config of another."""
+    return {k: v for k, v in dict(defaults).items() if k.split(".")[0] in values}
 
 
 def derive_again(raw: Any, values: dict[str, Any], given: Sequence[str]) -> dict[str, Any]:

@@ -568,6 +568,7 @@ class TrainConfig:
         if section is not None:
             values["options"] = values.pop(section, None)
         data = dict(values.pop("data", {}))
+        validate.check_family_fields("data", data, section)
         if data.get("vocab_size") is None:
             # The embedded corpus (1.5 MB) supports ~10k pieces; BERT's size for real corpora.
             embedded = data.get("dataset", DEFAULT_DATASET) == DEFAULT_DATASET
@@ -577,7 +578,7 @@ class TrainConfig:
         if optim.get("total_steps") is None:
             optim["total_steps"] = values.get("total_steps", cls.total_steps)
         model = dict(values.pop("model", {}))
-        validate.check_moved_model_fields(model, section)
+        validate.check_family_fields("model", model, section)
         if model.get("vocab_size") is None:
             model["vocab_size"] = data.vocab_size
         sections = {

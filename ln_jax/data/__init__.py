@@ -1,10 +1,12 @@
 """Pretraining data: TFDS corpora, a sentencepiece tokenizer, BERT examples, a grain loader.
 
 Entry points:
-  make_pipeline(cfg, split=, seed=, mesh=)  -> (iterator of global jax.Array batches, tokenizer)
-  make_host_pipeline(cfg, split=, seed=, process_index=, process_count=) -> (numpy, tokenizer)
-  make_translation_pipeline(cfg, split=, seed=, mesh=, max_source_length=, max_target_length=)
-      -> (translation batches, tokenizer)  (parallel text: `ln_jax.data.translation`)
+  make_pipeline(cfg, examples=, split=, seed=, mesh=)
+      -> (iterator of global jax.Array batches, tokenizer)  (`examples`: PretrainingOptions)
+  make_host_pipeline(cfg, examples=, split=, seed=, process_index=, process_count=)
+      -> (numpy, tokenizer)
+  make_translation_pipeline(cfg, split=, seed=, mesh=, max_tokens=, max_source_length=,
+      max_target_length=) -> (translation batches, tokenizer)  (`ln_jax.data.translation`)
 
 The names below load their module on first use (PEP 562), so that `ln_jax.data.config` (the
 typed `DataConfig`, imported by `ln_jax.config.run`) stays cheap to import: TFDS, grain and
@@ -19,7 +21,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "config": ("DataConfig", "parse_dataset"),
+    "config": ("DataConfig", "PretrainingOptions", "parse_dataset"),
     "corpus": ("LnJaxPydocs", "LnJaxTextdir", "split_sentences"),
     "loader": (
         "EvalBatches",

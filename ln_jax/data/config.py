@@ -64,12 +64,6 @@ class DataConfig:
       tokenizer_max_documents: at most this many training documents (evenly strided) feed the
         tokenizer trainer, so that a Wikipedia-size corpus stays tractable.
       max_seq_length: T, tokens per example (BERT: 128 in phase 1, 512 in phase 2).
-      max_predictions_per_seq: P, masked positions per example (BERT: 20 at 128, 80 at 512).
-      masked_lm_prob: fraction of tokens to predict.
-      short_seq_prob: probability that a document uses a random shorter target length.
-      whole_word_masking: mask all pieces of a word together.
-      nsp: sentence pairs with next-sentence labels; False = RoBERTa-style packed full
-        sentences (segment ids and `nsp_label` all 0).
       global_batch_size: examples per step over all hosts and devices.
       eval_batch_size: examples per eval batch; None = global_batch_size.
       eval_num_batches: eval batches; None = one pass over the eval split.
@@ -80,8 +74,11 @@ class DataConfig:
         GPU/TPU, 0 on CPU devices (whose memory is the host's).
       prepare_timeout_s: how long processes other than 0 wait for process 0 to write a pair
         index before they stop with an error.
-      max_tokens: translation only: padded tokens per global batch, max(source, target)
-        length x rows (the papers' "tokens per batch"; `ln_jax.data.translation`).
+
+    How BERT's examples are made from the text (masks, sentence pairs) is BERT's own section
+    (`PretrainingOptions`, in `BertOptions`), a translation batch's token budget translation's
+    (`TranslationOptions.max_tokens`); they were fields here until 2026-12-06
+    (`ln_jax.validate.FAMILY_FIELDS`).
     """
 
     dataset: DatasetSpec = DEFAULT_DATASET
@@ -96,11 +93,6 @@ class DataConfig:
     tokenizer_type: str = "unigram"
     tokenizer_max_documents: int = 200_000
     max_seq_length: int = 128
-    max_predictions_per_seq: int = 20
-    masked_lm_prob: float = 0.15
-    short_seq_prob: float = 0.1
-    whole_word_masking: bool = False
-    nsp: bool = True
     global_batch_size: int = 16
     eval_batch_size: int | None = None
     eval_num_batches: int | None = None
@@ -108,10 +100,9 @@ class DataConfig:
     worker_count: int = 0
     device_prefetch: int | None = None
     prepare_timeout_s: float = 3600.0
-    max_tokens: int = 4096
 
     def __post_init__(self):
-        _check_types(self)
+        check_types(self, "data")
         if isinstance(self.dataset, list):  # from YAML/JSON: store the hashable tuple form
             object.__setattr__(self, "dataset", tuple(tuple(e) for e in self.dataset))
         parse_dataset(self.dataset)  # raises on a malformed spec
@@ -149,8 +140,10 @@ def _allowed(tp: Any) -> tuple[type, ...]:
     return (tp,)
 
 
-def _check_types(cfg: DataConfig) -> None:
-    hints = typing.get_type_hints(DataConfig)
+def check_types(cfg: Any, section: str) -> None:
+    """Raises a TypeError naming the first field of the dataclass `cfg` (the config section
+    `section`) whose value is not of its annotated type."""
+    hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value, allowed = getattr(cfg, f.name), _allowed(hints[f.name])
         # bool is an int in Python; an int field given True is almost surely a mistake.
@@ -158,7 +151,8 @@ def _check_types(cfg: DataConfig) -> None:
         if bad_bool or not isinstance(value, allowed):
             names = "/".join(t.__name__ for t in allowed)
             raise TypeError(
-                f"data.{f.name} must be {names}, got {value!r}: set --config.data.{f.name}."
+                f"{section}.{f.name} must be {names}, got {value!r}: set "
+                f"--config.{section}.{f.name}."
             )
 
 
@@ -171,25 +165,62 @@ def _check_ranges(cfg: DataConfig) -> None:
         TOKENIZER_TYPES,
         config_field="data.tokenizer_type",
     )
-    minimum = {"vocab_size": 6, "max_seq_length": 8, "max_predictions_per_seq": 1}
-    minimum |= {"global_batch_size": 1, "tokenizer_max_documents": 1, "seed": 0}
-    minimum |= {"worker_count": 0, "prepare_timeout_s": 0}
-    minimum |= {"max_tokens": 1}
-    for name, low in minimum.items():
-        if getattr(cfg, name) < low:
-            raise _out_of_range(cfg, name, f"must be >= {low}")
+    minimum = {"vocab_size": 6, "max_seq_length": 8, "global_batch_size": 1}
+    minimum |= {"tokenizer_max_documents": 1, "seed": 0, "worker_count": 0}
+    minimum |= {"prepare_timeout_s": 0}
+    check_minimum(cfg, "data", minimum)
     for name in ("eval_batch_size", "eval_num_batches"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise _out_of_range(cfg, name, "must be >= 1 or None")
     if cfg.device_prefetch is not None and cfg.device_prefetch < 0:
         raise _out_of_range(cfg, "device_prefetch", "must be >= 0 or None")
-    for name in ("masked_lm_prob", "short_seq_prob"):
-        if not 0.0 <= getattr(cfg, name) <= 1.0:
-            raise _out_of_range(cfg, name, "must be in [0, 1]")
 
 
-def _out_of_range(cfg: DataConfig, name: str, rule: str) -> ConfigError:
-    return ConfigError(f"data.{name}={getattr(cfg, name)!r} {rule}: set --config.data.{name}.")
+def check_minimum(cfg: Any, section: str, minimum: Mapping[str, float]) -> None:
+    """Raises a ConfigError naming the first field of `cfg` (the config section `section`)
+    under its minimum in `minimum` ({field: lowest allowed value})."""
+    for name, low in minimum.items():
+        if getattr(cfg, name) < low:
+            raise _out_of_range(cfg, name, f"must be >= {low}", section)
+
+
+def _out_of_range(cfg: Any, name: str, rule: str, section: str = "data") -> ConfigError:
+    return ConfigError(
+        f"{section}.{name}={getattr(cfg, name)!r} {rule}: set --config.{section}.{name}."
+    )
+
+
+# The config section of BERT's own fields (`ln_jax.models.bert.options`), named in errors.
+PRETRAINING_SECTION = "bert"
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainingOptions:
+    """How BERT pretraining's examples are made from the token ids (`ln_jax.data.pretraining`,
+    `ln_jax.data.loader`): the data half of BERT's section "bert" (`BertOptions` adds the
+    model's fields), `--config.bert.FIELD`.
+
+    Attributes:
+      max_predictions_per_seq: P, masked positions per example (BERT: 20 at 128, 80 at 512).
+      masked_lm_prob: fraction of tokens to predict.
+      short_seq_prob: probability that a document uses a random shorter target length.
+      whole_word_masking: mask all pieces of a word together.
+      nsp: sentence pairs with next-sentence labels; False = RoBERTa-style packed full
+        sentences (segment ids and `nsp_label` all 0).
+    """
+
+    max_predictions_per_seq: int = 20
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    whole_word_masking: bool = False
+    nsp: bool = True
+
+    def __post_init__(self) -> None:
+        check_types(self, PRETRAINING_SECTION)
+        check_minimum(self, PRETRAINING_SECTION, {"max_predictions_per_seq": 1})
+        for name in ("masked_lm_prob", "short_seq_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise _out_of_range(self, name, "must be in [0, 1]", PRETRAINING_SECTION)
 
 
 def _split_weight(entry: str) -> tuple[str, float]:

@@ -33,7 +33,7 @@ from ln_jax import sharding as sharding_lib
 from ln_jax.data import pairs as pairs_lib
 from ln_jax.data import pretraining
 from ln_jax.data import sources as sources_lib
-from ln_jax.data.config import DataConfig
+from ln_jax.data.config import DataConfig, PretrainingOptions
 from ln_jax.data.host_iterator import (  # noqa: F401  (re-exported: loader's public names)
     STATE_VERSION,
     DataWorkerError,
@@ -140,7 +140,9 @@ def tokenized_corpus(
     return pretraining.load_corpus(folder)
 
 
-def pair_index_meta(cfg: DataConfig, split_name: str, tokenizer: Tokenizer, seed: int) -> dict:
+def pair_index_meta(
+    cfg: DataConfig, examples: PretrainingOptions, split_name: str, tokenizer: Tokenizer, seed: int
+) -> dict:
     """Everything a split's pair index depends on besides the dataset (its folder)."""
     return {
         "version": pairs_lib.PAIR_INDEX_VERSION,
@@ -148,8 +150,8 @@ def pair_index_meta(cfg: DataConfig, split_name: str, tokenizer: Tokenizer, seed
         "tokenizer": tokenizer.fingerprint,
         "seed": seed,
         "max_seq_length": cfg.max_seq_length,
-        "nsp": cfg.nsp,
-        "short_seq_prob": cfg.short_seq_prob if cfg.nsp else None,
+        "nsp": examples.nsp,
+        "short_seq_prob": examples.short_seq_prob if examples.nsp else None,
     }
 
 
@@ -227,15 +229,15 @@ def _tokenize_rest(cfg: DataConfig, split: str, corpora, tokenizer):
     ]
 
 
-def _components(cfg, split, seed, corpora, tokenizer, builder: bool):
-    spec = pretraining.masking_spec(tokenizer, cfg)
-    meta = pair_index_meta(cfg, _split_name(cfg, split), tokenizer, seed)
+def _components(cfg, examples, split, seed, corpora, tokenizer, builder: bool):
+    spec = pretraining.masking_spec(tokenizer, examples)
+    meta = pair_index_meta(cfg, examples, _split_name(cfg, split), tokenizer, seed)
     components = []
     for stream, (source, corpus, weight) in enumerate(corpora):
         builds = builder or source.per_host_cache  # a per-host cache: every process builds
         pairs = pair_index(source, corpus, meta, builder=builds, timeout_s=cfg.prepare_timeout_s)
         examples = pretraining.PretrainingExamples(
-            corpus, spec, max_seq_length=cfg.max_seq_length, nsp=cfg.nsp, seed=seed,
+            corpus, spec, max_seq_length=cfg.max_seq_length, nsp=examples.nsp, seed=seed,
             stream=stream, pairs=pairs,
         )  # fmt: skip
         components.append((examples, weight))
@@ -243,15 +245,18 @@ def _components(cfg, split, seed, corpora, tokenizer, builder: bool):
 
 
 def load_examples(
-    cfg: DataConfig, split: str, seed: int
+    cfg: DataConfig, split: str, seed: int, examples: PretrainingOptions | None = None
 ) -> tuple[list[tuple[pretraining.PretrainingExamples, float]], Tokenizer]:
-    """Opens every dataset of the config and its examples for `split` ("train"|"eval").
+    """Opens every dataset of the config and its examples for `split` ("train"|"eval"), made
+    as `examples` says (None = `PretrainingOptions()`: BERT's defaults).
 
     Returns:
       [(examples, mix weight), ...] and the tokenizer.
     """
+    examples = PretrainingOptions() if examples is None else examples
     corpora, tokenizer = _corpora(cfg, split)
-    return _components(cfg, split, seed, corpora, tokenizer, builder=True), tokenizer
+    components = _components(cfg, examples, split, seed, corpora, tokenizer, builder=True)
+    return components, tokenizer
 
 
 def example_stream(components, *, seed: int, shuffle: bool = True) -> ExampleStream:
@@ -341,7 +346,7 @@ class EvalBatches:
 # --------------------------------------------------------------------------------------------
 
 
-def _identity(cfg: DataConfig, split: str, seed: int, components, batch_size: int) -> dict:
+def _identity(cfg: DataConfig, examples, split, seed: int, components, batch_size: int) -> dict:
     """What a saved iterator state must match: the data, the seed, the batch size."""
     dataset = cfg.dataset if isinstance(cfg.dataset, str) else [list(e) for e in cfg.dataset]
     return {
@@ -350,9 +355,9 @@ def _identity(cfg: DataConfig, split: str, seed: int, components, batch_size: in
         "seed": seed,
         "batch_size": batch_size,
         "max_seq_length": cfg.max_seq_length,
-        "max_predictions_per_seq": cfg.max_predictions_per_seq,
-        "nsp": cfg.nsp,
-        "whole_word_masking": cfg.whole_word_masking,
+        "max_predictions_per_seq": examples.max_predictions_per_seq,
+        "nsp": examples.nsp,
+        "whole_word_masking": examples.whole_word_masking,
         "num_examples": [len(ex) for ex, _ in components],
     }
 
@@ -364,14 +369,14 @@ def _eval_num_batches(cfg: DataConfig, components, batch_size: int, requested: i
     return max(1, -(-sum(len(ex) for ex, _ in components) // batch_size))
 
 
-def _build(cfg, split, seed, block, num_blocks, num_batches, threads, workers, components,
-           convert):  # fmt: skip
+def _build(cfg, examples, split, seed, block, num_blocks, num_batches, threads, workers,
+           components, convert):  # fmt: skip
     train = split == "train"
     batch_size = cfg.global_batch_size if train else cfg.eval_batch_size or cfg.global_batch_size
     stream = example_stream(components, seed=seed, shuffle=train)
     batches = HostBatches(stream, batch_size, host_rows(batch_size, block, num_blocks))
     if train:
-        identity = _identity(cfg, split, seed, components, batch_size)
+        identity = _identity(cfg, examples, split, seed, components, batch_size)
         workers = cfg.worker_count if workers is None else workers
         return HostBatchIterator(batches, identity, threads, workers)
     count = _eval_num_batches(cfg, components, batch_size, num_batches)
@@ -381,6 +386,7 @@ def _build(cfg, split, seed, block, num_blocks, num_batches, threads, workers, c
 def make_host_pipeline(
     cfg: DataConfig,
     *,
+    examples: PretrainingOptions | None = None,
     split: str = "train",
     seed: int | None = None,
     process_index: int = 0,
@@ -393,6 +399,7 @@ def make_host_pipeline(
 
     Args:
       cfg: the data config.
+      examples: how examples are made (BERT's section "bert"); None = `PretrainingOptions()`.
       split: "train" (endless, shuffled, checkpointable) or "eval" (finite, fixed).
       seed: seed of pairs, shuffle and masks; None = cfg.seed.
       process_index: which process's rows to load (tests may fake it).
@@ -408,8 +415,9 @@ def make_host_pipeline(
     seed = cfg.seed if seed is None else seed
     size = cfg.global_batch_size if split == "train" else cfg.eval_batch_size
     host_rows(size or cfg.global_batch_size, process_index, process_count)  # validates
-    components, tokenizer = load_examples(cfg, split, seed)
-    args = (cfg, split, seed, process_index, process_count, num_batches, threads, workers)
+    examples = PretrainingOptions() if examples is None else examples
+    components, tokenizer = load_examples(cfg, split, seed, examples)
+    args = (cfg, examples, split, seed, process_index, process_count, num_batches, threads, workers)
     return _build(*args, components, None), tokenizer
 
 
@@ -428,6 +436,7 @@ _setup_log = console.file_only_logger(__name__)  # where a run's start went: tra
 def make_pipeline(
     cfg: DataConfig,
     *,
+    examples: PretrainingOptions | None = None,
     split: str = "train",
     seed: int | None = None,
     mesh: jax.sharding.Mesh,
@@ -447,6 +456,7 @@ def make_pipeline(
 
     Args:
       cfg: the data config.
+      examples: how examples are made (BERT's section "bert"); None = `PretrainingOptions()`.
       split: "train" (endless, shuffled; `get_state`/`set_state`) or "eval" (finite, fixed).
       seed: seed of pairs, shuffle and masks; None = cfg.seed.
       mesh: the device mesh.
@@ -459,6 +469,7 @@ def make_pipeline(
         process count.
     """
     seed = cfg.seed if seed is None else seed
+    examples = PretrainingOptions() if examples is None else examples
     size = cfg.global_batch_size if split == "train" else cfg.eval_batch_size
     size = size or cfg.global_batch_size
     check_global_batch(size, sharding_lib.batch_divisor(mesh), jax.process_count())
@@ -468,9 +479,9 @@ def make_pipeline(
     clock.append(time.perf_counter())
     corpora = _tokenize_rest(cfg, split, corpora, tokenizer)
     builder = jax.process_index() == 0
-    components = _components(cfg, split, seed, corpora, tokenizer, builder)
+    components = _components(cfg, examples, split, seed, corpora, tokenizer, builder)
     clock.append(time.perf_counter())
-    args = (cfg, split, seed, block, num_blocks, num_batches, threads, workers)
+    args = (cfg, examples, split, seed, block, num_blocks, num_batches, threads, workers)
     pipeline = _build(*args, components, lambda b: to_global(b, mesh, size))
     if split == "train":
         pipeline = GlobalBatchIterator(pipeline, mesh, size, device_prefetch(cfg, mesh))

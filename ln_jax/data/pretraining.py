@@ -426,12 +426,12 @@ class PretrainingExamples:
         return {k: v[0] for k, v in self.batch([index], [epoch]).items()}
 
 
-def masking_spec(tokenizer: Any, cfg: Any) -> MaskingSpec:
-    """The MaskingSpec of a Tokenizer and a DataConfig."""
+def masking_spec(tokenizer: Any, examples: Any) -> MaskingSpec:
+    """The MaskingSpec of a Tokenizer and a `PretrainingOptions` (BERT's section "bert")."""
     return MaskingSpec(
         vocab_size=tokenizer.vocab_size,
         word_start=tokenizer.word_start,
-        max_predictions=cfg.max_predictions_per_seq,
-        masked_lm_prob=cfg.masked_lm_prob,
-        whole_word=cfg.whole_word_masking,
+        max_predictions=examples.max_predictions_per_seq,
+        masked_lm_prob=examples.masked_lm_prob,
+        whole_word=examples.whole_word_masking,
     )

@@ -2,7 +2,7 @@
 
 Entry point (what the translation task calls):
 
-  make_translation_pipeline(data_cfg, split=, seed=, mesh=, max_source_length=,
+  make_translation_pipeline(data_cfg, split=, seed=, mesh=, max_tokens=, max_source_length=,
                             max_target_length=) -> (iterator, tokenizer)
 
 A batch is a dict of global jax.Arrays sharded by `ln_jax.sharding.batch_sharding(mesh)`:
@@ -14,11 +14,11 @@ A batch is a dict of global jax.Arrays sharded by `ln_jax.sharding.batch_shardin
   index     int32 [B]       (eval only) the pair's position in the split, -1 on padding rows
 
 (S, T) comes from a few static buckets (`bucket_lengths`: 16, 32, 64, ... up to the max
-lengths), so a run compiles one program per bucket. B is fixed per bucket: `data.max_tokens //
-L` (L = the bucket's length, so B * max(S, T) <= max_tokens, the papers' "tokens per batch"
-counted on padded tokens), rounded down to a multiple of the data-parallel device count, at
-least that count. Rows that only fill a bucket's last batch of an epoch repeat the batch's
-first pair with `tgt_mask` 0 (and `index` -1), so no row is ever all padding.
+lengths), so a run compiles one program per bucket. B is fixed per bucket: `max_tokens // L`
+(`translation.max_tokens`; L = the bucket's length, so B * max(S, T) <= max_tokens, the papers'
+"tokens per batch" counted on padded tokens), rounded down to a multiple of the data-parallel
+device count, at least that count. Rows that only fill a bucket's last batch of an epoch repeat
+the batch's first pair with `tgt_mask` 0 (and `index` -1), so no row is ever all padding.
 
 Training: pairs whose source + EOS exceeds `max_source_length` or target + EOS exceeds
 `max_target_length` are dropped (counted and logged). Epoch e is a permutation keyed by
@@ -173,12 +173,14 @@ class Buckets:
       lengths: L of each bucket, ascending.
       rows: B of each bucket (a multiple of `multiple`).
       max_source_length, max_target_length: caps of S and T.
+      max_tokens: the token budget the rows were made for (`translation.max_tokens`).
     """
 
     lengths: tuple[int, ...]
     rows: tuple[int, ...]
     max_source_length: int
     max_target_length: int
+    max_tokens: int
 
     @classmethod
     def make(cls, max_tokens: int, max_source_length: int, max_target_length: int, multiple: int):
@@ -189,10 +191,10 @@ class Buckets:
         rows = tuple(max(multiple, max_tokens // n // multiple * multiple) for n in lengths)
         if rows[-1] * lengths[-1] > max_tokens:
             log.warning(
-                "data.max_tokens=%d is under %d rows x %d tokens: the longest bucket holds %d "
-                "padded tokens", max_tokens, multiple, lengths[-1], rows[-1] * lengths[-1],
+                "translation.max_tokens=%d is under %d rows x %d tokens: the longest bucket "
+                "holds %d padded tokens", max_tokens, multiple, lengths[-1], rows[-1] * lengths[-1],
             )  # fmt: skip
-        return cls(lengths, rows, max_source_length, max_target_length)
+        return cls(lengths, rows, max_source_length, max_target_length, max_tokens)
 
     def shape(self, bucket: int) -> tuple[int, int, int]:
         """(B, S, T) of a bucket."""
@@ -447,7 +449,7 @@ def _identity(cfg: DataConfig, data: SplitData, buckets: Buckets, seed: int) -> 
         "split": cfg.train_split,
         "tokenizer": data.tokenizer.fingerprint,
         "seed": seed,
-        "max_tokens": cfg.max_tokens,
+        "max_tokens": buckets.max_tokens,
         "lengths": list(buckets.lengths),
         "rows": list(buckets.rows),
         "max_source_length": buckets.max_source_length,
@@ -480,6 +482,7 @@ def make_host_translation_pipeline(
     *,
     split: str,
     seed: int,
+    max_tokens: int,
     max_source_length: int,
     max_target_length: int,
     multiple: int = 1,
@@ -489,6 +492,7 @@ def make_host_translation_pipeline(
     """The pipeline without devices: numpy batches of one process's rows (tests, benches).
 
     Args:
+      max_tokens: padded tokens per batch (`translation.max_tokens`).
       multiple: B of every bucket is a multiple of this (the data-parallel device count).
       process_index, process_count: which equal block of each batch's rows to load.
 
@@ -497,7 +501,7 @@ def make_host_translation_pipeline(
       for "eval" a `TranslationEvalBatches` of numpy batches.
     """
     multiple = int(np.lcm(multiple, process_count))
-    buckets = Buckets.make(data_cfg.max_tokens, max_source_length, max_target_length, multiple)
+    buckets = Buckets.make(max_tokens, max_source_length, max_target_length, multiple)
     data = load_split(data_cfg, split)
     args = (data_cfg, split, seed, data, buckets, process_index, process_count)
     return _host_pipeline(*args), data.tokenizer
@@ -509,18 +513,20 @@ def make_translation_pipeline(
     split: str,
     seed: int,
     mesh: jax.sharding.Mesh,
+    max_tokens: int,
     max_source_length: int,
     max_target_length: int,
 ):
     """The translation task's data: batches of global jax.Arrays and the tokenizer.
 
     Args:
-      data_cfg: the data config (dataset, vocab_size, tokenizer_type, max_tokens, splits).
+      data_cfg: the data config (dataset, vocab_size, tokenizer_type, splits).
       split: "train" (endless, shuffled, dropping too-long pairs) or "eval" (every pair of
         `data_cfg.eval_split` once).
       seed: keys the epochs' shuffles.
       mesh: batches are sharded by `batch_sharding(mesh)`; B is a multiple of its
         data x fsdp devices.
+      max_tokens: padded tokens per batch, max(S, T) x B (`translation.max_tokens`).
       max_source_length, max_target_length: S and T caps, EOS (and BOS) included.
 
     Returns:
@@ -530,7 +536,7 @@ def make_translation_pipeline(
       The tokenizer has encode(str) -> list[int], decode(ids) -> str, vocab_size.
     """
     multiple = sharding_lib.batch_divisor(mesh)
-    buckets = Buckets.make(data_cfg.max_tokens, max_source_length, max_target_length, multiple)
+    buckets = Buckets.make(max_tokens, max_source_length, max_target_length, multiple)
     block, num_blocks = loader.mesh_rows(mesh, multiple)
     data = loader._prepare_once(lambda: load_split(data_cfg, split))
     args = (data_cfg, split, seed, data, buckets, block, num_blocks)

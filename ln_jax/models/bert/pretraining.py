@@ -39,7 +39,7 @@ class BertPretraining(Task):
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
-        self.use_nsp = bool(cfg.data.nsp and cfg.options.nsp_head)
+        self.use_nsp = bool(cfg.options.nsp and cfg.options.nsp_head)
 
     @staticmethod
     def check_data(cfg: Any) -> None:
@@ -52,8 +52,8 @@ class BertPretraining(Task):
         return BertForPreTraining(self.cfg.model, rngs=rngs, options=self.cfg.options)
 
     def abstract_batch(self, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-        d = self.cfg.data
-        b, t, p = d.global_batch_size, d.max_seq_length, d.max_predictions_per_seq
+        d, p = self.cfg.data, self.cfg.options.max_predictions_per_seq
+        b, t = d.global_batch_size, d.max_seq_length
         spec = sharding.batch_struct(mesh)
         return {
             "input_ids": spec((b, t)),
@@ -116,7 +116,7 @@ class BertPretraining(Task):
 
         cfg = self.cfg
         train_iter, tokenizer = make_pipeline(
-            cfg.data, split="train", seed=cfg.data.seed, mesh=mesh
+            cfg.data, examples=cfg.options, split="train", seed=cfg.data.seed, mesh=mesh
         )
         if tokenizer.vocab_size != cfg.model.vocab_size:
             train_iter.close()
@@ -125,7 +125,12 @@ class BertPretraining(Task):
                 f"{cfg.model.vocab_size}; set them equal (data.vocab_size sets both)."
             )
         eval_batches, _ = make_pipeline(
-            cfg.data, split="eval", seed=cfg.data.seed, mesh=mesh, num_batches=cfg.eval_batches
+            cfg.data,
+            examples=cfg.options,
+            split="eval",
+            seed=cfg.data.seed,
+            mesh=mesh,
+            num_batches=cfg.eval_batches,
         )
         return train_iter, eval_batches
 
@@ -133,9 +138,9 @@ class BertPretraining(Task):
 
     def random_batch(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """A batch of uniformly random ordinary tokens, masked positions and labels: the
-        sentence-pair halves as segments, no padding; "nsp_label" only with `data.nsp`."""
-        d = self.cfg.data
-        b, t, p = d.global_batch_size, d.max_seq_length, d.max_predictions_per_seq
+        sentence-pair halves as segments, no padding; "nsp_label" only with `bert.nsp`."""
+        d, p = self.cfg.data, self.cfg.options.max_predictions_per_seq
+        b, t = d.global_batch_size, d.max_seq_length
         vocab = self.cfg.model.vocab_size
         positions = np.sort(
             np.stack([rng.choice(np.arange(1, t), p, replace=False) for _ in range(b)]), axis=1
@@ -157,12 +162,16 @@ class BertPretraining(Task):
         from ln_jax.data import make_host_pipeline
 
         data = self.cfg.data
-        iterator, _ = make_host_pipeline(data, split="train", seed=data.seed, threads=0)
+        iterator, _ = make_host_pipeline(
+            data, examples=self.cfg.options, split="train", seed=data.seed, threads=0
+        )
         return (self._without_unused_labels(b) for b in iterator)
 
     def _without_unused_labels(self, batch: dict) -> dict:
         """Drops "nsp_label" when the data has no sentence pairs (the loss skips NSP then)."""
-        return batch if self.cfg.data.nsp else {k: v for k, v in batch.items() if k != "nsp_label"}
+        return (
+            batch if self.cfg.options.nsp else {k: v for k, v in batch.items() if k != "nsp_label"}
+        )
 
     # ----------------------------------------------------------------- measurements
 

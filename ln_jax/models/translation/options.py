@@ -45,6 +45,9 @@ class TranslationOptions:
       scale_embeddings: multiply token embeddings by sqrt(d) (fairseq, Marian).
       tie_output: the output projection is the embedding table (shared vocabulary).
       label_smoothing: epsilon of the label-smoothed cross-entropy (the papers: 0.1).
+      max_tokens: padded tokens per global batch, max(source, target) length x rows (the
+        papers' "tokens per batch"; `ln_jax.data.translation`; `data.max_tokens` until
+        2026-12-06).
       max_source_length / max_target_length: tokens (with EOS) kept per side in training.
       eval_bleu: decode the evaluation batches (`eval_batches` of the validation split) and
         report their corpus BLEU at each evaluation.
@@ -68,6 +71,7 @@ class TranslationOptions:
     scale_embeddings: bool = True
     tie_output: bool = True
     label_smoothing: float = 0.1
+    max_tokens: int = 4096
     max_source_length: int = 64
     max_target_length: int = 64
     eval_bleu: bool = True
@@ -126,6 +130,11 @@ class TranslationOptions:
             raise ValueError(f"{SECTION}.decoder_layers={self.decoder_layers} must be > 0.")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"{SECTION}.label_smoothing={self.label_smoothing}: use [0, 1).")
+        if self.max_tokens < 1:
+            raise ValueError(
+                f"{SECTION}.max_tokens={self.max_tokens} must be >= 1: set "
+                f"--config.{SECTION}.max_tokens."
+            )
         longest = max(self.max_source_length, self.max_target_length + 1)
         if longest > cfg.max_position_embeddings:
             raise ValueError(

@@ -96,7 +96,7 @@ class Translation(Task):
 
         o = self.options
         buckets = Buckets.make(
-            self.cfg.data.max_tokens,
+            o.max_tokens,
             o.max_source_length,
             o.max_target_length,
             sharding.batch_divisor(mesh),
@@ -112,8 +112,8 @@ class Translation(Task):
         }
 
     def tokens_per_step(self) -> int:
-        """The token budget of a batch (`data.max_tokens`; padded tokens count)."""
-        return int(self.cfg.data.max_tokens)
+        """The token budget of a batch (`translation.max_tokens`; padded tokens count)."""
+        return int(self.options.max_tokens)
 
     def normalizers(self, batch: Batch) -> dict[str, Array]:
         """Losses divide by the whole batch's target tokens."""
@@ -227,7 +227,11 @@ class Translation(Task):
         from ln_jax.data import make_translation_pipeline
 
         cfg, o = self.cfg, self.options
-        lengths = dict(max_source_length=o.max_source_length, max_target_length=o.max_target_length)
+        lengths = dict(
+            max_tokens=o.max_tokens,
+            max_source_length=o.max_source_length,
+            max_target_length=o.max_target_length,
+        )
         train, tokenizer = make_translation_pipeline(
             cfg.data, split="train", seed=cfg.data.seed, mesh=mesh, **lengths
         )
@@ -256,7 +260,11 @@ class Translation(Task):
         from ln_jax.data import make_host_translation_pipeline
 
         cfg, o = self.cfg, self.options
-        lengths = dict(max_source_length=o.max_source_length, max_target_length=o.max_target_length)
+        lengths = dict(
+            max_tokens=o.max_tokens,
+            max_source_length=o.max_source_length,
+            max_target_length=o.max_target_length,
+        )
         iterator, _ = make_host_translation_pipeline(
             cfg.data, split="train", seed=cfg.data.seed, **lengths
         )
