@@ -34,6 +34,7 @@ from orbax.checkpoint._src.path import gcs_utils
 from ln_jax import console, paths, sharding
 from ln_jax.data import loader, sources
 from ln_jax.data import tokenizer as tk
+from ln_jax.data.config import PretrainingOptions
 from ln_jax.train import run_identity, trainer
 from tests.test_trainer import read_metrics, tiny_config
 
@@ -226,7 +227,8 @@ def test_a_gs_data_dir_gives_the_local_batches_with_caches_on_the_host(
     # A process other than 0 builds its own pair index: process 0's would never reach it.
     cfg = in_bucket(make_config(prepare_timeout_s=0))
     corpora, tok = loader._corpora(cfg, "train")
-    loader._components(cfg, "train", 7, corpora, tok, builder=False)  # no CacheWaitError
+    examples = PretrainingOptions()
+    loader._components(cfg, examples, "train", 7, corpora, tok, builder=False)  # no CacheWaitError
     assert len(list(folder.glob("pairs-*"))) == 2
 
     # The cache folder: DataConfig.cache_dir, else $LN_JAX_CACHE_DIR, else ~/.cache/ln_jax.
