@@ -16,7 +16,8 @@ import tempfile
 
 import pytest
 
-from ln_jax.data import pretraining, sources
+from ln_jax.data import sources
+from ln_jax.data.bert import examples as pretraining
 from ln_jax.data.config import DataConfig
 from ln_jax.data.tokenizer import Tokenizer, get_tokenizer
 
@@ -40,7 +41,7 @@ def _tokenizer(path: str) -> Tokenizer:
 
 @functools.cache
 def _train_corpus(path: str) -> pretraining.TokenizedCorpus:
-    from ln_jax.data.loader import tokenized_corpus
+    from ln_jax.data.bert.pipeline import tokenized_corpus
 
     source = sources.open_source("ln_jax_pydocs", data_dir=path)
     return tokenized_corpus(source, "train", _tokenizer(path))

@@ -73,7 +73,7 @@ class Recorder:
         self.split = "eval"  # GlobalBatchIterator (train) switches it while it converts
 
     def install(self) -> None:
-        from ln_jax.data import loader
+        from ln_jax.data.bert import pipeline as loader
 
         original_to_global = loader.to_global
         original_next = loader.GlobalBatchIterator.__next__

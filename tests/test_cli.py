@@ -15,8 +15,9 @@ import pytest
 import ln_jax
 from ln_jax.cli import command as cli
 from ln_jax.config.load import build_config, config_from_command_line, load_config, override
-from ln_jax.data import parallel, sources
+from ln_jax.data import sources
 from ln_jax.data.config import DataConfig
+from ln_jax.data.translation import parallel
 from ln_jax.train.preemption import EXIT_SIGTERM, SetupSignals
 from ln_jax.train.workdir_stub import no_stub_workdir
 from ln_jax.validate import ConfigError, Fix, UserError, check_choice

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from ln_jax.data import keyed_random, stream
-from ln_jax.data import pairs as pairs_lib
-from ln_jax.data import pretraining as pt
-from ln_jax.data.config import PretrainingOptions
+from ln_jax.data.bert import examples as pt
+from ln_jax.data.bert import pairs as pairs_lib
+from ln_jax.data.bert.options import PretrainingOptions
 from ln_jax.data.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 pytest_plugins = ("tests.data_fixtures",)  # fixtures: tokenizer, train_corpus, make_config

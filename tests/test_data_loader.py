@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from ln_jax import sharding
-from ln_jax.data import DataConfig, host_iterator, loader, parse_dataset
-from ln_jax.data import pairs as pairs_lib
-from ln_jax.data import pretraining as pt
-from ln_jax.data.config import PretrainingOptions
+from ln_jax.data import DataConfig, host_iterator, parse_dataset
+from ln_jax.data.bert import examples as pt
+from ln_jax.data.bert import pairs as pairs_lib
+from ln_jax.data.bert import pipeline as loader
+from ln_jax.data.bert.options import PretrainingOptions
 from ln_jax.data.stream import HostBatches
 
 pytest_plugins = ("tests.data_fixtures",)  # fixtures: data_dir, make_config, text_maker
@@ -180,7 +181,7 @@ def test_a_dead_worker_is_an_error_naming_it_and_the_examples(make_config):
                 os._exit(3)
             return super().__call__(step, count)
 
-    dying = loader.HostBatchIterator(Dying(batches.stream, 8, batches.rows), {}, workers=2)
+    dying = host_iterator.HostBatchIterator(Dying(batches.stream, 8, batches.rows), {}, workers=2)
     first = host_iterator._chunk_size(8)  # batches in worker 0's chunk
     try:
         message = (
@@ -189,7 +190,7 @@ def test_a_dead_worker_is_an_error_naming_it_and_the_examples(make_config):
             r"example is "
             r"example \d+ of dataset 0, epoch 0\): .*exit code 3"
         )
-        with pytest.raises(loader.DataWorkerError, match=message):
+        with pytest.raises(host_iterator.DataWorkerError, match=message):
             _take(dying, first + 1)  # the death may surface at any batch up to there
     finally:
         dying.close()
@@ -210,7 +211,7 @@ def test_a_worker_reaped_before_the_watch_saw_it_is_still_named(tmp_path):
 
 _KILLED_TRAINER = """
 import json, os, signal, sys, time
-from ln_jax.data import loader
+from ln_jax.data.bert import pipeline as loader
 from tests.data_fixtures import test_config
 
 it, _ = loader.make_host_pipeline(test_config(sys.argv[1]), seed=0, workers=2)

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from ln_jax import sharding
-from ln_jax.data import gettext, parallel, translation
-from ln_jax.data import joint_tokenizer as tok_lib
 from ln_jax.data.config import DataConfig
+from ln_jax.data.translation import batches as translation
+from ln_jax.data.translation import gettext, parallel
+from ln_jax.data.translation import joint_tokenizer as tok_lib
 from ln_jax.validate import ConfigError
 
 # 18 words a language; word k of one translates word k of the other.

@@ -245,7 +245,7 @@ def test_stuck_and_the_task_named_record():
 
 def test_the_translation_plateau_is_the_target_unigram_with_eos():
     from ln_jax.config.load import build_config
-    from ln_jax.data import translation
+    from ln_jax.data.translation import batches as translation
     from ln_jax.experiments import plateau as plateau_mod
 
     values = study_mt.get_config("warmup").to_dict()

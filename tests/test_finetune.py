@@ -22,7 +22,7 @@ from configs import glue as glue_configs
 from ln_jax import sharding
 from ln_jax.config.load import override
 from ln_jax.config.run import CheckpointConfig, TrainConfig
-from ln_jax.data import glue
+from ln_jax.data.bert import glue
 from ln_jax.data.sources import DatasetNotPreparedError
 from ln_jax.experiments import finetune as ft_grid
 from ln_jax.experiments import runner

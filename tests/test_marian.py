@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ln_jax import sharding
-from ln_jax.data.marian_vocab import MarianVocab
+from ln_jax.data.translation.marian_vocab import MarianVocab
 from ln_jax.models.translation import convert
 from ln_jax.models.translation.search import Search, translate
 

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from ln_jax.data import sources
-from ln_jax.data.loader import tokenized_corpus
+from ln_jax.data.bert.pipeline import tokenized_corpus
 from tests.xla_env import xla_flags
 
 pytest_plugins = ("tests.data_fixtures",)  # fixtures: data_dir, tokenizer, make_config

@@ -32,9 +32,10 @@ from fsspec.implementations.local import LocalFileSystem
 from orbax.checkpoint._src.path import gcs_utils
 
 from ln_jax import console, paths, sharding
-from ln_jax.data import loader, sources
+from ln_jax.data import sources
 from ln_jax.data import tokenizer as tk
-from ln_jax.data.config import PretrainingOptions
+from ln_jax.data.bert import pipeline as loader
+from ln_jax.data.bert.options import PretrainingOptions
 from ln_jax.train import run_identity, trainer
 from tests.test_trainer import read_metrics, tiny_config
 

@@ -9,8 +9,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 from ln_jax.data import corpus, sitedocs, sources
-from ln_jax.data.config import DataConfig, PretrainingOptions
-from ln_jax.data.loader import make_host_pipeline
+from ln_jax.data.bert.options import PretrainingOptions
+from ln_jax.data.bert.pipeline import make_host_pipeline
+from ln_jax.data.config import DataConfig
 
 pytest_plugins = ("tests.data_fixtures",)
 

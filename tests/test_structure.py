@@ -79,6 +79,24 @@ def test_the_generic_modules_import_no_model_family():
             assert not families, f"{module} imports {families}"
 
 
+DATA_FAMILIES = ("ln_jax.data.bert", "ln_jax.data.translation")
+
+
+def test_the_generic_data_imports_no_family_s_data():
+    """`ln_jax.data`'s shared modules (sources, tokenizer, stream, global batches) import no
+    family's data package and no model family; a family's data imports no other family's."""
+    graph = import_graph()
+    generic = [m for m in graph if m.startswith("ln_jax.data") and not m.startswith(DATA_FAMILIES)]
+    assert {"ln_jax.data.batches", "ln_jax.data.stream", "ln_jax.data.sources"} <= set(generic)
+    for module in generic:
+        bad = {t for t in graph[module] if t.startswith((*DATA_FAMILIES, "ln_jax.models"))}
+        assert not bad, f"{module} imports {bad}"
+    for family in DATA_FAMILIES:
+        other = next(f for f in DATA_FAMILIES if f != family)
+        for module in (m for m in graph if m.startswith(family)):
+            assert not {t for t in graph[module] if t.startswith(other)}, module
+
+
 def test_no_file_over_600_lines_and_no_function_over_80():
     """In ln_jax/, bench/ and tests/ (issue 66)."""
     files = [

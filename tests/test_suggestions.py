@@ -20,7 +20,7 @@ import train
 from ln_jax import console
 from ln_jax.cli import command as cli
 from ln_jax.config import load as config_front
-from ln_jax.data import joint_tokenizer, parallel
+from ln_jax.data.translation import joint_tokenizer, parallel
 from ln_jax.train import run_identity
 from ln_jax.xla import compile_check
 

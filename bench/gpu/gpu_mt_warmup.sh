@@ -45,7 +45,7 @@ if [ "$PREPARE" = 1 ]; then
   "$PY" - "$DATA" <<'PYEOF'
 import sys
 from ln_jax.data.config import DataConfig
-from ln_jax.data.parallel import open_parallel
+from ln_jax.data.translation.parallel import open_parallel
 
 prefix = sys.argv[1]
 source = open_parallel(DataConfig(dataset="ln_jax_gettext/de-en"))

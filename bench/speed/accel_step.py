@@ -130,12 +130,12 @@ def _option_value(text: str) -> Any:
 
 def fixed_batch(s: dict[str, int], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
     """The synthetic batch as global arrays on the devices (this process loads its rows)."""
-    from ln_jax.data import loader
+    from ln_jax.data import batches
 
-    block, blocks = loader.mesh_rows(mesh, s["batch"])
-    rows = loader.host_rows(s["batch"], block, blocks)
+    block, blocks = batches.mesh_rows(mesh, s["batch"])
+    rows = batches.host_rows(s["batch"], block, blocks)
     local = {k: v[rows] for k, v in measure.make_batch(s).items()}
-    return jax.block_until_ready(loader.to_global(local, mesh, s["batch"]))
+    return jax.block_until_ready(batches.to_global(local, mesh, s["batch"]))
 
 
 def open_loader(cfg: TrainConfig, mesh: jax.sharding.Mesh) -> Any:

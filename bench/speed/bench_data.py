@@ -47,8 +47,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ln_jax import sharding  # noqa: E402
-from ln_jax.data import DataConfig, loader, pairs, pretraining, sources, tokenizer  # noqa: E402
-from ln_jax.data.config import PretrainingOptions  # noqa: E402
+from ln_jax.data import DataConfig, sources, tokenizer  # noqa: E402
+from ln_jax.data.bert import examples as pretraining  # noqa: E402
+from ln_jax.data.bert import pairs  # noqa: E402
+from ln_jax.data.bert import pipeline as loader  # noqa: E402
+from ln_jax.data.bert.options import PretrainingOptions  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -202,12 +205,15 @@ _LOADER_CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, os.environ["LN_JAX_TREE"])
 import dataclasses
-from ln_jax.data import DataConfig, loader
+from ln_jax.data import DataConfig
 given = json.loads(sys.argv[1])
 try:
-    from ln_jax.data.config import PretrainingOptions
-except ImportError:  # a tree before 2026-12-06: the example fields were DataConfig's
-    it, _ = loader.make_host_pipeline(DataConfig(**given), seed=0, threads=0)
+    from ln_jax.data.bert import pipeline as loader
+    from ln_jax.data.bert.options import PretrainingOptions
+except ImportError:  # a tree before 2026-12-06: ln_jax.data.loader, the fields DataConfig's
+    from ln_jax.data import loader
+    cfg = DataConfig(**given)
+    it, _ = loader.make_host_pipeline(cfg, seed=0, threads=0)
 else:
     mine = {f.name for f in dataclasses.fields(PretrainingOptions)}
     examples = PretrainingOptions(**{k: v for k, v in given.items() if k in mine})
@@ -228,7 +234,10 @@ for line in sys.stdin:
 _PAIRS_CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, os.environ["LN_JAX_TREE"])
-from ln_jax.data import pretraining
+try:
+    from ln_jax.data.bert import examples as pretraining
+except ImportError:  # a tree before 2026-12-06
+    from ln_jax.data import pretraining
 corpus = pretraining.load_corpus(sys.argv[1])
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
@@ -460,7 +469,7 @@ def compare_pairs(cfg: DataConfig, scale: int, rounds: int, rev: str | None) -> 
     corpus = scaled_corpus(corpus, scale)
     work = tempfile.mkdtemp(prefix="ln_jax_pairs_bench_")
     source = types.SimpleNamespace(cache_dir=pathlib.Path(work))
-    meta = loader.pair_index_meta(cfg, "x", tok, 0)
+    meta = loader.pair_index_meta(cfg, PretrainingOptions(), "x", tok, 0)
     folder = loader.pair_index_folder(source, meta)
 
     def timed(fresh: bool) -> float:

@@ -11,7 +11,7 @@
   `"wikipedia/20230601.en"` or `"wikipedia/20230601.en:1.0.0"`. It must be prepared in
   `data_dir` (or `download=True` lets TFDS try to prepare it).
 * `"textdir:/path/to/folder"`: a folder of `.txt` files, one document per file.
-* Translation (parallel text, `ln_jax.data.parallel`): `"ln_jax_gettext/de-en"`,
+* Translation (parallel text, `ln_jax.data.translation.parallel`): `"ln_jax_gettext/de-en"`,
   `"ln_jax_gettext/fr-en"`, `"wmt14_translate/de-en"`, `"wmt_t2t_translate/de-en"`,
   `"wmt16_translate/de-en"`, `"paralleltext:PREFIX"`, `"synthetic:copy"`, `"synthetic:reverse"`.
 * A weighted mix, as a string of comma-separated entries each ending in `:weight`
@@ -36,7 +36,7 @@ from ln_jax.validate import ConfigError, check_choice, reject_unknown_keys
 
 DEFAULT_DATASET = "ln_jax_pydocs"
 TOKENIZER_TYPES = ("unigram", "bpe")
-# Name prefixes of the parallel-text (translation) datasets of `ln_jax.data.parallel`.
+# Name prefixes of the parallel-text (translation) datasets of `ln_jax.data.translation.parallel`.
 TRANSLATION_PREFIXES = ("ln_jax_gettext", "paralleltext:", "synthetic:")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 
@@ -76,9 +76,9 @@ class DataConfig:
         index before they stop with an error.
 
     How BERT's examples are made from the text (masks, sentence pairs) is BERT's own section
-    (`PretrainingOptions`, in `BertOptions`), a translation batch's token budget translation's
-    (`TranslationOptions.max_tokens`); they were fields here until 2026-12-06
-    (`ln_jax.validate.FAMILY_FIELDS`).
+    (`ln_jax.data.bert.options.PretrainingOptions`, in `BertOptions`), a translation batch's
+    token budget translation's (`TranslationOptions.max_tokens`); they were fields here until
+    2026-12-06 (`ln_jax.validate.FAMILY_FIELDS`).
     """
 
     dataset: DatasetSpec = DEFAULT_DATASET
@@ -171,9 +171,9 @@ def _check_ranges(cfg: DataConfig) -> None:
     check_minimum(cfg, "data", minimum)
     for name in ("eval_batch_size", "eval_num_batches"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
-            raise _out_of_range(cfg, name, "must be >= 1 or None")
+            raise out_of_range(cfg, name, "must be >= 1 or None")
     if cfg.device_prefetch is not None and cfg.device_prefetch < 0:
-        raise _out_of_range(cfg, "device_prefetch", "must be >= 0 or None")
+        raise out_of_range(cfg, "device_prefetch", "must be >= 0 or None")
 
 
 def check_minimum(cfg: Any, section: str, minimum: Mapping[str, float]) -> None:
@@ -181,46 +181,13 @@ def check_minimum(cfg: Any, section: str, minimum: Mapping[str, float]) -> None:
     under its minimum in `minimum` ({field: lowest allowed value})."""
     for name, low in minimum.items():
         if getattr(cfg, name) < low:
-            raise _out_of_range(cfg, name, f"must be >= {low}", section)
+            raise out_of_range(cfg, name, f"must be >= {low}", section)
 
 
-def _out_of_range(cfg: Any, name: str, rule: str, section: str = "data") -> ConfigError:
+def out_of_range(cfg: Any, name: str, rule: str, section: str = "data") -> ConfigError:
     return ConfigError(
         f"{section}.{name}={getattr(cfg, name)!r} {rule}: set --config.{section}.{name}."
     )
-
-
-# The config section of BERT's own fields (`ln_jax.models.bert.options`), named in errors.
-PRETRAINING_SECTION = "bert"
-
-
-@dataclasses.dataclass(frozen=True)
-class PretrainingOptions:
-    """How BERT pretraining's examples are made from the token ids (`ln_jax.data.pretraining`,
-    `ln_jax.data.loader`): the data half of BERT's section "bert" (`BertOptions` adds the
-    model's fields), `--config.bert.FIELD`.
-
-    Attributes:
-      max_predictions_per_seq: P, masked positions per example (BERT: 20 at 128, 80 at 512).
-      masked_lm_prob: fraction of tokens to predict.
-      short_seq_prob: probability that a document uses a random shorter target length.
-      whole_word_masking: mask all pieces of a word together.
-      nsp: sentence pairs with next-sentence labels; False = RoBERTa-style packed full
-        sentences (segment ids and `nsp_label` all 0).
-    """
-
-    max_predictions_per_seq: int = 20
-    masked_lm_prob: float = 0.15
-    short_seq_prob: float = 0.1
-    whole_word_masking: bool = False
-    nsp: bool = True
-
-    def __post_init__(self) -> None:
-        check_types(self, PRETRAINING_SECTION)
-        check_minimum(self, PRETRAINING_SECTION, {"max_predictions_per_seq": 1})
-        for name in ("masked_lm_prob", "short_seq_prob"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise _out_of_range(self, name, "must be in [0, 1]", PRETRAINING_SECTION)
 
 
 def _split_weight(entry: str) -> tuple[str, float]:

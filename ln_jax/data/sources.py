@@ -223,8 +223,8 @@ def _reject_parallel(name: str) -> None:
     if name.startswith(TRANSLATION_PREFIXES):
         raise ConfigError(
             f"data.dataset={name!r} is parallel text for the translation task "
-            "(`ln_jax.data.translation`), not a text corpus; pretraining reads ln_jax_pydocs, "
-            "ln_jax_sitedocs, textdir:FOLDER or a TFDS text dataset."
+            "(`ln_jax.data.translation.batches`), not a text corpus; pretraining reads "
+            "ln_jax_pydocs, ln_jax_sitedocs, textdir:FOLDER or a TFDS text dataset."
         )
 
 

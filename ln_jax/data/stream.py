@@ -16,11 +16,22 @@ import pathlib
 import threading
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
 from ln_jax.data import keyed_random
-from ln_jax.data.pretraining import PretrainingExamples
+
+
+class Examples(Protocol):
+    """A dataset's examples as the stream reads them (BERT's `PretrainingExamples`): `len` and
+    `batch(indices int [n], epochs int [n]) -> {key: array [n, ...]}`, a pure function of its
+    arguments."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, indices: np.ndarray, epochs: np.ndarray) -> dict[str, np.ndarray]: ...
+
 
 MIX_PERIOD = 10_000  # positions per period of the mix pattern: weights resolve to 1e-4
 _SHUFFLE_SALT = 0x5EED
@@ -79,7 +90,7 @@ class ExampleStream:
 
     def __init__(
         self,
-        components: Sequence[PretrainingExamples],
+        components: Sequence[Examples],
         weights: Sequence[float],
         *,
         seed: int,
@@ -138,7 +149,7 @@ class HostBatches:
     Attributes:
       stream: the example stream.
       global_batch_size: B.
-      rows: the rows of every global batch this host loads (`loader.host_rows`).
+      rows: the rows of every global batch this host loads (`ln_jax.data.batches.host_rows`).
     """
 
     stream: ExampleStream

@@ -30,15 +30,16 @@ def corpus_plateau(data_cfg: Any) -> dict[str, Any]:
     Returns:
       {"unigram_xent": nats, "vocab_size", "train_tokens", "eval_tokens"}.
     """
-    from ln_jax.data import loader, sources
+    from ln_jax.data import sources
+    from ln_jax.data.bert import pipeline
     from ln_jax.data.tokenizer import get_tokenizer
 
     opened = sources.open_sources(data_cfg)
     tokenizer = get_tokenizer(data_cfg, opened)
     train, evals = [], []
     for source, _ in opened:
-        train.append(loader.tokenized_corpus(source, data_cfg.train_split, tokenizer).tokens)
-        evals.append(loader.tokenized_corpus(source, data_cfg.eval_split, tokenizer).tokens)
+        train.append(pipeline.tokenized_corpus(source, data_cfg.train_split, tokenizer).tokens)
+        evals.append(pipeline.tokenized_corpus(source, data_cfg.eval_split, tokenizer).tokens)
     train_tokens, eval_tokens = np.concatenate(train), np.concatenate(evals)
     vocab = tokenizer.vocab_size
     return {
@@ -61,7 +62,7 @@ def translation_plateau(data_cfg: Any) -> dict[str, Any]:
     Returns:
       {"unigram_xent": nats, "vocab_size", "train_tokens", "eval_tokens"}.
     """
-    from ln_jax.data import translation
+    from ln_jax.data.translation import batches as translation
 
     train = translation.load_split(data_cfg, "train")
     evals = translation.load_split(data_cfg, "eval")

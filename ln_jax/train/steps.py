@@ -182,9 +182,9 @@ def abstract_batch(task: Task, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDt
 
     Raises:
       ConfigError: if the global batch does not divide over the data x fsdp devices and the
-        processes (the data loader's own check, `loader.check_global_batch`).
+        processes (the data loader's own check, `ln_jax.data.batches.check_global_batch`).
     """
-    from ln_jax.data.loader import check_global_batch
+    from ln_jax.data.batches import check_global_batch
 
     divisor = sharding.batch_divisor(mesh)
     check_global_batch(task.cfg.data.global_batch_size, divisor, jax.process_count())

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ln_jax.data.config import PRETRAINING_SECTION, PretrainingOptions, check_minimum
+from ln_jax.data.bert.options import PRETRAINING_SECTION, PretrainingOptions
+from ln_jax.data.config import check_minimum
 
 SECTION = PRETRAINING_SECTION  # the config section of these fields (`BertPretraining`)
 

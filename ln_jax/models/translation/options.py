@@ -46,7 +46,7 @@ class TranslationOptions:
       tie_output: the output projection is the embedding table (shared vocabulary).
       label_smoothing: epsilon of the label-smoothed cross-entropy (the papers: 0.1).
       max_tokens: padded tokens per global batch, max(source, target) length x rows (the
-        papers' "tokens per batch"; `ln_jax.data.translation`; `data.max_tokens` until
+        papers' "tokens per batch"; `ln_jax.data.translation.batches`; `data.max_tokens` until
         2026-12-06).
       max_source_length / max_target_length: tokens (with EOS) kept per side in training.
       eval_bleu: decode the evaluation batches (`eval_batches` of the validation split) and

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ln_jax import sharding
-from ln_jax.data import joint_tokenizer as tok_lib
+from ln_jax.data.translation import joint_tokenizer as tok_lib
 from ln_jax.models import hf_io
 from ln_jax.models.translation import convert
 from ln_jax.models.translation.model import Translator, translator_views
@@ -70,8 +70,8 @@ class Translation(Task):
 
     @staticmethod
     def check_data(cfg: Any) -> None:
-        """The parallel text files are aligned pairs (`ln_jax.data.parallel`)."""
-        from ln_jax.data import parallel
+        """The parallel text files are aligned pairs (`ln_jax.data.translation.parallel`)."""
+        from ln_jax.data.translation import parallel
 
         parallel.check_paralleltext(cfg.data)
 
@@ -91,8 +91,8 @@ class Translation(Task):
         )
 
     def abstract_batch(self, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
-        """The longest bucket's training batch (`ln_jax.data.translation.Buckets`)."""
-        from ln_jax.data.translation import Buckets
+        """The longest bucket's training batch (`ln_jax.data.translation.batches.Buckets`)."""
+        from ln_jax.data.translation.batches import Buckets
 
         o = self.options
         buckets = Buckets.make(

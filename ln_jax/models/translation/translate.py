@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ln_jax.data.translation import load_split
+    from ln_jax.data.translation.batches import load_split
     from ln_jax.models.translation.search import Search
     from ln_jax.models.translation.task import bleu
 
@@ -166,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
         data_cfg = dataclasses.replace(data_cfg, eval_split="test")
     hf_vocab = (data_cfg.tokenizer_model or "").startswith(HF_PREFIX)
     if args.input is not None and hf_vocab:  # the folder's vocabulary: no dataset to open
-        from ln_jax.data.marian_vocab import MarianVocab
+        from ln_jax.data.translation.marian_vocab import MarianVocab
 
         tokenizer, split = MarianVocab(data_cfg.tokenizer_model[len(HF_PREFIX) :]), None
     else:
@@ -193,13 +193,13 @@ def _split_sources(args, split) -> tuple[list[str], list[str]]:
 
 def input_lines(path: str) -> list[str]:
     """The source sentences of `--input`: a file's lines, or stdin's for "-", split on "\\n"
-    only (`ln_jax.data.parallel.split_lines`).
+    only (`ln_jax.data.translation.parallel.split_lines`).
 
     Raises:
       TranslateError: no such file.
       ParallelDataError: a line that is not UTF-8 (naming it and the fix).
     """
-    from ln_jax.data.parallel import read_lines, split_lines
+    from ln_jax.data.translation.parallel import read_lines, split_lines
 
     if path != "-":
         if not os.path.isfile(path):

@@ -9,7 +9,7 @@ Modules: `config` (the typed config and one run's TrainConfig), `tasks` (task ta
 `task` (`GlueClassification`: fine-tuning as a `ln_jax.task.Task`, "glue_classification", with
 the warm start), `run` (the set-up every run shares, one cell x seed's TrainConfig, the
 summary). The grid x seeds is a study on the one runner: `ln_jax.experiments.finetune`.
-Data: `ln_jax.data.glue`.
+Data: `ln_jax.data.bert.glue`.
 """
 
 from ln_jax.models.bert.finetune.config import FinetuneConfig, build_finetune_config

@@ -40,7 +40,7 @@ GRID_OPTIM["total_steps"] = "epochs"
 
 @dataclasses.dataclass(frozen=True)
 class GlueDataConfig:
-    """Where the task's dataset is (see `ln_jax.data.glue`).
+    """Where the task's dataset is (see `ln_jax.data.bert.glue`).
 
     Attributes:
       data_dir: TFDS data dir (None = $TFDS_DATA_DIR or ~/tensorflow_datasets).

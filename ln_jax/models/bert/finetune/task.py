@@ -12,7 +12,7 @@ settings in its section "glue" (`GlueOptions`, `TrainConfig.options`):
 `cfg.model` is the pretrained encoder's config (its dropouts possibly replaced) and `cfg.data`
 holds the batch sizes, the sequence length, the TFDS data dir and the seed of the example
 order. Step 0's encoder (and pooler) are the source's (`initialize`, a warm start); batches
-come from `ln_jax.data.glue` (batch s a function of (seed, s) only, with iterator state), so a
+come from `ln_jax.data.bert.glue` (batch s a function of (seed, s) only, with iterator state), so a
 run resumed mid-epoch logs what an uninterrupted one logs.
 """
 
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ln_jax import sharding
-from ln_jax.data import glue
+from ln_jax.data.bert import glue
 from ln_jax.models.bert.finetune import pretrained as pretrained_lib
 from ln_jax.models.bert.finetune.model import BertClassifier, classification_loss
 from ln_jax.models.bert.finetune.options import SECTION, GlueOptions
@@ -118,11 +118,11 @@ class GlueClassification(Task):
         return task_scores(self.glue, pred, joined["label"][valid])
 
     def pipelines(self, mesh: jax.sharding.Mesh) -> tuple[Any, glue.DevBatches]:
-        from ln_jax.data import loader
+        from ln_jax.data import batches
 
         data = self.cfg.data
         train, dev = self.arrays(mesh)
-        prefetch = loader.device_prefetch(data, mesh)
+        prefetch = batches.device_prefetch(data, mesh)
         batch = data.global_batch_size
         iterator = glue.train_iterator(train, batch, data.seed, mesh, prefetch)
         return iterator, glue.DevBatches(dev, data.eval_batch_size or batch, mesh)
@@ -170,7 +170,7 @@ def cached_arrays(
     max_eval: int | None,
     source: pretrained_lib.Pretrained,
 ) -> tuple[dict, dict]:
-    """(train, dev) BERT inputs of `task` read through TFDS (`ln_jax.data.glue`), tokenized
+    """(train, dev) BERT inputs of `task` read through TFDS (`ln_jax.data.bert.glue`), tokenized
     with `source`'s tokenizer; kept for the next run of the same task and source."""
     key = (task.name, data_dir, download, max_seq_length, max_train, max_eval, source.source)
     if key not in _DATA:

@@ -2,7 +2,7 @@
 
 The pipeline has two stages:
 
-1. Once per (corpus, split, seed): the *pair index* (`ln_jax.data.pairs`): every example as
+1. Once per (corpus, split, seed): the *pair index* (`ln_jax.data.bert.pairs`): every example as
    token ranges of the flat token array (sentence pairs with NSP labels, or packed full
    sentences), built vectorised and cached on disk.
 2. At read time, for a batch of (example index, epoch): `[CLS] A [SEP] B [SEP]`, segment ids,
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ln_jax.data import keyed_random
-from ln_jax.data import pairs as pairs_lib
+from ln_jax.data.bert import pairs as pairs_lib
 from ln_jax.data.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 _ENCODE_CHUNK = 4096  # sentences per sentencepiece call: amortises the Python overhead
@@ -344,7 +344,7 @@ class PretrainingExamples:
         stream: int = 0,
         pairs: pairs_lib.PairIndex | None = None,
     ):
-        """Builds the pair index unless given one (`ln_jax.data.loader` caches it).
+        """Builds the pair index unless given one (`ln_jax.data.bert.pipeline` caches it).
 
         Args:
           corpus: the tokenised split.

@@ -23,8 +23,9 @@ the batch's first pair with `tgt_mask` 0 (and `index` -1), so no row is ever all
 Training: pairs whose source + EOS exceeds `max_source_length` or target + EOS exceeds
 `max_target_length` are dropped (counted and logged). Epoch e is a permutation keyed by
 (seed, e), grouped into the buckets' batches, whose order is shuffled too (keyed); global batch
-i is a pure function of (seed, i), each process builds only its rows (`loader.host_rows`), and
-the iterator's state is the number of the next batch: resume is exact on any host count.
+i is a pure function of (seed, i), each process builds only its rows
+(`ln_jax.data.batches.host_rows`), and the iterator's state is the number of the next batch:
+resume is exact on any host count.
 Evaluation: every pair of the split once (too-long sides truncated, not dropped), bucket by
 bucket in split order; `.pairs` holds the raw (source, reference) strings in split order.
 """
@@ -47,9 +48,11 @@ import numpy as np
 
 from ln_jax import paths
 from ln_jax import sharding as sharding_lib
-from ln_jax.data import host_iterator, loader, parallel, sources
-from ln_jax.data import joint_tokenizer as tok_lib
+from ln_jax.data import batches as batches_lib
+from ln_jax.data import host_iterator, sources
 from ln_jax.data.config import DataConfig
+from ln_jax.data.translation import joint_tokenizer as tok_lib
+from ln_jax.data.translation import parallel
 from ln_jax.validate import ConfigError
 
 DEFAULT_IDS = (tok_lib.PAD_ID, tok_lib.BOS_ID, tok_lib.EOS_ID)  # (pad, bos, eos)
@@ -328,11 +331,11 @@ class HostTranslationBatches:
     def __call__(self, i: int) -> Batch:
         bucket, rows = self.plan.batch(i)
         b, s, t = self.plan.buckets.shape(bucket)
-        mine = rows[loader.host_rows(b, self.block, self.num_blocks)]
+        mine = rows[batches_lib.host_rows(b, self.block, self.num_blocks)]
         return build_rows(self.encoded, mine, int(rows[0]), s, t, self.ids)
 
 
-class TranslationBatchIterator(loader.GlobalBatchIterator):
+class TranslationBatchIterator(batches_lib.GlobalBatchIterator):
     """Training batches as global jax.Arrays (B = the bucket's rows): endless, with
     `get_state`/`set_state`/`close` (the state is the next global batch's number)."""
 
@@ -395,7 +398,7 @@ class TranslationEvalBatches:
         """This process's rows of eval batch n (numpy)."""
         bucket, rows = self._batches[n]
         b, s, t = self.buckets.shape(bucket)
-        mine = rows[loader.host_rows(b, self.block, self.num_blocks)]
+        mine = rows[batches_lib.host_rows(b, self.block, self.num_blocks)]
         batch = build_rows(self.encoded, mine, int(rows[0]), s, t, self.ids)
         batch["index"] = mine.astype(np.int32)
         return batch
@@ -406,7 +409,7 @@ class TranslationEvalBatches:
             if self.mesh is None:
                 yield local
             else:
-                yield loader.to_global(local, self.mesh, len(local["src"]) * self.num_blocks)
+                yield batches_lib.to_global(local, self.mesh, len(local["src"]) * self.num_blocks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -537,11 +540,11 @@ def make_translation_pipeline(
     """
     multiple = sharding_lib.batch_divisor(mesh)
     buckets = Buckets.make(max_tokens, max_source_length, max_target_length, multiple)
-    block, num_blocks = loader.mesh_rows(mesh, multiple)
-    data = loader._prepare_once(lambda: load_split(data_cfg, split))
+    block, num_blocks = batches_lib.mesh_rows(mesh, multiple)
+    data = batches_lib.prepare_once(lambda: load_split(data_cfg, split))
     args = (data_cfg, split, seed, data, buckets, block, num_blocks)
     if split == "eval":
         return _host_pipeline(*args, mesh=mesh), data.tokenizer
     host = _host_pipeline(*args)
-    prefetch = loader.device_prefetch(data_cfg, mesh)
+    prefetch = batches_lib.device_prefetch(data_cfg, mesh)
     return TranslationBatchIterator(host, mesh, num_blocks, prefetch), data.tokenizer

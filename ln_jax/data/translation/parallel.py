@@ -4,7 +4,7 @@ Names `data.dataset` may hold for a translation run:
 
 * `ln_jax_gettext/de-en`, `ln_jax_gettext/fr-en` (the offline default): human translations of
   the gettext catalogues installed on this machine, German/French -> English
-  (`ln_jax.data.gettext`), built locally as a TFDS dataset on first use.
+  (`ln_jax.data.translation.gettext`), built locally as a TFDS dataset on first use.
 * `wmt14_translate/de-en`, `wmt_t2t_translate/de-en`, `wmt16_translate/de-en`: TFDS's WMT
   builders, read German -> English. They must be prepared as array_record first (preparing them
   imports TensorFlow); a dataset that is not prepared is a one-line error with the command.
@@ -29,8 +29,9 @@ from typing import Any
 
 from etils import epath
 
-from ln_jax.data import corpus, gettext, sources
+from ln_jax.data import corpus, sources
 from ln_jax.data.config import TRANSLATION_PREFIXES
+from ln_jax.data.translation import gettext
 from ln_jax.validate import ConfigError, UserError, check_choice, unknown_choice
 
 GETTEXT_PREFIX, PARALLELTEXT_PREFIX, SYNTHETIC_PREFIX = TRANSLATION_PREFIXES

@@ -6,9 +6,10 @@ split each language into pieces). Sources are split by `source.spm`, targets by 
 pieces looked up in `vocab.json` (unknown pieces -> `<unk>`); a leading language code such as
 `>>fr<<` is one piece. Decoding maps ids to pieces and joins them with `target.spm`. The
 special ids come from the vocabulary: `</s>` (eos, 0 in opus-mt), `<unk>`, `<pad>` (the last
-id, also the decoder's start). This is the tokenizer interface of `ln_jax.data.joint_tokenizer`
-(`encode`, `encode_batch`, `encode_target_batch`, `decode`, `vocab_size`, `fingerprint`,
-`pad_id`/`unk_id`/`bos_id`/`eos_id`), so Marian models train and translate on ln_jax's data.
+id, also the decoder's start). This is the tokenizer interface of
+`ln_jax.data.translation.joint_tokenizer` (`encode`, `encode_batch`, `encode_target_batch`,
+`decode`, `vocab_size`, `fingerprint`, `pad_id`/`unk_id`/`bos_id`/`eos_id`), so Marian models
+train and translate on ln_jax's data.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ The joint sentencepiece model (`data.tokenizer_type` unigram or BPE, `data.vocab
 is trained on both sides of the training split and cached in the dataset's folder as
 `spm_joint_<type>_<vocab>.model`, like the pretraining tokenizer; `data.tokenizer_model` gives
 one of the user's own (it must have those four ids), or "hf:PATH" a HuggingFace Marian folder's
-vocabulary (`ln_jax.data.marian_vocab`, with its own special ids).
+vocabulary (`ln_jax.data.translation.marian_vocab`, with its own special ids).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def translation_tokenizer(cfg: Any, source: Any, train_pairs: Sequence[tuple[str
     if source.synthetic:
         return SymbolTokenizer(source.metadata["symbols"])
     if cfg.tokenizer_model and cfg.tokenizer_model.startswith("hf:"):
-        from ln_jax.data.marian_vocab import MarianVocab
+        from ln_jax.data.translation.marian_vocab import MarianVocab
 
         return MarianVocab(cfg.tokenizer_model[len("hf:") :])
     if cfg.tokenizer_model:

@@ -218,7 +218,7 @@ class TrainBatches:
       arrays: `encode_examples` of the train split ([N, T] int32 arrays, label [N]).
       global_batch_size: B.
       seed: keys every epoch's permutation.
-      rows: the rows of each global batch this process loads (`loader.host_rows`).
+      rows: the rows of each global batch this process loads (`ln_jax.data.batches.host_rows`).
     """
 
     arrays: Mapping[str, np.ndarray]
@@ -235,26 +235,26 @@ class TrainBatches:
 def train_iterator(
     arrays: Mapping[str, np.ndarray], batch: int, seed: int, mesh: Any, prefetch: int = 0
 ) -> Any:
-    """The training batches as global jax.Arrays (`loader.GlobalBatchIterator`): endless,
-    read ahead by a grain thread, with `get_state`/`set_state`/`close`.
+    """The training batches as global jax.Arrays (`ln_jax.data.batches.GlobalBatchIterator`):
+    endless, read ahead by a grain thread, with `get_state`/`set_state`/`close`.
 
     Raises:
       ConfigError: if `batch` does not split over the data x fsdp devices and the processes.
     """
     from ln_jax import sharding
-    from ln_jax.data import loader
+    from ln_jax.data import batches, host_iterator
 
-    loader.check_global_batch(batch, sharding.batch_divisor(mesh), jax.process_count())
-    block, blocks = loader.mesh_rows(mesh, batch)
-    host = TrainBatches(arrays, batch, seed, loader.host_rows(batch, block, blocks))
+    batches.check_global_batch(batch, sharding.batch_divisor(mesh), jax.process_count())
+    block, blocks = batches.mesh_rows(mesh, batch)
+    host = TrainBatches(arrays, batch, seed, batches.host_rows(batch, block, blocks))
     identity = {
         "examples": len(arrays["label"]),
         "max_seq_length": int(arrays["input_ids"].shape[1]),
         "seed": seed,
         "batch_size": batch,
     }
-    iterator = loader.HostBatchIterator(host, identity, threads=1, workers=0)
-    return loader.GlobalBatchIterator(iterator, mesh, batch, prefetch)
+    iterator = host_iterator.HostBatchIterator(host, identity, threads=1, workers=0)
+    return batches.GlobalBatchIterator(iterator, mesh, batch, prefetch)
 
 
 class DevBatches:
@@ -274,13 +274,13 @@ class DevBatches:
         return -(-self.num_examples // self.batch)
 
     def __iter__(self) -> Iterator[dict[str, jax.Array]]:
-        from ln_jax.data import loader
+        from ln_jax.data import batches
 
-        block, blocks = loader.mesh_rows(self.mesh, self.batch)
-        mine = loader.host_rows(self.batch, block, blocks)
+        block, blocks = batches.mesh_rows(self.mesh, self.batch)
+        mine = batches.host_rows(self.batch, block, blocks)
         n = self.num_examples
         for start in range(0, n, self.batch):
             rows = np.arange(start, start + self.batch)
             local = {k: v[rows[mine] % n] for k, v in self.arrays.items()}
             local["valid"] = (rows[mine] < n).astype(np.int32)
-            yield loader.to_global(local, self.mesh, self.batch)
+            yield batches.to_global(local, self.mesh, self.batch)

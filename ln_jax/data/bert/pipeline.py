@@ -1,4 +1,5 @@
-"""The input pipeline: grain over prepared TFDS data, per-host shares, global jax.Arrays.
+"""BERT pretraining's input pipeline: grain over prepared TFDS data, per-host shares, global
+jax.Arrays (`ln_jax.data.batches`).
 
 Order of operations (train):
 
@@ -17,7 +18,6 @@ continues with exactly the batches an uninterrupted one would have seen.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
 import time
@@ -30,84 +30,28 @@ import numpy as np
 
 from ln_jax import console
 from ln_jax import sharding as sharding_lib
-from ln_jax.data import pairs as pairs_lib
-from ln_jax.data import pretraining
 from ln_jax.data import sources as sources_lib
-from ln_jax.data.config import DataConfig, PretrainingOptions
-from ln_jax.data.host_iterator import (  # noqa: F401  (re-exported: loader's public names)
-    STATE_VERSION,
-    DataWorkerError,
-    HostBatchIterator,
-    read_options,
+from ln_jax.data.batches import (
+    GlobalBatchIterator,
+    check_global_batch,
+    device_prefetch,
+    host_rows,
+    mesh_rows,
+    prepare_once,
+    to_global,
 )
+from ln_jax.data.bert import examples as examples_lib
+from ln_jax.data.bert import pairs as pairs_lib
+from ln_jax.data.bert.options import PretrainingOptions
+from ln_jax.data.config import DataConfig
+from ln_jax.data.host_iterator import HostBatchIterator, read_options
 from ln_jax.data.stream import ExampleStream, HostBatches
 from ln_jax.data.tokenizer import Tokenizer, get_tokenizer
-from ln_jax.validate import ConfigError, UserError
+from ln_jax.validate import UserError
 
 SPLITS = ("train", "eval")
-DEVICE_PREFETCH_ACCELERATOR = 2  # batches on the devices ahead of the step on GPU/TPU
 _POLL_S = 1.0  # how often a waiting process looks for process 0's cache
 Batch = dict[str, Any]
-
-
-# --------------------------------------------------------------------------------------------
-# Batch sizes and per-host shares
-# --------------------------------------------------------------------------------------------
-
-
-def check_global_batch(global_batch_size: int, divisor: int, process_count: int) -> None:
-    """Raises a ConfigError unless the global batch splits over the devices and processes.
-
-    Args:
-      global_batch_size: B.
-      divisor: `ln_jax.sharding.batch_divisor(mesh)` (data x fsdp devices).
-      process_count: number of JAX processes.
-    """
-    for what, n in (("batch_divisor(mesh) (data x fsdp devices)", divisor),
-                    ("the process count", process_count)):  # fmt: skip
-        if global_batch_size % n:
-            raise ConfigError(
-                f"global_batch_size={global_batch_size} is not a multiple of {what} = {n}; "
-                f"use a multiple of {np.lcm(divisor, process_count)}."
-            )
-
-
-def host_rows(global_batch_size: int, process_index: int, process_count: int) -> slice:
-    """Rows of each global batch that process `process_index` of `process_count` loads.
-
-    Raises:
-      ValueError: if `global_batch_size` is not a multiple of `process_count`.
-    """
-    if global_batch_size % process_count:
-        raise ValueError(
-            f"global_batch_size={global_batch_size} is not a multiple of the process count "
-            f"{process_count}"
-        )
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index={process_index} not in [0, {process_count})")
-    per_host = global_batch_size // process_count
-    return slice(process_index * per_host, (process_index + 1) * per_host)
-
-
-def mesh_rows(mesh: jax.sharding.Mesh, global_batch_size: int) -> tuple[int, int]:
-    """(block, num_blocks): which equal block of each global batch this process must load.
-
-    Read from the batch sharding itself, so the rows a process loads are the rows its devices
-    hold. Processes whose devices hold the same rows (replicas) get the same block.
-    """
-    shape = (global_batch_size,)
-    index_map = sharding_lib.batch_sharding(mesh).devices_indices_map(shape)
-    spans: dict[int, set[tuple[int, int]]] = {}
-    for device, idx in index_map.items():
-        rows = idx[0].indices(global_batch_size)[:2]
-        spans.setdefault(device.process_index, set()).add(rows)
-    per_process = {p: (min(a for a, _ in s), max(b for _, b in s)) for p, s in spans.items()}
-    mine = per_process[jax.process_index()]
-    blocks = sorted(set(per_process.values()))
-    size = mine[1] - mine[0]
-    if any(b - a != size for a, b in blocks) or size * len(blocks) != global_batch_size:
-        raise ValueError(f"each process must hold one equal block of rows; got {blocks}")
-    return blocks.index(mine), len(blocks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,17 +71,17 @@ def _split_name(cfg: DataConfig, split: str) -> str:
 
 def tokenized_corpus(
     source: sources_lib.TextSource, split_name: str, tokenizer: Tokenizer
-) -> pretraining.TokenizedCorpus:
+) -> examples_lib.TokenizedCorpus:
     """The split's token ids, computed once and cached in `source.cache_dir` (beside the
     prepared data; for a URL data dir, a local folder of this host)."""
     tag = hashlib.md5(split_name.encode()).hexdigest()[:8]
     folder = source.cache_dir / f"tokens-{tag}-{tokenizer.fingerprint[:12]}"
     if not (folder / "doc_starts.npy").is_file():
-        corpus = pretraining.tokenize_documents(
+        corpus = examples_lib.tokenize_documents(
             source.documents(split_name), tokenizer.encode, tokenizer.vocab_size
         )
-        pretraining.save_corpus(corpus, folder)
-    return pretraining.load_corpus(folder)
+        examples_lib.save_corpus(corpus, folder)
+    return examples_lib.load_corpus(folder)
 
 
 def pair_index_meta(
@@ -164,7 +108,7 @@ def pair_index_folder(source: sources_lib.TextSource, meta: dict[str, Any]):
 
 def pair_index(
     source: sources_lib.TextSource,
-    corpus: pretraining.TokenizedCorpus,
+    corpus: examples_lib.TokenizedCorpus,
     meta: dict[str, Any],
     *,
     builder: bool = True,
@@ -230,23 +174,23 @@ def _tokenize_rest(cfg: DataConfig, split: str, corpora, tokenizer):
 
 
 def _components(cfg, examples, split, seed, corpora, tokenizer, builder: bool):
-    spec = pretraining.masking_spec(tokenizer, examples)
+    spec = examples_lib.masking_spec(tokenizer, examples)
     meta = pair_index_meta(cfg, examples, _split_name(cfg, split), tokenizer, seed)
     components = []
     for stream, (source, corpus, weight) in enumerate(corpora):
         builds = builder or source.per_host_cache  # a per-host cache: every process builds
         pairs = pair_index(source, corpus, meta, builder=builds, timeout_s=cfg.prepare_timeout_s)
-        examples = pretraining.PretrainingExamples(
+        made = examples_lib.PretrainingExamples(
             corpus, spec, max_seq_length=cfg.max_seq_length, nsp=examples.nsp, seed=seed,
             stream=stream, pairs=pairs,
         )  # fmt: skip
-        components.append((examples, weight))
+        components.append((made, weight))
     return components
 
 
 def load_examples(
     cfg: DataConfig, split: str, seed: int, examples: PretrainingOptions | None = None
-) -> tuple[list[tuple[pretraining.PretrainingExamples, float]], Tokenizer]:
+) -> tuple[list[tuple[examples_lib.PretrainingExamples, float]], Tokenizer]:
     """Opens every dataset of the config and its examples for `split` ("train"|"eval"), made
     as `examples` says (None = `PretrainingOptions()`: BERT's defaults).
 
@@ -266,60 +210,8 @@ def example_stream(components, *, seed: int, shuffle: bool = True) -> ExampleStr
 
 
 # --------------------------------------------------------------------------------------------
-# Global batches
+# Batches
 # --------------------------------------------------------------------------------------------
-
-
-def to_global(batch: Batch, mesh: jax.sharding.Mesh, global_batch_size: int) -> Batch:
-    """This process's rows of a batch -> global jax.Arrays sharded by `batch_sharding(mesh)`."""
-    sharding = sharding_lib.batch_sharding(mesh)
-    return {
-        k: jax.make_array_from_process_local_data(sharding, v, (global_batch_size, *v.shape[1:]))
-        for k, v in batch.items()
-    }
-
-
-class GlobalBatchIterator(Iterator[Batch]):
-    """Batches as global jax.Arrays sharded by `batch_sharding(mesh)`, leading dim = B.
-
-    With `prefetch` = k > 0 the next k batches are already put on the devices when a batch is
-    returned (the transfers overlap the step). `get_state` describes the next batch returned,
-    not the prefetched ones, so a checkpoint resumes exactly.
-    """
-
-    def __init__(
-        self,
-        host: HostBatchIterator,
-        mesh: jax.sharding.Mesh,
-        global_batch_size: int,
-        prefetch: int = 0,
-    ):
-        self.host, self.mesh, self.global_batch_size = host, mesh, global_batch_size
-        self.prefetch = prefetch
-        self._ahead: collections.deque[tuple[dict[str, Any], Batch]] = collections.deque()
-
-    def __next__(self) -> Batch:
-        while len(self._ahead) <= self.prefetch:
-            state = self.host.get_state()
-            local = next(self.host)
-            batch = to_global(local, self.mesh, self.global_rows(local))
-            self._ahead.append((state, batch))
-        return self._ahead.popleft()[1]
-
-    def global_rows(self, local: Batch) -> int:
-        """B of the global batch `local` (this host's rows) is part of."""
-        return self.global_batch_size
-
-    def get_state(self) -> dict[str, Any]:
-        return self._ahead[0][0] if self._ahead else self.host.get_state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._ahead.clear()
-        self.host.set_state(state)
-
-    def close(self) -> None:
-        self._ahead.clear()
-        self.host.close()
 
 
 class EvalBatches:
@@ -421,15 +313,6 @@ def make_host_pipeline(
     return _build(*args, components, None), tokenizer
 
 
-def device_prefetch(cfg: DataConfig, mesh: jax.sharding.Mesh) -> int:
-    """Batches put on the devices ahead: cfg.device_prefetch, or by default 0 on CPU devices
-    (their memory is the host's) and DEVICE_PREFETCH_ACCELERATOR on GPU/TPU."""
-    if cfg.device_prefetch is not None:
-        return cfg.device_prefetch
-    on_cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
-    return 0 if on_cpu else DEVICE_PREFETCH_ACCELERATOR
-
-
 _setup_log = console.file_only_logger(__name__)  # where a run's start went: train.log
 
 
@@ -475,7 +358,7 @@ def make_pipeline(
     check_global_batch(size, sharding_lib.batch_divisor(mesh), jax.process_count())
     block, num_blocks = mesh_rows(mesh, size)
     clock = [time.perf_counter()]
-    corpora, tokenizer = _prepare_once(lambda: _corpora(cfg, split, per_host=False))
+    corpora, tokenizer = prepare_once(lambda: _corpora(cfg, split, per_host=False))
     clock.append(time.perf_counter())
     corpora = _tokenize_rest(cfg, split, corpora, tokenizer)
     builder = jax.process_index() == 0
@@ -493,14 +376,3 @@ def make_pipeline(
         *np.diff(clock),
     )
     return pipeline, tokenizer
-
-
-def _prepare_once(build):
-    """Runs `build` on process 0 first, so that one process writes the shared caches."""
-    if jax.process_count() == 1:
-        return build()
-    from jax.experimental import multihost_utils
-
-    result = build() if jax.process_index() == 0 else None
-    multihost_utils.sync_global_devices("ln_jax.data: prepared")
-    return result if result is not None else build()
