@@ -236,11 +236,11 @@ def _components(cfg, examples, split, seed, corpora, tokenizer, builder: bool):
     for stream, (source, corpus, weight) in enumerate(corpora):
         builds = builder or source.per_host_cache  # a per-host cache: every process builds
         pairs = pair_index(source, corpus, meta, builder=builds, timeout_s=cfg.prepare_timeout_s)
-        examples = pretraining.PretrainingExamples(
+        made = pretraining.PretrainingExamples(
             corpus, spec, max_seq_length=cfg.max_seq_length, nsp=examples.nsp, seed=seed,
             stream=stream, pairs=pairs,
         )  # fmt: skip
-        components.append((examples, weight))
+        components.append((made, weight))
     return components
 
 
