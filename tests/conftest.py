@@ -17,6 +17,7 @@ file elsewhere in the tree.
 import atexit
 import contextlib
 import fcntl
+import gc
 import os
 import shutil
 import tempfile
@@ -61,6 +62,13 @@ if hermetic.HOME_ENV not in os.environ:
 hermetic.point_defaults_at(os.environ[hermetic.HOME_ENV])
 hermetic.protect(ROOT)
 
+# Python's garbage collector, tuned for a process that traces thousands of programs: its young
+# generation is collected every 50,000 allocations (Python's default: 700) and what the
+# session has imported once collection ends is frozen out of its full collections
+# (`pytest_collection_finish`). tests/test_models.py in one process, `farm-bench -n 3`, this
+# against the defaults: 0.94 of the CPU time (0.92-0.98), the same peak memory (2026-12-06).
+gc.set_threshold(50_000, 20, 100)
+
 _TREE_BEFORE = pytest.StashKey[set]()
 _RECORDER = ordering.recorder()
 _TREE_CHANGES = pytest.StashKey[list]()
@@ -80,6 +88,13 @@ def pytest_collection_modifyitems(config, items):
     """The longest test files first (tests/ordering.py), so that the workers end together."""
     order = ordering.longest_first([item.nodeid for item in items], ordering.read_table())
     items[:] = [items[i] for i in order]
+
+
+def pytest_collection_finish(session):
+    """The modules the tests import (JAX, Flax, TensorFlow, PyTorch ...) leave the garbage
+    collector's full collections: they live as long as the process."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_runtest_logreport(report):

@@ -208,7 +208,8 @@ def test_hf_directory_gives_the_source_encoder_and_pooler(tmp_path, data_dir):
 
 
 def test_offline_task_is_learned_and_resume_is_exact(pretrained_workdir, data_dir, tmp_path):
-    learn = {"seeds": (0,), "learning_rates": (1e-3,), "epochs": (3,), "max_seq_length": 64}
+    # pairs of 32 tokens (the offline variant's 64 learned to 0.62 for 1.3x the CPU time)
+    learn = {"seeds": (0,), "learning_rates": (1e-3,), "epochs": (3,), "max_seq_length": 32}
     learn |= {"data.max_train_examples": 2048, "data.max_eval_examples": 256}
     cfg = finetune_config(data_dir, pretrained_workdir, **learn)
     summary = ft_grid.finetune(cfg, str(tmp_path / "learn"))

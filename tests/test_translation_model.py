@@ -97,12 +97,18 @@ def test_a_target_token_changes_no_logit_before_it():
     assert float(jnp.abs(a[:, 3:] - b[:, 3:]).max()) > 1e-4
 
 
-def _sequence_logprob(model, src, src_mask, seq) -> float:
-    """Summed log-probability of generating seq (ending in EOS) by teacher forcing."""
-    tgt_in = jnp.asarray([[BOS, *seq[:-1]]], jnp.int32)
-    logits = model(src, src_mask, tgt_in)["logits"][0]
-    logp = jax.nn.log_softmax(logits, -1)
-    return float(sum(logp[i, tok] for i, tok in enumerate(seq)))
+def _sequence_logprobs(model, src, src_mask, seqs) -> list[float]:
+    """Summed log-probability of generating each of `seqs` (ending in EOS) by teacher forcing:
+    one call, the sequences padded to the longest (a position sees none after it)."""
+    width = max(map(len, seqs))
+    tgt_in = np.zeros((len(seqs), width), np.int32)
+    for row, seq in zip(tgt_in, seqs, strict=True):
+        row[: len(seq)] = (BOS, *seq[:-1])
+    repeat = lambda x: np.repeat(np.asarray(x), len(seqs), axis=0)  # noqa: E731
+    logits = model(repeat(src), repeat(src_mask), jnp.asarray(tgt_in))["logits"]
+    logp = np.asarray(jax.nn.log_softmax(logits, -1))  # indexed on the host
+    summed = lambda lp, seq: float(sum(lp[i, tok] for i, tok in enumerate(seq)))  # noqa: E731
+    return [summed(lp, seq) for lp, seq in zip(logp, seqs, strict=True)]
 
 
 @pytest.mark.parametrize("lenpen", [0.0, 1.0, 2.5])
@@ -115,7 +121,8 @@ def test_beam_search_finds_the_best_sequence_of_a_toy_model(lenpen):
     out = translate(model, src, src_mask, search)
     words = (1, 4)  # UNK and w can be generated; PAD and BOS cannot
     seqs = [(*w, EOS) for n in range(3) for w in itertools.product(words, repeat=n)]
-    scored = {s: _sequence_logprob(model, src, src_mask, s) / len(s) ** lenpen for s in seqs}
+    logprobs = _sequence_logprobs(model, src, src_mask, seqs)
+    scored = {s: lp / len(s) ** lenpen for s, lp in zip(seqs, logprobs, strict=True)}
     best = max(scored, key=scored.get)
     n = int(out["lengths"][0])
     assert tuple(np.asarray(out["tokens"][0, :n])) == best, (scored, out)
