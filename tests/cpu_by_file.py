@@ -5,9 +5,13 @@ subprocesses' (issue 65: where the suite's CPU goes).
     python -m tests.cpu_by_file DIR        # the table, largest first
 
 Each process of the session (each xdist worker) writes DIR/cpu-<worker>.json:
-{file: [own CPU s, subprocesses' CPU s, wall s]}, summed over the file's tests (setup, call
-and teardown; a module fixture counts toward the test that first uses it). A subprocess's CPU
-counts when it is waited for; data workers that outlive their test count nowhere.
+{file: [own CPU s, subprocesses' CPU s, wall s, compile s]}, summed over the file's tests
+(setup, call and teardown; a module fixture counts toward the test that first uses it). A
+subprocess's CPU counts when it is waited for; data workers that outlive their test count
+nowhere. "compile" is the seconds XLA spent compiling in the test process itself (JAX's
+`/jax/core/compile/backend_compile_duration` events: part of "own"; a compile of a background
+thread counts toward the test it ends in). Records of 2026-12-06 and before have no compile
+column.
 """
 
 from __future__ import annotations
@@ -22,7 +26,21 @@ import time
 import pytest
 
 ENV = "LN_JAX_CPU_BY_FILE"
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _ROWS: dict[str, list[float]] = {}
+_COMPILING = [0.0]  # XLA's compile seconds in this process so far
+
+
+def _count_compiles(event: str, duration: float, **_) -> None:
+    if event == COMPILE_EVENT:
+        _COMPILING[0] += duration
+
+
+def pytest_configure(config):
+    if os.environ.get(ENV):
+        import jax
+
+        jax.monitoring.register_event_duration_secs_listener(_count_compiles)
 
 
 def _cpu() -> tuple[float, float]:
@@ -33,13 +51,14 @@ def _cpu() -> tuple[float, float]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    (own, kids), start = _cpu(), time.perf_counter()
+    (own, kids), start, compiling = _cpu(), time.perf_counter(), _COMPILING[0]
     yield
     (own_end, kids_end), end = _cpu(), time.perf_counter()
-    row = _ROWS.setdefault(item.nodeid.split("::")[0], [0.0, 0.0, 0.0])
+    row = _ROWS.setdefault(item.nodeid.split("::")[0], [0.0] * 4)
     row[0] += own_end - own
     row[1] += kids_end - kids
     row[2] += end - start
+    row[3] += _COMPILING[0] - compiling
 
 
 def pytest_sessionfinish(session):
@@ -57,11 +76,18 @@ def table(folder: str) -> str:
     for path in sorted(glob.glob(os.path.join(folder, "cpu-*.json"))):
         with open(path) as f:
             for name, values in json.load(f).items():
-                rows[name] = [a + b for a, b in zip(rows.get(name, [0.0] * 3), values, strict=True)]
-    own, kids, wall = (sum(r[i] for r in rows.values()) for i in range(3))
-    lines = [f"{len(rows)} files: own {own:.0f} s, subprocesses {kids:.0f} s, wall {wall:.0f} s"]
-    for name, (a, b, w) in sorted(rows.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
-        lines.append(f"{a + b:7.1f}  own {a:6.1f}  subprocesses {b:6.1f}  wall {w:6.1f}  {name}")
+                values = [*values, 0.0][:4]  # an older record: no compile column
+                rows[name] = [a + b for a, b in zip(rows.get(name, [0.0] * 4), values, strict=True)]
+    own, kids, wall, xla = (sum(r[i] for r in rows.values()) for i in range(4))
+    lines = [
+        f"{len(rows)} files: own {own:.0f} s (XLA compiling {xla:.0f} s), subprocesses "
+        f"{kids:.0f} s, wall {wall:.0f} s"
+    ]
+    for name, (a, b, w, c) in sorted(rows.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):
+        lines.append(
+            f"{a + b:7.1f}  own {a:6.1f}  compiling {c:6.1f}  subprocesses {b:6.1f}  "
+            f"wall {w:6.1f}  {name}"
+        )
     return "\n".join(lines)
 
 
