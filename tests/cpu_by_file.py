@@ -8,10 +8,11 @@ Each process of the session (each xdist worker) writes DIR/cpu-<worker>.json:
 {file: [own CPU s, subprocesses' CPU s, wall s, compile s]}, summed over the file's tests
 (setup, call and teardown; a module fixture counts toward the test that first uses it). A
 subprocess's CPU counts when it is waited for; data workers that outlive their test count
-nowhere. "compile" is the seconds XLA spent compiling in the test process itself (JAX's
-`/jax/core/compile/backend_compile_duration` events: part of "own"; a compile of a background
-thread counts toward the test it ends in). Records of 2026-12-06 and before have no compile
-column.
+nowhere. "compile" is the wall seconds XLA spent compiling in the test process itself (JAX's
+`/jax/core/compile/backend_compile_duration` events; with the other worker on the second core a
+compile's wall time is more than its CPU time, so a file's can exceed its "own" CPU; a compile
+of a background thread counts toward the test it ends in). The records of 2026-12-06's
+morning and before have no compile column.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def table(folder: str) -> str:
                 rows[name] = [a + b for a, b in zip(rows.get(name, [0.0] * 4), values, strict=True)]
     own, kids, wall, xla = (sum(r[i] for r in rows.values()) for i in range(4))
     lines = [
-        f"{len(rows)} files: own {own:.0f} s (XLA compiling {xla:.0f} s), subprocesses "
+        f"{len(rows)} files: own {own:.0f} s (XLA compiling {xla:.0f} s of wall), subprocesses "
         f"{kids:.0f} s, wall {wall:.0f} s"
     ]
     for name, (a, b, w, c) in sorted(rows.items(), key=lambda kv: -(kv[1][0] + kv[1][1])):

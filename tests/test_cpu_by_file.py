@@ -16,7 +16,9 @@ def test_the_table_sums_the_workers_and_reads_records_without_a_compile_column(t
     older = {"tests/test_a.py": [5, 0, 5], "tests/test_b.py": [1, 20, 22]}
     (tmp_path / "cpu-gw1.json").write_text(json.dumps(older))
     lines = cpu_by_file.table(str(tmp_path)).splitlines()
-    assert lines[0] == ("2 files: own 16 s (XLA compiling 4 s), subprocesses 21 s, wall 39 s")
+    assert lines[0] == (
+        "2 files: own 16 s (XLA compiling 4 s of wall), subprocesses 21 s, wall 39 s"
+    )
     assert lines[1].split() == [
         "21.0", "own", "1.0", "compiling", "0.0", "subprocesses", "20.0", "wall", "22.0",
         "tests/test_b.py",
