@@ -104,11 +104,13 @@ def _sequence_logprobs(model, src, src_mask, seqs) -> list[float]:
     tgt_in = np.zeros((len(seqs), width), np.int32)
     for row, seq in zip(tgt_in, seqs, strict=True):
         row[: len(seq)] = (BOS, *seq[:-1])
-    repeat = lambda x: np.repeat(np.asarray(x), len(seqs), axis=0)  # noqa: E731
-    logits = model(repeat(src), repeat(src_mask), jnp.asarray(tgt_in))["logits"]
+    src, src_mask = (np.repeat(np.asarray(x), len(seqs), axis=0) for x in (src, src_mask))
+    logits = model(src, src_mask, jnp.asarray(tgt_in))["logits"]
     logp = np.asarray(jax.nn.log_softmax(logits, -1))  # indexed on the host
-    summed = lambda lp, seq: float(sum(lp[i, tok] for i, tok in enumerate(seq)))  # noqa: E731
-    return [summed(lp, seq) for lp, seq in zip(logp, seqs, strict=True)]
+    return [
+        float(sum(lp[i, tok] for i, tok in enumerate(seq)))
+        for lp, seq in zip(logp, seqs, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("lenpen", [0.0, 1.0, 2.5])
