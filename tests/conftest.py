@@ -67,7 +67,7 @@ hermetic.protect(ROOT)
 # session has imported once collection ends is frozen out of its full collections
 # (`pytest_collection_finish`). Against Python's defaults, in one process (`-n 0`, `farm-bench`,
 # 2026-12-06): tests/test_models.py 0.94 of the CPU time (0.92-0.98, 3 pairs), the same peak
-# memory; tests/test_translation_model.py with tests/test_analysis.py 0.91 (0.89-0.93, 2 pairs).
+# memory; tests/test_translation_model.py with tests/test_analysis.py 0.93 (0.92-0.94, 2 pairs).
 gc.set_threshold(50_000, 20, 100)
 
 _TREE_BEFORE = pytest.StashKey[set]()
