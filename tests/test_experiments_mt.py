@@ -88,6 +88,32 @@ def test_depth_and_deep_encoder_grids():
         mt_grids.mt_depth_grid([6], ["postln_warmup"], [0], 1e-3, 96)
 
 
+def test_a_held_arm_has_the_peak_rate_from_step_one_then_the_warmup_arms_rate():
+    """`post_held`: no warm-up, the peak held for the warm-up's steps, then exactly the
+    `_warmup` arm's inverse square root (the schedule as the run builds it from its config)."""
+    from ln_jax.train.optim import make_schedule
+
+    specs = mt_grids.mt_depth_grid([6], ["post_held", "pre_warmup", "pre_held+qk"], [0], 5e-4, 500)
+    assert [s.name for s in specs] == ["L6-post_held-s0", "L6-pre_warmup-s0", "L6-pre_held+qk-s0"]
+    base = study_mt.get_config("gate").to_dict()
+    held, warm, qk = (runner.run_config(base, s) for s in specs)
+    assert held.model.placement == "post" and held.optim.warmup_steps == 0
+    assert qk.model.placement == "pre" and qk.model.qk_norm and qk.optim.decay_step == 500
+    rate = {name: make_schedule(c.optim) for name, c in (("held", held), ("warm", warm))}
+    steps = [0, 1, 250, 499, 500, 501, 1000, 3999]
+    lr = {name: [float(f(t)) for t in steps] for name, f in rate.items()}
+    assert lr["held"][:4] == [pytest.approx(5e-4)] * 4  # the peak from the first step
+    assert lr["warm"][:4] == pytest.approx([0.0, 1e-6, 2.5e-4, 4.99e-4])
+    assert lr["held"][4:] == pytest.approx(lr["warm"][4:])  # the same rate from step 500
+    assert lr["held"][6] == pytest.approx(5e-4 * math.sqrt(500 / 1000))
+    with pytest.raises(ValueError, match="also take '_held'"):
+        mt_grids.mt_depth_grid([6], ["post_hold"], [0], 5e-4, 500)
+    with pytest.raises(ValueError, match="--warmup_steps >= 1"):
+        mt_grids.mt_depth_grid([6], ["post_held"], [0], 5e-4, 0)
+    with pytest.raises(ValueError, match="plain placement row"):
+        mt_grids.mt_depth_grid([6], ["post_warmup_held"], [0], 5e-4, 500)
+
+
 def test_study_configs_build_with_the_papers_protocol():
     from ln_jax.config.load import build_config
 

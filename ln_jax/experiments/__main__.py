@@ -181,7 +181,8 @@ _ARMS = COMMAND.strings(
     "arms",
     None,
     "depth, mt_depth, mt_deep_encoder: arms: a placement row (post, pre, admin, "
-    "deepnorm_alpha, ...) with an optional _warmup or _radam suffix; '+qk' adds qk_norm, "
+    "deepnorm_alpha, ...) with an optional _warmup or _radam suffix (translation: or _held, "
+    "the peak rate held for --warmup_steps, then the _warmup arms' decay); '+qk' adds qk_norm, "
     f"'+dlcl' DLCL (translation). Default depth: {','.join(DEPTH_ARMS)}; mt_gradients: "
     "placements.",
 )

@@ -37,6 +37,11 @@ MT_WARMUPS = ("0", "500", FULL)
 DEPTH_ARMS = ("post_warmup", "pre_warmup", "admin_warmup")
 DEEP_ENCODER_ARMS = ("post_warmup", "pre_warmup", "pre_warmup+dlcl")
 DLCL = "+dlcl"
+# An arm "post_held": no warm-up, the peak rate held for the --warmup_steps steps the _warmup
+# arms ramp over, then their inverse square root (`decay_rsqrt` with D = W, f = 1): the same
+# rate as the _warmup arm from step W on, so that warm-up is compared without the budget
+# confound of W = 0 (the peak only at step 1, then peak / sqrt(t)).
+HELD = "_held"
 
 
 def full_warmup(total_steps: int) -> int:
@@ -78,16 +83,41 @@ def mt_arm_overrides(
     arm: str, lr: float, warmup_steps: int, b2: float = MT_B2, schedule: str = MT_SCHEDULE
 ) -> dict[str, Any]:
     """One arm's placement and optimiser (`grids.parse_arm` names, plus a `+dlcl` suffix: DLCL
-    on the encoder); only `_warmup` arms get the warm-up."""
+    on the encoder, and `_held`: `HELD`); only `_warmup` arms get the warm-up."""
     dlcl = arm.endswith(DLCL)
-    placement, suffix, qk = grids.parse_arm(arm[: -len(DLCL)] if dlcl else arm)
+    name, held = _without_held(arm[: -len(DLCL)] if dlcl else arm)
+    try:
+        placement, suffix, qk = grids.parse_arm(name)
+    except ValueError as err:
+        raise ValueError(
+            f"{err} Translation studies also take '_held' (the peak rate from step 1 for "
+            "--warmup_steps steps, then the _warmup arms' decay; e.g. post_held) and '+dlcl'."
+        ) from None
+    if held and (suffix or warmup_steps < 1):
+        raise ValueError(
+            f"study arm {arm!r}: '_held' holds the peak rate for --warmup_steps steps, so it "
+            f"takes a plain placement row (e.g. post_held) and --warmup_steps >= 1 (got "
+            f"{warmup_steps})."
+        )
     steps = warmup_steps if suffix == "_warmup" else 0
+    optim = mt_optimizer(lr, steps, radam=suffix == "_radam", b2=b2, schedule=schedule)
+    if held:
+        optim.update({"optim.schedule": "decay_rsqrt", "optim.decay_step": warmup_steps,
+                      "optim.decay_factor": 1.0})  # fmt: skip
     return {
         "model.placement": placement,
         **({"model.qk_norm": True} if qk else {}),
         **({"model.dlcl": True} if dlcl else {}),
-        **mt_optimizer(lr, steps, radam=suffix == "_radam", b2=b2, schedule=schedule),
+        **optim,
     }
+
+
+def _without_held(arm: str) -> tuple[str, bool]:
+    """("post+qk", True) for "post_held+qk"; (arm, False) for an arm without `HELD`."""
+    core, qk = (arm[: -len("+qk")], "+qk") if arm.endswith("+qk") else (arm, "")
+    if core.endswith(HELD):
+        return core[: -len(HELD)] + qk, True
+    return arm, False
 
 
 def _seed(overrides: dict[str, Any], seed: int) -> dict[str, Any]:
