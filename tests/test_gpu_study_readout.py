@@ -126,6 +126,50 @@ def test_fig2_names_the_missing_arms(tmp_path):
     assert e["verdict"] == "incomplete: no run of pre, pre_warmup" and e["did"] is None
 
 
+def _held_study(tmp_path, post_nll=5.0, pre_nll=4.6, plateau=6.85):
+    """FIG2's runs as the held study's: post_held and pre_held in post's and pre's places
+    (their NLL at step 2,000 given), the study's plateau.json beside them."""
+    study = tmp_path / "held"
+    for arm, (evals, bleus, train, collapse) in FIG2.items():
+        name = {"post": "post_held", "pre": "pre_held"}.get(arm, arm)
+        final = {"post_held": post_nll, "pre_held": pre_nll}.get(name)
+        evals = [(s, final if final is not None and s == 2000 else v) for s, v in evals]
+        _write(study, _result(f"L6-{name}-s0", name, 6, evals, bleus, train, collapse))
+    if plateau is not None:
+        (study / "plateau.json").write_text(json.dumps({"unigram_xent": plateau}))
+    return study
+
+
+@pytest.mark.parametrize(
+    "post_nll, pre_nll, verdict",
+    [(4.0, 4.6, "no placement effect: DiD <= 0"),  # (4.0 - 4.0) - (4.6 - 4.5) = -0.1
+     (4.1, 4.5, "not separated"),  # 0.1
+     (4.3, 4.5, "as Xiong: DiD >= 0.2"),  # 0.3
+     (6.8, 6.8, "as Xiong: DiD >= 0.2"),  # both stuck: the DiD (0.5) decides
+     (6.8, 4.5, "as Xiong: Post-LN held (no warm-up) is stuck at the plateau"),
+     (6.8, 7.4, "no placement effect")],  # both stuck, Pre-LN the worse: DiD -0.1
+)  # fmt: skip
+def test_the_held_readout_reads_the_held_arms_in_fig2_s_roles(
+    tmp_path, capsys, post_nll, pre_nll, verdict
+):
+    """PLAN_MT2 section 2b: DiD = [post_held - post_warmup] - [pre_held - pre_warmup] at the
+    last common step (post_warmup 4.0, pre_warmup 4.5 at step 2,000); Post-LN held within 0.1
+    nats of the study's plateau (6.85) while Pre-LN held is not reads as Xiong's."""
+    out = readout.main(["held", str(_held_study(tmp_path, post_nll, pre_nll))])
+    e = out["seeds"][0]
+    assert out["plateau"] == 6.85 and set(e["arms"]) == set(readout.HELD_ARMS)
+    assert e["did"] == pytest.approx((post_nll - 4.0) - (pre_nll - 4.5))
+    assert e["verdict"].startswith(verdict), e["verdict"]
+    text = capsys.readouterr().out
+    assert text.startswith(readout.HELD_TITLE)
+    assert "DiD at step 2000 = [post_held - post_warmup] - [pre_held - pre_warmup] = (" in text
+
+
+def test_the_held_readout_needs_the_study_s_plateau(tmp_path):
+    with pytest.raises(SystemExit, match="no plateau.json"):
+        readout.main(["held", str(_held_study(tmp_path, plateau=None))])
+
+
 def test_a_run_cut_off_by_the_budget_is_read_from_its_metrics(tmp_path):
     """SIGTERM saves a checkpoint and writes no result.json: the readout summarises the run's
     metrics.jsonl as the study would (its NLL is nll_loss, its BLEU bleu) and marks it."""

@@ -2,6 +2,7 @@
 
   python bench/gpu/gpu_study_readout.py fig2 STUDY_DIR [--out=FILE.json]    # gpu_mt_fig2.sh
   python bench/gpu/gpu_study_readout.py depth STUDY_DIR [--out=FILE.json]   # gpu_mt_liu_depth.sh
+  python bench/gpu/gpu_study_readout.py held STUDY_DIR [--out=FILE.json]    # PLAN_MT2 section 2b
 
 STUDY_DIR is a `python -m ln_jax.experiments mt_depth --out=STUDY_DIR` folder. Each run's figures
 come from its `runs/NAME/result.json` (keys `eval_curve` [[step, nll, seconds], ...],
@@ -28,6 +29,12 @@ fig2 (Xiong et al. Fig. 2 as a 2x2: Post-LN / Pre-LN x without / with warm-up), 
   diverged while the other three did not; "budget" if DiD <= 0; otherwise "not separated".
   DiD at each earlier common step is printed beside it (a sign that changes over the run, or a
   late rise of every NLL from overfitting the small corpus, shows there).
+
+held (PLAN_MT2 section 2b, fixed 2026-12-06 before its runs): fig2's readout with `post_held`
+and `pre_held` (the peak rate from step 1 for the warm-up's steps, then the warm-up arms' decay)
+in place of `post` and `pre`; "as Xiong" also when Post-LN held is stuck at the verdict's step (its
+NLL within `STUCK_NATS` of the study's unigram plateau, `plateau.json`, or above) and Pre-LN held
+is not; "no placement effect" where fig2 says "budget" (DiD <= 0), the budget being matched here.
 
 depth (Liu et al. Table 2 at two depths), per seed and depth: each arm's final validation NLL
 and BLEU (its last evaluation), diverged (`result["diverged"]`: a non-finite loss, or the last
@@ -59,6 +66,8 @@ GATE_BLEU_GAP = 1.0  # ... and its BLEU at most this below
 STUCK_BLEU = 1.0  # greedy BLEU below this at the end: translates nothing
 COLLAPSE = "collapse/encoder/output"
 FIG2_ARMS = ("post", "post_warmup", "pre", "pre_warmup")
+HELD_ARMS = ("post_held", "post_warmup", "pre_held", "pre_warmup")  # in FIG2_ARMS' roles
+STUCK_NATS = 0.1  # a run within this of the unigram plateau (or above it) translates nothing
 DEPTH_ARMS = ("post_warmup", "admin_warmup", "pre_warmup")
 RUN_NAME = re.compile(r"^L(\d+)-(.+)-s(\d+)$")  # mt_depth's "L6-post_warmup-s0"
 
@@ -167,45 +176,62 @@ def gate(post: dict[str, Any], pre: dict[str, Any]) -> dict[str, Any] | None:
             "level": level, "passed": translates and level}  # fmt: skip
 
 
-def fig2(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def fig2(
+    runs: Sequence[dict[str, Any]], arms_of: Sequence[str] = FIG2_ARMS, plateau: float | None = None
+) -> dict[str, Any]:
     """{"seeds": {seed: {"arms": {arm: row}, "gate", "step", "did", "verdict"}}} (module
-    docstring)."""
+    docstring). `arms_of`: the arms in the roles of FIG2_ARMS (`HELD_ARMS` for held);
+    `plateau`: the unigram plateau's NLL, for held's stuck rule (None: not read)."""
+    names = dict(zip(FIG2_ARMS, arms_of, strict=True))  # role -> arm
     out = {}
     for seed, group in _by_seed(runs).items():
-        arms = {r["arm"]: r for r in group if r["arm"] in FIG2_ARMS}
-        rows = {a: _arm_row(arms[a]) for a in FIG2_ARMS if a in arms}
-        entry: dict[str, Any] = {"arms": rows, "step": None, "nll": {}, "did": None}
+        by_arm = {r["arm"]: r for r in group}
+        arms = {role: by_arm[a] for role, a in names.items() if a in by_arm}
+        rows = {names[role]: _arm_row(r) for role, r in arms.items()}
+        entry: dict[str, Any] = {"arms": rows, "step": None, "nll": {}, "did": None,
+                                 "roles": names}  # fmt: skip
         baseline = [arms.get(a) for a in ("post_warmup", "pre_warmup")]
         entry["gate"] = None if None in baseline else gate(*baseline)
-        missing = [a for a in FIG2_ARMS if a not in arms]
+        missing = [names[role] for role in FIG2_ARMS if role not in arms]
         steps = [] if missing else _common_steps(list(arms.values()))
         if steps:
             nll = {s: {a: at_step(arms[a]["eval_curve"], s) for a in FIG2_ARMS} for s in steps}
             did = {s: (n["post"] - n["post_warmup"]) - (n["pre"] - n["pre_warmup"])
                    for s, n in nll.items()}  # fmt: skip
             entry.update(step=steps[-1], nll=nll[steps[-1]], did=did[steps[-1]], did_by_step=did)
-        entry["verdict"] = _fig2_verdict(entry, rows, missing)
+        entry["verdict"] = _fig2_verdict(entry, rows, missing, plateau)
         out[seed] = entry
     return {"seeds": out}
 
 
-def _fig2_verdict(entry: dict[str, Any], rows: dict[str, Any], missing: list[str]) -> str:
+def _fig2_verdict(
+    entry: dict[str, Any], rows: dict[str, Any], missing: list[str], plateau: float | None = None
+) -> str:
+    """fig2's verdict; with `plateau` (held), also the stuck rule and held's wording."""
     if missing:
         return f"incomplete: no run of {', '.join(missing)}"
     if entry["gate"] is not None and not entry["gate"]["passed"]:
         return "baseline fails the gate: no verdict (the DiD is printed, not read)"
-    others_fine = not any(rows[a]["diverged"] for a in ("post_warmup", "pre", "pre_warmup"))
-    if rows["post"]["diverged"] and others_fine:
-        return "as Xiong: Post-LN without warm-up diverged, the other three did not"
+    row = {role: rows[arm] for role, arm in entry["roles"].items()}
+    held = plateau is not None
+    without = "held (no warm-up)" if held else "without warm-up"
+    others_fine = not any(row[a]["diverged"] for a in ("post_warmup", "pre", "pre_warmup"))
+    if row["post"]["diverged"] and others_fine:
+        return f"as Xiong: Post-LN {without} diverged, the other three did not"
     did = entry["did"]
     if entry["step"] is None:
         return "incomplete: no evaluation step common to the four arms"
+    if held:
+        stuck = {r: not entry["nll"][r] < plateau - STUCK_NATS for r in ("post", "pre")}
+        if stuck["post"] and not stuck["pre"]:
+            return f"as Xiong: Post-LN {without} is stuck at the plateau, Pre-LN {without} is not"
     if not _finite(did):
         return "not separated: DiD is not finite (a non-finite NLL)"
     if did >= XIONG_DID:
         return f"as Xiong: DiD >= {XIONG_DID} (warm-up helps Post-LN more than Pre-LN)"
     if did <= 0:
-        return "budget: DiD <= 0 (warm-up helps Pre-LN as much or more)"
+        what = "no placement effect" if held else "budget"
+        return f"{what}: DiD <= 0 (warm-up helps Pre-LN as much or more)"
     return f"not separated: 0 < DiD < {XIONG_DID} (one seed)"
 
 
@@ -272,9 +298,10 @@ def _flags(row: dict[str, Any]) -> str:
     )
 
 
-def format_fig2(readout: dict[str, Any]) -> str:
-    """The fig2 readout as text."""
-    lines = ["Xiong Fig. 2 readout (pre-registered: bench/gpu/gpu_mt_fig2.sh's header)"]
+def format_fig2(readout: dict[str, Any], title: str = "") -> str:
+    """The fig2 (or held) readout as text."""
+    title = title or "Xiong Fig. 2 readout (pre-registered: bench/gpu/gpu_mt_fig2.sh's header)"
+    lines = [title]
     if not readout["seeds"]:
         return lines[0] + "\n  no run has started"
     for seed, e in readout["seeds"].items():
@@ -299,10 +326,14 @@ def format_fig2(readout: dict[str, Any]) -> str:
         if e.get("gate") is not None:
             lines.append(_gate_text(e["gate"]))
         if e["step"] is not None:
-            n = e["nll"]
+            n, r = e["nll"], e["roles"]
+            named = "" if list(r.values()) == list(FIG2_ARMS) else (
+                f"[{r['post']} - {r['post_warmup']}] - [{r['pre']} - {r['pre_warmup']}] = "
+            )  # fmt: skip
             lines.append(
-                f"  DiD at step {e['step']} = ({_num(n['post'])} - {_num(n['post_warmup'])}) - "
-                f"({_num(n['pre'])} - {_num(n['pre_warmup'])}) = {_num(e['did'])} nats"
+                f"  DiD at step {e['step']} = {named}({_num(n['post'])} - "
+                f"{_num(n['post_warmup'])}) - ({_num(n['pre'])} - {_num(n['pre_warmup'])}) = "
+                f"{_num(e['did'])} nats"
             )
             by_step = ", ".join(f"{s} {_num(d, '+.3f')}" for s, d in e["did_by_step"].items())
             lines.append(f"  DiD by step (the verdict reads the last): {by_step}")
@@ -355,6 +386,19 @@ def format_depth(readout: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+HELD_TITLE = "Warm-up against a held rate (pre-registered: PLAN_MT2 section 2b)"
+
+
+def read_plateau(folder: str) -> float:
+    """The study's unigram plateau (`plateau.json`'s "unigram_xent", written by the study)."""
+    path = os.path.join(folder, "plateau.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"{path}: no plateau.json; the held readout's stuck rule needs the "
+                         "study's own (run the study's command once: it writes it).")  # fmt: skip
+    with open(path) as f:
+        return float(json.load(f)["unigram_xent"])
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
@@ -367,13 +411,21 @@ def _jsonable(x: Any) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("study", choices=("fig2", "depth"))
+    p.add_argument("study", choices=("fig2", "depth", "held"))
     p.add_argument("folder", help="the study's --out folder (holds runs/)")
     p.add_argument("--out", default=None, help="also write the readout as JSON here")
     args = p.parse_args(argv)
     runs = load_runs(args.folder)
-    readout = fig2(runs) if args.study == "fig2" else depth(runs)
-    print(format_fig2(readout) if args.study == "fig2" else format_depth(readout))
+    if args.study == "depth":
+        readout = depth(runs)
+        print(format_depth(readout))
+    elif args.study == "held":
+        plateau = read_plateau(args.folder)
+        readout = {**fig2(runs, HELD_ARMS, plateau), "plateau": plateau}
+        print(format_fig2(readout, HELD_TITLE))
+    else:
+        readout = fig2(runs)
+        print(format_fig2(readout))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(_jsonable(readout), f, indent=1)
